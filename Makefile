@@ -1,0 +1,131 @@
+# magic_sync: the extension (PGXS), the sender, the reference replica, and their tests.
+#
+#   make            build everything
+#   make install    install the extension into the PostgreSQL found by pg_config
+#   make test       install what is missing, build, install, run every test
+#   make demo       a throwaway cluster with magic_sync, to look at
+
+PG_CONFIG ?= pg_config
+
+MODULE_big = magic_sync
+EXTENSION = magic_sync
+# The install script is assembled from the parts in src/sql/, in the order of their names.
+SQL_PARTS := $(sort $(wildcard src/sql/*.sql))
+DATA_built = build/magic_sync--0.1.0.sql
+
+EXT_SRCS := $(wildcard src/*.cpp src/pg/*.cpp)
+PROTOCOL_SRCS := $(wildcard src/protocol/*.cpp)
+PROTOCOL_OBJS := $(patsubst src/protocol/%.cpp,build/protocol/%.o,$(PROTOCOL_SRCS))
+OBJS = $(EXT_SRCS:.cpp=.o) $(PROTOCOL_OBJS)
+
+WARNINGS := -Wall -Wextra -Werror
+# PostgreSQL's headers as system headers: our warnings are errors, theirs are not ours to fix.
+PG_CPPFLAGS = -Isrc -isystem $(shell $(PG_CONFIG) --includedir-server) -isystem $(shell $(PG_CONFIG) --includedir)/internal
+PG_CXXFLAGS = -std=c++17 $(WARNINGS)
+SHLIB_LINK = -lstdc++ -lcrypto
+
+# No JIT bitcode: the extension is C++ and gains nothing from inlining into JIT-compiled queries.
+override with_llvm = no
+
+PGXS := $(shell $(PG_CONFIG) --pgxs)
+include $(PGXS)
+
+# Everything below is ours: the pure C++ protocol library and the programs and tests built on it,
+# compiled without PostgreSQL's headers (the barrier makes including postgres.h an error).
+HOST_CXX ?= g++
+HOST_CXXFLAGS ?= -O2 -g
+HOST_FLAGS = -std=c++17 $(WARNINGS) -fPIC $(HOST_CXXFLAGS) $(SANITIZE)
+PROTOCOL_INCLUDES = -Isrc/protocol/barrier -Isrc
+PROTOCOL_BUILD = -DMAGIC_SYNC_PROTOCOL_BUILD
+PQ_INCLUDES = -I$(shell $(PG_CONFIG) --includedir)
+
+build/magic_sync--0.1.0.sql: $(SQL_PARTS)
+	@mkdir -p $(dir $@)
+	cat $(SQL_PARTS) > $@
+
+build/protocol/%.o: src/protocol/%.cpp $(wildcard src/protocol/*.hpp)
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_BUILD) $(PROTOCOL_INCLUDES) -c -o $@ $<
+
+# The extension's objects include the protocol headers too.
+$(EXT_SRCS:.cpp=.o): $(wildcard src/*.hpp src/pg/*.hpp src/protocol/*.hpp)
+
+# GoogleTest binaries: one per folder of tests/, each linked with what it tests.
+GTEST_LIBS = -lgtest -lgtest_main -lpthread
+
+UNIT_SRCS := $(wildcard tests/unit/*_test.cpp)
+build/tests/unit_tests: $(UNIT_SRCS) $(PROTOCOL_OBJS)
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_INCLUDES) -o $@ $(UNIT_SRCS) $(PROTOCOL_OBJS) \
+		$(GTEST_LIBS) -lcrypto
+
+# The sender: sender/main.cpp is the program, the other sources its library.
+SENDER_SRCS := $(filter-out sender/main.cpp,$(wildcard sender/*.cpp))
+SENDER_OBJS := $(patsubst sender/%.cpp,build/sender/%.o,$(SENDER_SRCS))
+SENDER_LIBS = -lpq -lcurl -lnats -lcrypto -lpthread
+build/sender/%.o: sender/%.cpp $(wildcard sender/*.hpp src/protocol/*.hpp)
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_INCLUDES) $(PQ_INCLUDES) -Isender -c -o $@ $<
+build/bin/magic-sync-sender: build/sender/main.o $(SENDER_OBJS) $(PROTOCOL_OBJS)
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) -o $@ $^ $(SENDER_LIBS)
+SENDER_TEST_SRCS := $(wildcard tests/sender/*_test.cpp)
+build/tests/sender_tests: $(SENDER_TEST_SRCS) $(SENDER_OBJS) $(PROTOCOL_OBJS)
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_INCLUDES) $(PQ_INCLUDES) -Isender -Itests -o $@ \
+		$(SENDER_TEST_SRCS) $(SENDER_OBJS) $(PROTOCOL_OBJS) $(GTEST_LIBS) $(SENDER_LIBS)
+
+# The reference replica: replica/lib/ is libmagic_sync_replica, replica/cli/ the program.
+REPLICA_LIB_SRCS := $(wildcard replica/lib/*.cpp)
+REPLICA_LIB_OBJS := $(patsubst replica/lib/%.cpp,build/replica/lib/%.o,$(REPLICA_LIB_SRCS))
+REPLICA_CLI_SRCS := $(wildcard replica/cli/*.cpp)
+REPLICA_CLI_OBJS := $(patsubst replica/cli/%.cpp,build/replica/cli/%.o,$(REPLICA_CLI_SRCS))
+REPLICA_LIBS = -lsqlite3 -lpq -lnats -lcrypto -lpthread
+build/replica/%.o: replica/%.cpp $(wildcard replica/*/*.hpp src/protocol/*.hpp)
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_INCLUDES) $(PQ_INCLUDES) -Ireplica -c -o $@ $<
+build/lib/libmagic_sync_replica.a: $(REPLICA_LIB_OBJS) $(PROTOCOL_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+build/bin/magic-sync-replica: $(REPLICA_CLI_OBJS) build/lib/libmagic_sync_replica.a
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) -o $@ $^ $(REPLICA_LIBS)
+REPLICA_TEST_SRCS := $(wildcard tests/replica/*_test.cpp)
+build/tests/replica_tests: $(REPLICA_TEST_SRCS) build/lib/libmagic_sync_replica.a
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_INCLUDES) $(PQ_INCLUDES) -Ireplica -Itests -o $@ \
+		$(REPLICA_TEST_SRCS) build/lib/libmagic_sync_replica.a $(GTEST_LIBS) $(REPLICA_LIBS)
+
+PROGRAMS := build/tests/unit_tests
+PROGRAMS += $(if $(wildcard sender/main.cpp),build/bin/magic-sync-sender)
+PROGRAMS += $(if $(SENDER_TEST_SRCS),build/tests/sender_tests)
+PROGRAMS += $(if $(REPLICA_LIB_SRCS),build/lib/libmagic_sync_replica.a)
+PROGRAMS += $(if $(REPLICA_CLI_SRCS),build/bin/magic-sync-replica)
+PROGRAMS += $(if $(REPLICA_TEST_SRCS),build/tests/replica_tests)
+all: $(PROGRAMS)
+
+.PHONY: setup test test-only demo format format-check check-schedule
+
+setup:
+	@scripts/setup.sh
+
+# `make test` is what CI runs: set up, build, install, then every test runner.
+test: setup
+	$(MAKE) all
+	$(MAKE) install
+	scripts/run-tests.sh
+
+demo: setup
+	$(MAKE) all
+	$(MAKE) install
+	scripts/demo.sh
+
+FORMATTED := $(shell git ls-files '*.cpp' '*.hpp' 2>/dev/null)
+
+format:
+	clang-format -i $(FORMATTED)
+
+format-check:
+	@clang-format --dry-run --Werror $(FORMATTED) && echo "format-check: $(words $(FORMATTED)) files formatted"
+
+EXTRA_CLEAN = build

@@ -1,0 +1,55 @@
+# Sourced by scripts: a throwaway PostgreSQL cluster with magic_sync preloaded, run as the
+# unprivileged postgres user in a temporary directory on a free loopback port.
+#   cluster_start [extra postgresql.conf lines...]   sets CLUSTER_DIR, PGPORT, PGHOST
+#   cluster_stop                                     stops it and removes the directory
+
+as_pg() {
+    if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+free_port() {
+    local port
+    for _ in $(seq 1 200); do
+        port=$((20000 + RANDOM % 20000))
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+            echo "$port"
+            return 0
+        fi
+    done
+    echo "no free port found" >&2
+    return 1
+}
+
+cluster_start() {
+    local bindir
+    bindir=$(pg_config --bindir)
+    CLUSTER_DIR=$(mktemp -d /tmp/magic_sync_cluster.XXXXXX)
+    chmod 755 "$CLUSTER_DIR"
+    [ "$(id -u)" -eq 0 ] && chown postgres: "$CLUSTER_DIR"
+    PGPORT=$(free_port)
+    PGHOST=127.0.0.1
+    export PGPORT PGHOST PGUSER=postgres
+    as_pg "$bindir/initdb" -D "$CLUSTER_DIR/data" -U postgres -A trust --no-sync >"$CLUSTER_DIR/initdb.log" 2>&1 || {
+        cat "$CLUSTER_DIR/initdb.log" >&2
+        return 1
+    }
+    {
+        echo "listen_addresses = '127.0.0.1'"
+        echo "port = $PGPORT"
+        echo "unix_socket_directories = '$CLUSTER_DIR'"
+        echo "shared_preload_libraries = 'magic_sync'"
+        echo "fsync = off"
+        for line in "$@"; do echo "$line"; done
+    } >>"$CLUSTER_DIR/data/postgresql.conf"
+    as_pg "$bindir/pg_ctl" -D "$CLUSTER_DIR/data" -l "$CLUSTER_DIR/server.log" -w start >/dev/null || {
+        cat "$CLUSTER_DIR/server.log" >&2
+        return 1
+    }
+}
+
+cluster_stop() {
+    [ -n "${CLUSTER_DIR:-}" ] || return 0
+    as_pg "$(pg_config --bindir)/pg_ctl" -D "$CLUSTER_DIR/data" -m immediate stop >/dev/null 2>&1
+    rm -rf "$CLUSTER_DIR"
+    CLUSTER_DIR=
+}

@@ -1,0 +1,48 @@
+-- The error bridge between C++ exceptions and ereport, through self-test functions of the library.
+CREATE SCHEMA selftest;
+CREATE FUNCTION selftest.throw(text) RETURNS void
+    AS 'magic_sync', 'magic_sync_selftest_throw' LANGUAGE C STRICT;
+CREATE FUNCTION selftest.throw_std(text) RETURNS void
+    AS 'magic_sync', 'magic_sync_selftest_throw_std' LANGUAGE C STRICT;
+CREATE FUNCTION selftest.bad_alloc() RETURNS void
+    AS 'magic_sync', 'magic_sync_selftest_bad_alloc' LANGUAGE C;
+CREATE FUNCTION selftest.guarded_error() RETURNS text
+    AS 'magic_sync', 'magic_sync_selftest_guarded_error' LANGUAGE C;
+CREATE FUNCTION selftest.guarded_error_escapes() RETURNS text
+    AS 'magic_sync', 'magic_sync_selftest_guarded_error_escapes' LANGUAGE C;
+
+-- A magic_sync::Error becomes an ERROR with its message, SQLSTATE, detail and hint...
+SELECT selftest.throw('the C++ side says no');
+-- ...and the session goes on.
+SELECT 1 AS still_here;
+
+-- Any std::exception becomes an internal ERROR carrying its message.
+SELECT selftest.throw_std('a logic error');
+
+-- std::bad_alloc becomes an out-of-memory ERROR.
+SELECT selftest.bad_alloc();
+
+-- A PostgreSQL ERROR inside a guarded call reaches C++ as an exception; the destructors of the
+-- three objects on the way run.
+SELECT selftest.guarded_error();
+
+-- Not caught in C++, it reaches the client with its original message and detail...
+SELECT selftest.guarded_error_escapes();
+
+-- ...and every error keeps its SQLSTATE: data_exception, internal_error, out_of_memory,
+-- division_by_zero.
+\set VERBOSITY sqlstate
+SELECT selftest.throw('the C++ side says no');
+SELECT selftest.throw_std('a logic error');
+SELECT selftest.bad_alloc();
+SELECT selftest.guarded_error_escapes();
+\set VERBOSITY default
+
+-- A transaction aborted by a bridged error rolls back as usual and the session is usable.
+BEGIN;
+CREATE TABLE selftest.kept (x int);
+SELECT selftest.throw('inside a transaction');
+ROLLBACK;
+SELECT to_regclass('selftest.kept') AS rolled_back;
+
+DROP SCHEMA selftest CASCADE;

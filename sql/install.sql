@@ -1,0 +1,35 @@
+-- The extension installs its schema, roles and privileges.
+CREATE EXTENSION magic_sync;
+
+SELECT extversion, extrelocatable, extnamespace::regnamespace AS schema
+FROM pg_extension WHERE extname = 'magic_sync';
+
+-- The tables of the engine's state.
+SELECT c.relname, c.relkind
+FROM pg_class c
+WHERE c.relnamespace = 'sync'::regnamespace AND c.relkind IN ('r', 'v')
+ORDER BY c.relname;
+
+-- Roles for the sender and the receiver exist, and cannot log in by themselves.
+SELECT rolname, rolcanlogin FROM pg_roles
+WHERE rolname IN ('sync_sender', 'sync_receiver') ORDER BY rolname;
+
+-- PUBLIC can read, write and call nothing in sync.
+SELECT count(*) AS public_table_grants
+FROM pg_class c, aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) a
+WHERE c.relnamespace = 'sync'::regnamespace AND a.grantee = 0;
+SELECT p.proname, has_function_privilege('public', p.oid, 'EXECUTE') AS public_can_execute
+FROM pg_proc p WHERE p.pronamespace = 'sync'::regnamespace ORDER BY p.proname;
+SELECT has_schema_privilege('public', 'sync', 'USAGE') AS public_schema_usage;
+
+-- Every function pins its search_path.
+SELECT p.proname FROM pg_proc p
+WHERE p.pronamespace = 'sync'::regnamespace
+  AND NOT EXISTS (SELECT FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%');
+
+-- The extension cannot be moved to another schema.
+ALTER EXTENSION magic_sync SET SCHEMA public;
+
+-- Declarations are dumped with the database; state is not.
+SELECT unnest(extconfig)::regclass AS dumped FROM pg_extension WHERE extname = 'magic_sync'
+ORDER BY 1::text;

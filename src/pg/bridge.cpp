@@ -1,0 +1,67 @@
+#include "pg/bridge.hpp"
+
+#include <cstring>
+#include <new>
+
+namespace magic_sync::pg {
+
+namespace {
+
+void copy_text(char* target, size_t size, const char* source) {
+    if (source == nullptr) source = "";
+    strlcpy(target, source, size);
+}
+
+void fill(Failure& failure, int sqlstate, const char* message, const char* detail, const char* hint,
+          const char* context) {
+    failure.kind = Failure::Kind::error;
+    failure.sqlstate = sqlstate;
+    copy_text(failure.message, sizeof failure.message, message);
+    copy_text(failure.detail, sizeof failure.detail, detail);
+    copy_text(failure.hint, sizeof failure.hint, hint);
+    copy_text(failure.context, sizeof failure.context, context);
+}
+
+}  // namespace
+
+void throw_caught_error(MemoryContext caller_context) {
+    MemoryContextSwitchTo(caller_context);
+    ErrorData* data = CopyErrorData();
+    FlushErrorState();
+    auto text = [](const char* s) { return std::string(s == nullptr ? "" : s); };
+    PgError error(text(data->message), data->sqlerrcode, text(data->detail), text(data->hint),
+                  text(data->context));
+    FreeErrorData(data);
+    throw error;
+}
+
+Datum run_body(Body body, FunctionCallInfo fcinfo, Failure& failure) noexcept {
+    try {
+        return body(fcinfo);
+    } catch (const PgError& e) {
+        fill(failure, e.sqlstate(), e.what(), e.detail().c_str(), e.hint().c_str(),
+             e.context().c_str());
+    } catch (const Error& e) {
+        fill(failure, e.sqlstate(), e.what(), e.detail().c_str(), e.hint().c_str(), nullptr);
+    } catch (const std::bad_alloc&) {
+        failure.kind = Failure::Kind::out_of_memory;
+    } catch (const std::exception& e) {
+        fill(failure, ERRCODE_INTERNAL_ERROR, e.what(), nullptr, nullptr, nullptr);
+    } catch (...) {
+        fill(failure, ERRCODE_INTERNAL_ERROR, "unknown C++ exception", nullptr, nullptr, nullptr);
+    }
+    return Datum(0);
+}
+
+void raise(const Failure& failure) {
+    if (failure.kind == Failure::Kind::out_of_memory)
+        ereport(ERROR, (errcode(ERRCODE_OUT_OF_MEMORY), errmsg("out of memory"),
+                        errdetail("A C++ allocation in magic_sync failed.")));
+    ereport(ERROR, (errcode(failure.sqlstate), errmsg_internal("%s", failure.message),
+                    failure.detail[0] ? errdetail_internal("%s", failure.detail) : 0,
+                    failure.hint[0] ? errhint("%s", failure.hint) : 0,
+                    failure.context[0] ? errcontext("%s", failure.context) : 0));
+    pg_unreachable();
+}
+
+}  // namespace magic_sync::pg

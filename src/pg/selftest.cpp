@@ -1,0 +1,58 @@
+// Functions that prove the error bridge works: the regress test `bridge` binds them to SQL
+// (they are not part of the extension's SQL surface).
+#include <new>
+#include <string>
+
+#include "pg/bridge.hpp"
+#include "pg/values.hpp"
+
+namespace {
+
+// Counts its destructions, to prove a PostgreSQL error unwinds through C++ frames.
+struct Counted {
+    explicit Counted(int& destroyed) : destroyed_(destroyed) {}
+    ~Counted() { ++destroyed_; }
+    int& destroyed_;
+};
+
+void raise_division_by_zero() {
+    ereport(ERROR, (errcode(ERRCODE_DIVISION_BY_ZERO), errmsg("division by zero"),
+                    errdetail("raised inside a guarded call")));
+}
+
+}  // namespace
+
+MAGIC_SYNC_FUNCTION(magic_sync_selftest_throw) {
+    throw magic_sync::Error(magic_sync::pg::text_arg(fcinfo, 0), ERRCODE_DATA_EXCEPTION,
+                            "thrown as a C++ exception", "nothing to fix: this is a self-test");
+}
+
+MAGIC_SYNC_FUNCTION(magic_sync_selftest_throw_std) {
+    throw std::logic_error(magic_sync::pg::text_arg(fcinfo, 0));
+}
+
+MAGIC_SYNC_FUNCTION(magic_sync_selftest_bad_alloc) { throw std::bad_alloc(); }
+
+MAGIC_SYNC_FUNCTION(magic_sync_selftest_guarded_error) {
+    int destroyed = 0;
+    std::string outcome;
+    try {
+        Counted outer(destroyed);
+        {
+            Counted middle(destroyed);
+            Counted inner(destroyed);
+            magic_sync::pg::guard([] { raise_division_by_zero(); });
+        }
+    } catch (const magic_sync::pg::PgError& e) {
+        outcome = std::string("caught ") + unpack_sql_state(e.sqlstate()) + ": " + e.what() + " (" +
+                  e.detail() + "), destructors run: " + std::to_string(destroyed);
+    }
+    return magic_sync::pg::text_datum(outcome);
+}
+
+MAGIC_SYNC_FUNCTION(magic_sync_selftest_guarded_error_escapes) {
+    int destroyed = 0;
+    Counted held(destroyed);
+    magic_sync::pg::guard([] { raise_division_by_zero(); });
+    return magic_sync::pg::text_datum("not reached");
+}

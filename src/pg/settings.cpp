@@ -1,0 +1,114 @@
+#include "pg/settings.hpp"
+
+extern "C" {
+#include "postgres.h"
+
+#include "utils/guc.h"
+}
+
+#include <climits>
+
+#include "protocol/messages.hpp"
+
+namespace magic_sync::settings {
+
+char* database = nullptr;
+char* role = nullptr;
+int idle_ms = 200;
+int notes_per_pass = 10000;
+int rows_per_message = 200;
+int bytes_per_message = 256 * 1024;
+int window = 8;
+int retry_every_s = 3600;
+int prune_every_s = 300;
+int report_every_s = 300;
+int send_timeout_ms = 30000;
+int backoff_ms = 1000;
+int backoff_max_ms = 600000;
+int unconfirmed_after_s = 86400;
+int max_refusals = 10;
+int max_upload_bytes = 16 * 1024 * 1024;
+int replica_scan_s = 10;
+int leaf_rows = 64;
+int storm_window_ms = 10000;
+int upload_memory_s = 30 * 86400;
+
+namespace {
+
+constexpr int kHour = 3600;
+constexpr int kDay = 24 * kHour;
+
+// A message limit must leave room for at least the envelope and one small row.
+bool check_bytes_per_message(int* value, void**, GucSource) {
+    const int overhead = static_cast<int>(protocol::rows_envelope_overhead());
+    if (*value > overhead) return true;
+    GUC_check_errcode(ERRCODE_INVALID_PARAMETER_VALUE);
+    GUC_check_errmsg("magic_sync.bytes_per_message must be more than %d bytes", overhead);
+    GUC_check_errdetail(
+        "%d bytes is the largest fixed overhead of a message (its envelope), so a limit of %d "
+        "leaves no room for a row.",
+        overhead, *value);
+    return false;
+}
+
+void define_int(const char* name, const char* description, int* variable, int default_value,
+                int min_value, int max_value, int flags, GucIntCheckHook check_hook = nullptr) {
+    DefineCustomIntVariable(name, description, nullptr, variable, default_value, min_value,
+                            max_value, PGC_SUSET, flags, check_hook, nullptr, nullptr);
+}
+
+}  // namespace
+
+void define() {
+    DefineCustomStringVariable("magic_sync.database",
+                               "Database the relay worker connects to (a comma-separated list "
+                               "starts one worker per database).",
+                               nullptr, &database, "postgres", PGC_POSTMASTER, 0, nullptr, nullptr,
+                               nullptr);
+    DefineCustomStringVariable("magic_sync.role",
+                               "Role every transaction of the engine's own assumes (empty: none).",
+                               nullptr, &role, "", PGC_SUSET, 0, nullptr, nullptr, nullptr);
+    define_int("magic_sync.idle", "Time between passes when there is no work.", &idle_ms, 200, 1,
+               kHour * 1000, GUC_UNIT_MS);
+    define_int("magic_sync.notes_per_pass", "Most noted changes one pass takes.", &notes_per_pass,
+               10000, 1, 10000000, 0);
+    define_int("magic_sync.rows_per_message", "Most rows in one message.", &rows_per_message, 200,
+               1, 100000, 0);
+    define_int("magic_sync.bytes_per_message", "Largest message, envelope included.",
+               &bytes_per_message, 256 * 1024, 1, 64 * 1024 * 1024, GUC_UNIT_BYTE,
+               check_bytes_per_message);
+    define_int("magic_sync.window", "Most unsent messages in one replica's outbox.", &window, 8, 1,
+               10000, 0);
+    define_int("magic_sync.retry_every", "How often what was set aside is tried again.",
+               &retry_every_s, kHour, 1, 30 * kDay, GUC_UNIT_S);
+    define_int("magic_sync.prune_every", "How often confirmed state is pruned.", &prune_every_s,
+               300, 1, kDay, GUC_UNIT_S);
+    define_int("magic_sync.report_every", "How often the relay logs what needs someone.",
+               &report_every_s, 300, 1, kDay, GUC_UNIT_S);
+    define_int("magic_sync.send_timeout", "A send taking longer than this is a transient failure.",
+               &send_timeout_ms, 30000, 1, kHour * 1000, GUC_UNIT_MS);
+    define_int("magic_sync.backoff", "First wait after a failed send (doubles per failure).",
+               &backoff_ms, 1000, 1, kHour * 1000, GUC_UNIT_MS);
+    define_int("magic_sync.backoff_max", "Longest wait after failed sends.", &backoff_max_ms,
+               600000, 1, kDay * 1000, GUC_UNIT_MS);
+    define_int("magic_sync.unconfirmed_after",
+               "A replica leaving what it was sent unconfirmed this long is provisioned again.",
+               &unconfirmed_after_s, kDay, 1, 365 * kDay, GUC_UNIT_S);
+    define_int("magic_sync.max_refusals",
+               "Refusals of a replica's head message before it is provisioned again.",
+               &max_refusals, 10, 1, 1000000, 0);
+    define_int("magic_sync.max_upload_bytes", "Largest upload sync.receive() files.",
+               &max_upload_bytes, 16 * 1024 * 1024, 1024, INT_MAX, GUC_UNIT_BYTE);
+    define_int("magic_sync.replica_scan", "How often a replicas view is re-read.", &replica_scan_s,
+               10, 1, kDay, GUC_UNIT_S);
+    define_int("magic_sync.leaf_rows", "A mismatched range this small is resent whole.", &leaf_rows,
+               64, 1, 100000, 0);
+    define_int("magic_sync.storm_window",
+               "Window in which more than 8 repair rounds without converging is a storm.",
+               &storm_window_ms, 10000, 1, kDay * 1000, GUC_UNIT_MS);
+    define_int("magic_sync.upload_memory", "How long filed upload ids are remembered.",
+               &upload_memory_s, 30 * kDay, 60, 3650 * kDay, GUC_UNIT_S);
+    MarkGUCPrefixReserved("magic_sync");
+}
+
+}  // namespace magic_sync::settings

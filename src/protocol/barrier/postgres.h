@@ -1,0 +1,1 @@
+#error "src/protocol/ is pure C++ shared with sender/ and replica/: it must not include postgres.h"

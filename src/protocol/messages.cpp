@@ -1,0 +1,651 @@
+#include "protocol/messages.hpp"
+
+#include <charconv>
+#include <limits>
+#include <stdexcept>
+#include <tuple>
+#include <utility>
+
+#include "protocol/canonical.hpp"
+#include "protocol/json_tree.hpp"
+
+namespace magic_sync::protocol {
+
+VersionTooNew::VersionTooNew(const std::string& context, int64_t version)
+    : DecodeError(context + ": message speaks protocol version " + std::to_string(version) +
+                  "; this build speaks up to version " + std::to_string(kVersion)),
+      version_(version) {}
+
+bool contains(const KeyRange& range, const Digest& key_hash) {
+    return range.lo <= key_hash && (!range.hi || key_hash < *range.hi);
+}
+
+bool operator==(const MessageHeader& a, const MessageHeader& b) {
+    return std::tie(a.replica, a.gen, a.seq) == std::tie(b.replica, b.gen, b.seq);
+}
+bool operator==(const RowBody& a, const RowBody& b) {
+    return std::tie(a.json, a.hash) == std::tie(b.json, b.hash);
+}
+bool operator==(const DownRow& a, const DownRow& b) {
+    return std::tie(a.table, a.key, a.body) == std::tie(b.table, b.key, b.body);
+}
+bool operator==(const KeyNote& a, const KeyNote& b) {
+    return std::tie(a.table, a.key, a.why) == std::tie(b.table, b.key, b.why);
+}
+bool operator==(const Chunk& a, const Chunk& b) {
+    return std::tie(a.scope, a.from, a.to, a.rows) == std::tie(b.scope, b.from, b.to, b.rows);
+}
+bool operator==(const RowsMessage& a, const RowsMessage& b) {
+    return std::tie(a.header, a.reset, a.drop, a.chunks, a.withheld) ==
+           std::tie(b.header, b.reset, b.drop, b.chunks, b.withheld);
+}
+bool operator==(const FiledMessage& a, const FiledMessage& b) {
+    return std::tie(a.header, a.upload, a.kept) == std::tie(b.header, b.upload, b.kept);
+}
+bool operator==(const KeyRange& a, const KeyRange& b) {
+    return std::tie(a.lo, a.hi) == std::tie(b.lo, b.hi);
+}
+bool operator==(const RangesMessage& a, const RangesMessage& b) {
+    return std::tie(a.header, a.scope, a.ranges) == std::tie(b.header, b.scope, b.ranges);
+}
+bool operator==(const RepairMessage& a, const RepairMessage& b) {
+    return std::tie(a.header, a.scope, a.range, a.rows) ==
+           std::tie(b.header, b.scope, b.range, b.rows);
+}
+bool operator==(const UpRow& a, const UpRow& b) {
+    return std::tie(a.table, a.row) == std::tie(b.table, b.row);
+}
+bool operator==(const Untaken& a, const Untaken& b) {
+    return std::tie(a.seq, a.table, a.key, a.why) == std::tie(b.seq, b.table, b.key, b.why);
+}
+bool operator==(const RangeFingerprint& a, const RangeFingerprint& b) {
+    return std::tie(a.range, a.fingerprint) == std::tie(b.range, b.fingerprint);
+}
+bool operator==(const Holding& a, const Holding& b) {
+    return std::tie(a.through, a.fingerprint, a.ranges) ==
+           std::tie(b.through, b.fingerprint, b.ranges);
+}
+bool operator==(const Upload& a, const Upload& b) {
+    return std::tie(a.id, a.rows, a.applied, a.untaken, a.holds) ==
+           std::tie(b.id, b.rows, b.applied, b.untaken, b.holds);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Encoding
+
+namespace {
+
+constexpr size_t kHexDigestLength = 64;
+
+// Writes one object's members in order: field("a") writes `{"a":` the first time, `,"a":` after.
+class ObjectWriter {
+public:
+    explicit ObjectWriter(std::string& out) : out_(out) {}
+
+    std::string& field(std::string_view name) {
+        out_ += first_ ? '{' : ',';
+        first_ = false;
+        append_json_string(out_, name);
+        out_ += ':';
+        return out_;
+    }
+
+    void string_field(std::string_view name, std::string_view value) {
+        append_json_string(field(name), value);
+    }
+
+    void integer_field(std::string_view name, int64_t value) {
+        field(name) += std::to_string(value);
+    }
+
+    void raw_field(std::string_view name, std::string_view json) { field(name) += json; }
+
+    void close() { out_ += first_ ? "{}" : "}"; }
+
+private:
+    std::string& out_;
+    bool first_ = true;
+};
+
+template <typename Item, typename WriteItem>
+void append_list(std::string& out, const std::vector<Item>& items, WriteItem write_item) {
+    out += '[';
+    for (size_t i = 0; i < items.size(); ++i) {
+        if (i > 0) out += ',';
+        write_item(out, items[i]);
+    }
+    out += ']';
+}
+
+void append_scopes(std::string& out, const std::vector<std::string>& scopes) {
+    append_list(out, scopes, [](std::string& o, const std::string& s) { append_json_string(o, s); });
+}
+
+void append_down_row(std::string& out, const DownRow& row) {
+    ObjectWriter object(out);
+    object.string_field("t", row.table);
+    object.raw_field("k", row.key);
+    if (row.body) {
+        object.raw_field("r", row.body->json);
+        object.string_field("h", to_hex(row.body->hash));
+    } else {
+        object.raw_field("r", "null");
+    }
+    object.close();
+}
+
+void append_key_note(std::string& out, const KeyNote& note) {
+    ObjectWriter object(out);
+    object.string_field("t", note.table);
+    object.raw_field("k", note.key);
+    object.string_field("why", note.why);
+    object.close();
+}
+
+void append_upper_bound(std::string& out, const std::optional<Digest>& hi) {
+    append_json_string(out, hi ? to_hex(*hi) : "");
+}
+
+void append_key_range(std::string& out, const KeyRange& range) {
+    out += '[';
+    append_json_string(out, to_hex(range.lo));
+    out += ',';
+    append_upper_bound(out, range.hi);
+    out += ']';
+}
+
+ObjectWriter open_down(std::string& out, std::string_view kind, const MessageHeader& header) {
+    ObjectWriter object(out);
+    object.integer_field("v", kVersion);
+    object.string_field("kind", kind);
+    object.string_field("replica", header.replica);
+    object.integer_field("gen", header.gen);
+    object.integer_field("seq", header.seq);
+    return object;
+}
+
+template <typename ChunkTexts>
+std::string encode_rows_with(const RowsMessage& message, const ChunkTexts& chunks) {
+    std::string out;
+    ObjectWriter object = open_down(out, "rows", message.header);
+    if (!message.reset.empty()) append_scopes(object.field("reset"), message.reset);
+    if (!message.drop.empty()) append_scopes(object.field("drop"), message.drop);
+    append_list(object.field("chunks"), chunks,
+                [](std::string& o, std::string_view chunk) { o += chunk; });
+    if (!message.withheld.empty()) {
+        append_list(object.field("withheld"), message.withheld, append_key_note);
+    }
+    object.close();
+    return out;
+}
+
+}  // namespace
+
+std::string encode(const Chunk& chunk) {
+    std::string out;
+    ObjectWriter object(out);
+    object.string_field("scope", chunk.scope);
+    object.integer_field("from", chunk.from);
+    object.integer_field("to", chunk.to);
+    append_list(object.field("rows"), chunk.rows, append_down_row);
+    object.close();
+    return out;
+}
+
+std::string encode(const RowsMessage& message) {
+    std::vector<std::string> chunks;
+    chunks.reserve(message.chunks.size());
+    for (const Chunk& chunk : message.chunks) chunks.push_back(encode(chunk));
+    return encode_rows_with(message, chunks);
+}
+
+std::string encode_rows(const RowsMessage& message, const std::vector<std::string_view>& chunks) {
+    if (!message.chunks.empty()) {
+        throw std::invalid_argument("encode_rows: the message's chunks must come encoded, not in it");
+    }
+    return encode_rows_with(message, chunks);
+}
+
+std::string encode(const FiledMessage& message) {
+    std::string out;
+    ObjectWriter object = open_down(out, "filed", message.header);
+    object.string_field("upload", message.upload);
+    append_list(object.field("kept"), message.kept, append_key_note);
+    object.close();
+    return out;
+}
+
+std::string encode(const RangesMessage& message) {
+    std::string out;
+    ObjectWriter object = open_down(out, "ranges", message.header);
+    object.string_field("scope", message.scope);
+    append_list(object.field("ranges"), message.ranges, append_key_range);
+    object.close();
+    return out;
+}
+
+std::string encode(const RepairMessage& message) {
+    std::string out;
+    ObjectWriter object = open_down(out, "repair", message.header);
+    object.string_field("scope", message.scope);
+    object.string_field("lo", to_hex(message.range.lo));
+    append_upper_bound(object.field("hi"), message.range.hi);
+    append_list(object.field("rows"), message.rows, append_down_row);
+    object.close();
+    return out;
+}
+
+std::string encode(const DownMessage& message) {
+    return std::visit([](const auto& alternative) { return encode(alternative); }, message);
+}
+
+std::string encode(const Upload& upload) {
+    std::string out;
+    ObjectWriter object(out);
+    object.integer_field("v", kVersion);
+    object.string_field("id", upload.id);
+    append_list(object.field("rows"), upload.rows, [](std::string& o, const UpRow& row) {
+        ObjectWriter row_object(o);
+        row_object.string_field("t", row.table);
+        row_object.raw_field("r", row.row);
+        row_object.close();
+    });
+    if (upload.applied) object.integer_field("applied", *upload.applied);
+    if (!upload.untaken.empty()) {
+        append_list(object.field("untaken"), upload.untaken,
+                    [](std::string& o, const Untaken& untaken) {
+                        ObjectWriter untaken_object(o);
+                        untaken_object.integer_field("seq", untaken.seq);
+                        untaken_object.string_field("t", untaken.table);
+                        untaken_object.raw_field("k", untaken.key);
+                        untaken_object.string_field("why", untaken.why);
+                        untaken_object.close();
+                    });
+    }
+    if (!upload.holds.empty()) {
+        ObjectWriter holds(object.field("holds"));
+        for (const auto& [scope, holding] : upload.holds) {
+            ObjectWriter holding_object(holds.field(scope));
+            holding_object.integer_field("through", holding.through);
+            holding_object.string_field("fp", holding.fingerprint.hex());
+            holding_object.integer_field("n", holding.fingerprint.count);
+            if (!holding.ranges.empty()) {
+                append_list(holding_object.field("ranges"), holding.ranges,
+                            [](std::string& o, const RangeFingerprint& range) {
+                                o += '[';
+                                append_json_string(o, to_hex(range.range.lo));
+                                o += ',';
+                                append_upper_bound(o, range.range.hi);
+                                o += ',';
+                                append_json_string(o, range.fingerprint.hex());
+                                o += ',';
+                                o += std::to_string(range.fingerprint.count);
+                                o += ']';
+                            });
+            }
+            holding_object.close();
+        }
+        holds.close();
+    }
+    object.close();
+    return out;
+}
+
+size_t rows_envelope_overhead() {
+    static const size_t overhead = [] {
+        RowsMessage widest;
+        widest.header.replica = std::string(36, 'f');
+        widest.header.gen = std::numeric_limits<int64_t>::max();
+        widest.header.seq = std::numeric_limits<int64_t>::max();
+        return encode(widest).size();
+    }();
+    return overhead;
+}
+
+size_t chunk_overhead(std::string_view scope, int64_t from, int64_t to) {
+    Chunk empty;
+    empty.scope = std::string(scope);
+    empty.from = from;
+    empty.to = to;
+    return encode(empty).size();
+}
+
+size_t encoded_row_size(std::string_view table, std::string_view key,
+                        std::optional<std::string_view> row) {
+    std::string quoted_table;
+    append_json_string(quoted_table, table);
+    // {"t":T,"k":K,"r":R,"h":"<hex>"} or {"t":T,"k":K,"r":null}
+    size_t size = std::string_view(R"({"t":,"k":,"r":})").size() + quoted_table.size() + key.size();
+    if (!row) return size + std::string_view("null").size();
+    return size + row->size() + std::string_view(R"(,"h":"")").size() + kHexDigestLength;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Decoding
+
+namespace {
+
+// A node of the message with where it is, so that every error can say both what and where.
+// Paths read like "rows"[3]."t".
+class Field {
+public:
+    Field(const JsonNode& node, std::string path, const std::string& context)
+        : node_(node), path_(std::move(path)), context_(context) {}
+
+    [[noreturn]] void fail(const std::string& problem) const {
+        throw DecodeError(context_ + ": field " + path_ + " " + problem);
+    }
+
+    std::optional<Field> optional_member(std::string_view name) const {
+        if (node_.type != JsonNode::Type::kObject) fail("must be an object");
+        const JsonNode* member = find_member(node_, name);
+        if (member == nullptr) return std::nullopt;
+        return Field(*member, member_path(name), context_);
+    }
+
+    Field member(std::string_view name) const {
+        std::optional<Field> found = optional_member(name);
+        if (!found) throw DecodeError(context_ + ": missing field " + member_path(name));
+        return *found;
+    }
+
+    std::vector<std::pair<std::string, Field>> members() const {
+        if (node_.type != JsonNode::Type::kObject) fail("must be an object");
+        std::vector<std::pair<std::string, Field>> fields;
+        for (const JsonMember& member : node_.members) {
+            fields.emplace_back(member.key, Field(member.value, member_path(member.key), context_));
+        }
+        return fields;
+    }
+
+    std::vector<Field> items() const {
+        if (node_.type != JsonNode::Type::kArray) fail("must be an array");
+        std::vector<Field> fields;
+        fields.reserve(node_.items.size());
+        for (size_t i = 0; i < node_.items.size(); ++i) {
+            fields.emplace_back(node_.items[i], path_ + "[" + std::to_string(i) + "]", context_);
+        }
+        return fields;
+    }
+
+    std::vector<Field> tuple(size_t size, const char* shape) const {
+        if (node_.type != JsonNode::Type::kArray || node_.items.size() != size) {
+            fail(std::string("must be an array ") + shape);
+        }
+        return items();
+    }
+
+    const std::string& string() const {
+        if (node_.type != JsonNode::Type::kString) fail("must be a string");
+        return node_.text;
+    }
+
+    // Whole numbers only: 3, not 3.0 or 3e0.
+    std::optional<int64_t> integer() const {
+        if (node_.type != JsonNode::Type::kNumber) return std::nullopt;
+        const std::string& lexeme = node_.text;
+        int64_t value = 0;
+        auto [end, error] = std::from_chars(lexeme.data(), lexeme.data() + lexeme.size(), value);
+        if (error != std::errc() || end != lexeme.data() + lexeme.size()) return std::nullopt;
+        return value;
+    }
+
+    int64_t count() const {
+        std::optional<int64_t> value = integer();
+        if (!value || *value < 0) fail("must be a non-negative integer");
+        return *value;
+    }
+
+    Digest digest() const {
+        try {
+            return digest_from_hex(string());
+        } catch (const std::invalid_argument&) {
+            fail("must be 64 lowercase hex digits");
+        }
+    }
+
+    std::optional<Digest> upper_bound() const {
+        if (string().empty()) return std::nullopt;
+        return digest();
+    }
+
+    const std::string& uuid() const {
+        const std::string& text = string();
+        bool valid = text.size() == 36;
+        for (size_t i = 0; valid && i < text.size(); ++i) {
+            char c = text[i];
+            bool dash_here = i == 8 || i == 13 || i == 18 || i == 23;
+            valid = dash_here ? c == '-' : (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f');
+        }
+        if (!valid) fail("must be a lowercase UUID (8-4-4-4-12 hex digits)");
+        return text;
+    }
+
+    const std::string& object_payload() const {
+        if (node_.type != JsonNode::Type::kPayload || node_.text.front() != '{') {
+            fail("must be an object");
+        }
+        return node_.text;
+    }
+
+    std::optional<std::string> object_or_null_payload() const {
+        if (node_.type == JsonNode::Type::kPayload && node_.text == "null") return std::nullopt;
+        if (node_.type != JsonNode::Type::kPayload || node_.text.front() != '{') {
+            fail("must be an object or null");
+        }
+        return node_.text;
+    }
+
+private:
+    std::string member_path(std::string_view name) const {
+        return (path_.empty() ? path_ : path_ + ".") + quoted_excerpt(name);
+    }
+
+    const JsonNode& node_;
+    std::string path_;
+    const std::string& context_;
+};
+
+// Counts row entries over all of a message's lists against limits.max_rows.
+class RowBudget {
+public:
+    RowBudget(const Limits& limits, const std::string& context)
+        : limit_(limits.max_rows), context_(context) {}
+
+    std::vector<Field> take(const Field& list) {
+        std::vector<Field> rows = list.items();
+        used_ += rows.size();
+        if (used_ > limit_) {
+            throw DecodeError(context_ + ": message has more than " + std::to_string(limit_) +
+                              " rows");
+        }
+        return rows;
+    }
+
+private:
+    size_t limit_;
+    size_t used_ = 0;
+    const std::string& context_;
+};
+
+JsonNode parse_message(std::string_view text, const Limits& limits, const std::string& context) {
+    if (text.size() > limits.max_bytes) {
+        throw DecodeError(context + ": message is " + std::to_string(text.size()) +
+                          " bytes, over the limit of " + std::to_string(limits.max_bytes));
+    }
+    JsonNode root;
+    try {
+        root = parse_json_tree(text, limits, PayloadPlacement::kRowFields);
+    } catch (const DecodeError& error) {
+        throw DecodeError(context + ": " + error.what());
+    }
+    if (root.type != JsonNode::Type::kObject) {
+        throw DecodeError(context + ": message must be a JSON object");
+    }
+    return root;
+}
+
+// Read before anything else: a later version may have changed every other field.
+void check_version(const Field& message, const std::string& context) {
+    std::optional<int64_t> version = message.member("v").integer();
+    if (!version) message.member("v").fail("must be an integer");
+    if (*version < 1) message.member("v").fail("must be at least 1");
+    if (*version > kVersion) throw VersionTooNew(context, *version);
+}
+
+MessageHeader decode_header(const Field& message) {
+    MessageHeader header;
+    header.replica = message.member("replica").uuid();
+    header.gen = message.member("gen").count();
+    header.seq = message.member("seq").count();
+    return header;
+}
+
+std::vector<std::string> decode_scopes(const std::optional<Field>& list) {
+    std::vector<std::string> scopes;
+    if (!list) return scopes;
+    for (const Field& scope : list->items()) scopes.push_back(scope.string());
+    return scopes;
+}
+
+std::vector<DownRow> decode_down_rows(const Field& list, RowBudget& budget) {
+    std::vector<DownRow> rows;
+    for (const Field& item : budget.take(list)) {
+        DownRow row;
+        row.table = item.member("t").string();
+        row.key = item.member("k").object_payload();
+        if (std::optional<std::string> json = item.member("r").object_or_null_payload()) {
+            row.body = RowBody{std::move(*json), item.member("h").digest()};
+        }
+        rows.push_back(std::move(row));
+    }
+    return rows;
+}
+
+std::vector<KeyNote> decode_key_notes(const std::optional<Field>& list, RowBudget& budget) {
+    std::vector<KeyNote> notes;
+    if (!list) return notes;
+    for (const Field& item : budget.take(*list)) {
+        notes.push_back(KeyNote{item.member("t").string(), item.member("k").object_payload(),
+                                item.member("why").string()});
+    }
+    return notes;
+}
+
+KeyRange decode_key_range(const Field& lo, const Field& hi, const Field& where) {
+    KeyRange range{lo.digest(), hi.upper_bound()};
+    if (range.hi && !(range.lo < *range.hi)) where.fail("is an empty range (lo is not below hi)");
+    return range;
+}
+
+RowsMessage decode_rows(const Field& message, RowBudget& budget) {
+    RowsMessage rows;
+    rows.header = decode_header(message);
+    rows.reset = decode_scopes(message.optional_member("reset"));
+    rows.drop = decode_scopes(message.optional_member("drop"));
+    for (const Field& item : message.member("chunks").items()) {
+        Chunk chunk;
+        chunk.scope = item.member("scope").string();
+        chunk.from = item.member("from").count();
+        chunk.to = item.member("to").count();
+        if (chunk.from > chunk.to) item.fail("has \"from\" after \"to\"");
+        chunk.rows = decode_down_rows(item.member("rows"), budget);
+        rows.chunks.push_back(std::move(chunk));
+    }
+    rows.withheld = decode_key_notes(message.optional_member("withheld"), budget);
+    return rows;
+}
+
+FiledMessage decode_filed(const Field& message, RowBudget& budget) {
+    FiledMessage filed;
+    filed.header = decode_header(message);
+    filed.upload = message.member("upload").uuid();
+    filed.kept = decode_key_notes(message.member("kept"), budget);
+    return filed;
+}
+
+RangesMessage decode_ranges(const Field& message) {
+    RangesMessage ranges;
+    ranges.header = decode_header(message);
+    ranges.scope = message.member("scope").string();
+    for (const Field& item : message.member("ranges").items()) {
+        std::vector<Field> bounds = item.tuple(2, "[lo, hi]");
+        ranges.ranges.push_back(decode_key_range(bounds[0], bounds[1], item));
+    }
+    return ranges;
+}
+
+RepairMessage decode_repair(const Field& message, RowBudget& budget) {
+    RepairMessage repair;
+    repair.header = decode_header(message);
+    repair.scope = message.member("scope").string();
+    repair.range = decode_key_range(message.member("lo"), message.member("hi"), message.member("hi"));
+    repair.rows = decode_down_rows(message.member("rows"), budget);
+    return repair;
+}
+
+Holding decode_holding(const Field& field) {
+    Holding holding;
+    holding.through = field.member("through").count();
+    holding.fingerprint.sum = field.member("fp").digest();
+    holding.fingerprint.count = field.member("n").count();
+    if (std::optional<Field> ranges = field.optional_member("ranges")) {
+        for (const Field& item : ranges->items()) {
+            std::vector<Field> parts = item.tuple(4, "[lo, hi, fp, n]");
+            RangeFingerprint range;
+            range.range = decode_key_range(parts[0], parts[1], item);
+            range.fingerprint.sum = parts[2].digest();
+            range.fingerprint.count = parts[3].count();
+            holding.ranges.push_back(range);
+        }
+    }
+    return holding;
+}
+
+}  // namespace
+
+DownMessage decode_down(std::string_view text, const Limits& limits) {
+    const std::string context = "down message";
+    JsonNode root = parse_message(text, limits, context);
+    Field envelope(root, "", context);
+    check_version(envelope, context);
+    const std::string kind = envelope.member("kind").string();
+    Field message(root, "", kind);
+    RowBudget budget(limits, kind);
+    if (kind == "rows") return decode_rows(message, budget);
+    if (kind == "filed") return decode_filed(message, budget);
+    if (kind == "ranges") return decode_ranges(message);
+    if (kind == "repair") return decode_repair(message, budget);
+    throw DecodeError(context + ": unknown kind " + quoted_excerpt(kind));
+}
+
+Upload decode_upload(std::string_view text, const Limits& limits) {
+    const std::string context = "upload";
+    JsonNode root = parse_message(text, limits, context);
+    Field message(root, "", context);
+    check_version(message, context);
+    RowBudget budget(limits, context);
+    Upload upload;
+    upload.id = message.member("id").uuid();
+    for (const Field& item : budget.take(message.member("rows"))) {
+        upload.rows.push_back(UpRow{item.member("t").string(), item.member("r").object_payload()});
+    }
+    if (std::optional<Field> applied = message.optional_member("applied")) {
+        upload.applied = applied->count();
+    }
+    if (std::optional<Field> untaken = message.optional_member("untaken")) {
+        for (const Field& item : budget.take(*untaken)) {
+            upload.untaken.push_back(Untaken{item.member("seq").count(), item.member("t").string(),
+                                             item.member("k").object_payload(),
+                                             item.member("why").string()});
+        }
+    }
+    if (std::optional<Field> holds = message.optional_member("holds")) {
+        for (const auto& [scope, holding] : holds->members()) {
+            upload.holds.emplace(scope, decode_holding(holding));
+        }
+    }
+    return upload;
+}
+
+}  // namespace magic_sync::protocol

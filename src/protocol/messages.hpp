@@ -1,0 +1,212 @@
+// The messages between server and replica (DESIGN §8) and their JSON codec. The wire below is
+// pinned by tests/unit/protocol_messages_test.cpp; it changes only with a kVersion bump.
+//
+// Down (server → replica); every one starts {"v":1,"kind":K,"replica":UUID,"gen":G,"seq":S, then:
+//   rows:   "reset":[scope,...]?, "drop":[scope,...]?,
+//           "chunks":[{"scope":..,"from":F,"to":T,"rows":[ROW,...]},...],
+//           "withheld":[{"t":..,"k":{..},"why":".."},...]?
+//   filed:  "upload":UUID, "kept":[{"t":..,"k":{..},"why":".."},...]
+//   ranges: "scope":.., "ranges":[[LO,HI],...]
+//   repair: "scope":.., "lo":LO, "hi":HI, "rows":[ROW,...]
+//   ROW = {"t":table,"k":{key},"r":{row},"h":"<64 hex v>"}, or {"t":..,"k":{..},"r":null} for a row
+//   that is gone.
+// Up (replica → server), an upload:
+//   {"v":1,"id":UUID,"rows":[{"t":..,"r":{..}},...],"applied":N?,
+//    "untaken":[{"seq":N,"t":..,"k":{..},"why":".."},...]?,
+//    "holds":{scope:{"through":N,"fp":"<64 hex>","n":N,"ranges":[[LO,HI,"<64 hex fp>",N],...]?}}?}
+// Fields marked ? are left out when empty. Encoding writes fields in exactly this order with no
+// whitespace, so equal messages encode to equal bytes. Decoding accepts any order, ignores fields
+// it does not know and refuses duplicate keys.
+//
+// Conventions: UUIDs are lowercase 8-4-4-4-12 hex; gen, seq, from, to, through, applied and n are
+// integers in [0, 2^63); a chunk holds the rows of its scope with from < seq <= to, so after it
+// the replica holds the scope through `to`; range bounds LO (inclusive) and HI (exclusive) are
+// 64-hex key hashes k, HI "" meaning the top of the key space.
+#pragma once
+
+#include "protocol/pure.hpp"
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "protocol/fingerprint.hpp"
+#include "protocol/hash.hpp"
+#include "protocol/limits.hpp"
+
+namespace magic_sync::protocol {
+
+inline constexpr int64_t kVersion = 1;
+
+// How deep a row payload sits in the deepest message (rows → "chunks" → chunk → "rows" → row): a
+// row whose JSON nests d levels makes a message that nests d + kRowDepthInMessage levels.
+inline constexpr int kRowDepthInMessage = 5;
+
+// The message speaks a later protocol than this build. Sending it again to a newer build can help.
+class VersionTooNew : public DecodeError {
+public:
+    VersionTooNew(const std::string& context, int64_t version);
+    int64_t version() const { return version_; }
+
+private:
+    int64_t version_;
+};
+
+// Payload fields (key, json, row) hold canonical_json text. Encoding splices them verbatim, so
+// they must be canonical_json output; decoding always returns them canonical.
+
+struct MessageHeader {
+    std::string replica;
+    int64_t gen = 0;
+    int64_t seq = 0;  // the message's place in the replica's outbox
+};
+
+struct RowBody {
+    std::string json;  // the row object
+    Digest hash{};     // v = row_hash(json), as computed by the server
+};
+
+struct DownRow {
+    std::string table;
+    std::string key;              // the primary key object
+    std::optional<RowBody> body;  // none: the row is gone from the scope
+};
+
+// A row named by key with a reason: withheld (rows), kept (filed).
+struct KeyNote {
+    std::string table;
+    std::string key;
+    std::string why;
+};
+
+struct Chunk {
+    std::string scope;
+    int64_t from = 0;
+    int64_t to = 0;
+    std::vector<DownRow> rows;
+};
+
+struct RowsMessage {
+    MessageHeader header;
+    std::vector<std::string> reset;  // scopes to empty before the chunks; "*" = everything
+    std::vector<std::string> drop;   // scopes the replica leaves
+    std::vector<Chunk> chunks;
+    std::vector<KeyNote> withheld;
+};
+
+struct FiledMessage {
+    MessageHeader header;
+    std::string upload;
+    std::vector<KeyNote> kept;  // rows of the upload that were not filed
+};
+
+struct KeyRange {
+    Digest lo{};               // inclusive
+    std::optional<Digest> hi;  // exclusive; none: up to the top
+};
+
+bool contains(const KeyRange& range, const Digest& key_hash);
+
+// "Send me the fingerprints of these ranges of that scope."
+struct RangesMessage {
+    MessageHeader header;
+    std::string scope;
+    std::vector<KeyRange> ranges;
+};
+
+// After applying it the replica holds exactly these rows of the scope within the range.
+struct RepairMessage {
+    MessageHeader header;
+    std::string scope;
+    KeyRange range;
+    std::vector<DownRow> rows;
+};
+
+using DownMessage = std::variant<RowsMessage, FiledMessage, RangesMessage, RepairMessage>;
+
+struct UpRow {
+    std::string table;
+    std::string row;  // the row object
+};
+
+// A row the replica could not apply, from the down message with this seq.
+struct Untaken {
+    int64_t seq = 0;
+    std::string table;
+    std::string key;
+    std::string why;
+};
+
+struct RangeFingerprint {
+    KeyRange range;
+    Fingerprint fingerprint;
+};
+
+// What a replica holds of one scope.
+struct Holding {
+    int64_t through = 0;  // the scope's seq it has applied through
+    Fingerprint fingerprint;
+    std::vector<RangeFingerprint> ranges;  // answers to a ranges message
+};
+
+struct Upload {
+    std::string id;
+    std::vector<UpRow> rows;
+    std::optional<int64_t> applied;  // seq of the last down message applied and committed
+    std::vector<Untaken> untaken;
+    std::map<std::string, Holding> holds;  // by scope
+};
+
+bool operator==(const MessageHeader& a, const MessageHeader& b);
+bool operator==(const RowBody& a, const RowBody& b);
+bool operator==(const DownRow& a, const DownRow& b);
+bool operator==(const KeyNote& a, const KeyNote& b);
+bool operator==(const Chunk& a, const Chunk& b);
+bool operator==(const RowsMessage& a, const RowsMessage& b);
+bool operator==(const FiledMessage& a, const FiledMessage& b);
+bool operator==(const KeyRange& a, const KeyRange& b);
+bool operator==(const RangesMessage& a, const RangesMessage& b);
+bool operator==(const RepairMessage& a, const RepairMessage& b);
+bool operator==(const UpRow& a, const UpRow& b);
+bool operator==(const Untaken& a, const Untaken& b);
+bool operator==(const RangeFingerprint& a, const RangeFingerprint& b);
+bool operator==(const Holding& a, const Holding& b);
+bool operator==(const Upload& a, const Upload& b);
+
+// Encoding throws std::invalid_argument only for a string that is not valid UTF-8; it does not
+// check the conventions above, which the decoder enforces.
+std::string encode(const Chunk& chunk);  // one element of "chunks"
+std::string encode(const RowsMessage& message);
+std::string encode(const FiledMessage& message);
+std::string encode(const RangesMessage& message);
+std::string encode(const RepairMessage& message);
+std::string encode(const DownMessage& message);
+std::string encode(const Upload& upload);
+
+// A rows message whose chunks were encoded already (encode(const Chunk&), e.g. shared chunk bodies
+// built once for many replicas). Same bytes as encode() of the message with those chunks;
+// `message.chunks` must be empty (std::invalid_argument otherwise).
+std::string encode_rows(const RowsMessage& message, const std::vector<std::string_view>& chunks);
+
+// Throw DecodeError (VersionTooNew when "v" > kVersion) naming what is wrong and where.
+DownMessage decode_down(std::string_view text, const Limits& limits = Limits{});
+Upload decode_upload(std::string_view text, const Limits& limits = Limits{});
+
+// Byte accounting for the planner. An encoded rows message is exactly
+//   encode(the message with no chunks).size()          (at most rows_envelope_overhead() when it
+//                                                        has no reset, drop or withheld)
+//   + Σ chunk sizes + (number of chunks - 1)            (commas between chunks)
+// and a chunk is exactly
+//   chunk_overhead(scope, from, to) + Σ encoded_row_size(row) + (number of rows - 1).
+// A repair's rows are counted the same way.
+size_t rows_envelope_overhead();  // no chunks, 36-byte replica, gen and seq of 19 digits
+size_t chunk_overhead(std::string_view scope, int64_t from, int64_t to);  // a chunk with no rows
+// `row` none: the row is gone.
+size_t encoded_row_size(std::string_view table, std::string_view key,
+                        std::optional<std::string_view> row);
+
+}  // namespace magic_sync::protocol

@@ -1,0 +1,216 @@
+-- magic_sync 0.1.0: the schema `sync` (DESIGN §3), its roles and privileges.
+\echo Use "CREATE EXTENSION magic_sync" to load this file. \quit
+
+-- Roles for the two processes that talk to the engine from outside. Cluster-wide, so created
+-- only when absent and never dropped with the extension.
+DO $roles$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'sync_sender') THEN
+        CREATE ROLE sync_sender NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'sync_receiver') THEN
+        CREATE ROLE sync_receiver NOLOGIN;
+    END IF;
+END
+$roles$;
+
+-- Declarations ----------------------------------------------------------------------------------
+
+-- Which relation lists the replicas (one set per database).
+CREATE TABLE sync.replica_set (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    relation regclass NOT NULL,
+    relation_name text NOT NULL,
+    name text NOT NULL,
+    live text NOT NULL DEFAULT 'true',
+    partitioned_by name
+);
+
+-- One codec per synced table: how its rows travel.
+CREATE TABLE sync.codec (
+    id serial PRIMARY KEY,
+    relation regclass NOT NULL UNIQUE,
+    table_name text NOT NULL UNIQUE,
+    kind text NOT NULL CHECK (kind IN ('catalog', 'record', 'both')),
+    "to" text,
+    columns name[],
+    replica_columns name[] NOT NULL DEFAULT '{}',
+    stamp name[] NOT NULL DEFAULT '{}',
+    key_columns name[] NOT NULL
+);
+
+-- What the server knows of a replica that sends something up, and how a filing is set up.
+CREATE TABLE sync.sender_rule (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    known regprocedure,
+    filing regprocedure
+);
+
+-- Capture ---------------------------------------------------------------------------------------
+
+-- One row per changed key, written by the capture trigger; `key` NULL means every row of the
+-- codec (a TRUNCATE). Codec 0 is the replicas relation.
+CREATE TABLE sync.note (
+    seq bigserial PRIMARY KEY,
+    codec int NOT NULL,
+    key jsonb,
+    noted_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- Relay state -----------------------------------------------------------------------------------
+
+-- An audience: ('*', '') for all, ('id', <uuid>), ('store_id', '42'), each within a partition.
+CREATE TABLE sync.scope (
+    id bigserial PRIMARY KEY,
+    match text NOT NULL,
+    value text NOT NULL,
+    partition text NOT NULL DEFAULT '',
+    head bigint NOT NULL DEFAULT 0,
+    fp bytea NOT NULL DEFAULT '\x0000000000000000000000000000000000000000000000000000000000000000',
+    n bigint NOT NULL DEFAULT 0,
+    UNIQUE (match, value, partition)
+);
+
+-- Where each synced row lives and its version; `gone` marks a tombstone.
+CREATE TABLE sync.row (
+    codec int NOT NULL,
+    key jsonb NOT NULL,
+    scope bigint NOT NULL REFERENCES sync.scope,
+    seq bigint NOT NULL,
+    hash bytea,
+    gone boolean NOT NULL DEFAULT false,
+    PRIMARY KEY (codec, key, scope)
+);
+CREATE INDEX row_scope_seq ON sync.row (scope, seq);
+
+-- Seqs of rows: drawn only by the relay's lock holder, so seq order is commit order.
+CREATE SEQUENCE sync.row_seq;
+
+CREATE TABLE sync.replica (
+    id uuid PRIMARY KEY,
+    gen int NOT NULL DEFAULT 1,
+    live boolean NOT NULL DEFAULT true,
+    partition text NOT NULL DEFAULT '',
+    provisioned_at timestamptz NOT NULL DEFAULT now(),
+    next_seq bigint NOT NULL DEFAULT 1,
+    applied bigint NOT NULL DEFAULT 0,
+    backoff_until timestamptz,
+    backoff interval,
+    last_error text,
+    refusals int NOT NULL DEFAULT 0
+);
+
+-- A replica's cursor in each of its scopes: sent through, and confirmed through.
+CREATE TABLE sync.member (
+    replica uuid NOT NULL REFERENCES sync.replica ON DELETE CASCADE,
+    scope bigint NOT NULL REFERENCES sync.scope,
+    sent bigint NOT NULL DEFAULT 0,
+    confirmed bigint NOT NULL DEFAULT 0,
+    PRIMARY KEY (replica, scope)
+);
+
+-- An encoded run of one scope's rows, shared by every replica that needs the same run.
+CREATE TABLE sync.chunk (
+    id bigserial PRIMARY KEY,
+    scope bigint NOT NULL REFERENCES sync.scope,
+    from_seq bigint NOT NULL,
+    to_seq bigint NOT NULL,
+    rows int NOT NULL,
+    bytes int NOT NULL,
+    body bytea NOT NULL,
+    fp bytea,
+    n bigint
+);
+
+-- Per replica, in order: the messages to send. `seq` is the replica's own message counter.
+CREATE TABLE sync.outbox (
+    replica uuid NOT NULL REFERENCES sync.replica ON DELETE CASCADE,
+    seq bigint NOT NULL,
+    gen int NOT NULL,
+    kind text NOT NULL,
+    chunks bigint[] NOT NULL DEFAULT '{}',
+    reset text[] NOT NULL DEFAULT '{}',
+    drops text[] NOT NULL DEFAULT '{}',
+    body bytea,
+    advances jsonb,
+    created_at timestamptz NOT NULL DEFAULT now(),
+    sent_at timestamptz,
+    tries int NOT NULL DEFAULT 0,
+    lease_until timestamptz,
+    PRIMARY KEY (replica, seq)
+);
+
+-- What could not be planned, sent or filed: kept, and tried again.
+CREATE TABLE sync.set_aside (
+    id bigserial PRIMARY KEY,
+    kind text NOT NULL CHECK (kind IN ('note', 'row', 'upload', 'untaken')),
+    replica uuid,
+    codec int,
+    key jsonb,
+    body bytea,
+    reason text NOT NULL,
+    first_at timestamptz NOT NULL DEFAULT now(),
+    tries int NOT NULL DEFAULT 1,
+    last_try_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- Uploads filed, so one sent again is answered, not filed twice.
+CREATE TABLE sync.upload (
+    replica uuid NOT NULL,
+    id uuid NOT NULL,
+    filed_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (replica, id)
+);
+
+-- What sync.receive() leaves for the relay: it never touches relay state itself, so a long
+-- filing transaction never holds a lock the pass needs. The pass moves answers into the outbox
+-- (under the lock, so a replica's message seqs are in commit order) and applies confirmations.
+CREATE TABLE sync.answer (
+    id bigserial PRIMARY KEY,
+    replica uuid NOT NULL,
+    kind text NOT NULL,
+    payload jsonb NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
+CREATE TABLE sync.confirmation (
+    id bigserial PRIMARY KEY,
+    replica uuid NOT NULL,
+    applied bigint NOT NULL,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- What a replica last said it holds, per scope (its `holds`), for verification.
+CREATE TABLE sync.holding (
+    replica uuid NOT NULL,
+    scope text NOT NULL,
+    through bigint NOT NULL,
+    fp bytea NOT NULL,
+    n bigint NOT NULL,
+    ranges jsonb,
+    reported_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (replica, scope)
+);
+
+-- Declarations survive pg_dump; the state is rebuilt by provisioning.
+SELECT pg_catalog.pg_extension_config_dump('sync.replica_set', '');
+SELECT pg_catalog.pg_extension_config_dump('sync.codec', '');
+SELECT pg_catalog.pg_extension_config_dump('sync.codec_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('sync.sender_rule', '');
+
+-- Views -----------------------------------------------------------------------------------------
+
+-- One row per replica: is it live, how far behind, what went wrong.
+CREATE VIEW sync.status AS
+SELECT r.id AS replica,
+       r.live,
+       r.gen,
+       count(o.seq) FILTER (WHERE o.sent_at IS NULL) AS outbox,
+       now() - min(o.created_at) FILTER (WHERE o.sent_at IS NULL) AS oldest_unsent,
+       now() - min(o.sent_at) AS unconfirmed,
+       CASE WHEN r.backoff_until > now() THEN r.backoff_until - now() END AS backoff,
+       r.last_error,
+       (SELECT count(*) FROM sync.set_aside s WHERE s.replica = r.id) AS set_aside
+FROM sync.replica r
+LEFT JOIN sync.outbox o ON o.replica = r.id
+GROUP BY r.id;

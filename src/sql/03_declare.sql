@@ -1,0 +1,501 @@
+-- Declaring what syncs (DESIGN §2) ----------------------------------------------------------------
+--
+-- Declarations validate against the catalog at once and refuse with a message that says what is
+-- wrong and how to fix it. Every identifier they splice into SQL comes from the catalog and is
+-- quoted with format('%I').
+
+-- The capture trigger (src/pg/capture.cpp). SECURITY DEFINER: whoever writes a synced table
+-- may note its changes without any privilege on sync.note.
+CREATE FUNCTION sync.capture() RETURNS trigger
+AS 'MODULE_PATHNAME', 'magic_sync_capture'
+LANGUAGE C SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp;
+
+-- The relation's name as it travels on the wire and shows in messages: schema.name.
+CREATE FUNCTION sync.relation_name(relation regclass) RETURNS text
+LANGUAGE sql STABLE STRICT
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT format('%I.%I', n.nspname, c.relname)
+    FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+    WHERE c.oid = relation
+$$;
+
+-- The type of a column of a relation, or NULL when it has no such column.
+CREATE FUNCTION sync.column_type(relation regclass, column_name name) RETURNS regtype
+LANGUAGE sql STABLE STRICT
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT a.atttypid::regtype FROM pg_attribute a
+    WHERE a.attrelid = relation AND a.attname = column_name AND a.attnum > 0 AND NOT a.attisdropped
+$$;
+
+-- The primary key columns of a table, in key order (NULL when it has none).
+CREATE FUNCTION sync.key_columns(relation regclass) RETURNS name[]
+LANGUAGE sql STABLE STRICT
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT array_agg(a.attname ORDER BY k.ord)
+    FROM pg_index i
+    CROSS JOIN LATERAL unnest(i.indkey) WITH ORDINALITY AS k(attnum, ord)
+    JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+    WHERE i.indrelid = relation AND i.indisprimary
+$$;
+
+-- Refuses unless every column in `columns` exists in `relation`; `what` names the argument.
+CREATE FUNCTION sync.require_columns(relation regclass, columns name[], what text) RETURNS void
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    missing name;
+BEGIN
+    SELECT c INTO missing FROM unnest(columns) c WHERE sync.column_type(relation, c) IS NULL LIMIT 1;
+    IF missing IS NOT NULL THEN
+        RAISE EXCEPTION '% names column "%", which table % does not have',
+                        what, missing, sync.relation_name(relation)
+            USING ERRCODE = 'undefined_column',
+                  HINT = format('The columns of %s are: %s.', sync.relation_name(relation),
+                                (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum)
+                                 FROM pg_attribute a
+                                 WHERE a.attrelid = relation AND a.attnum > 0 AND NOT a.attisdropped));
+    END IF;
+END
+$$;
+
+-- Installs the capture triggers on a relation: one per event, since a trigger with transition
+-- tables may have only one.
+CREATE FUNCTION sync.install_capture(relation regclass, codec int, key_columns name[]) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    args text := (SELECT string_agg(quote_literal(a), ', ')
+                  FROM unnest(ARRAY[codec::text] || key_columns::text[]) a);
+BEGIN
+    PERFORM sync.remove_capture(relation);
+    EXECUTE format('CREATE TRIGGER magic_sync_insert AFTER INSERT ON %s '
+                   'REFERENCING NEW TABLE AS magic_sync_new '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION sync.capture(%s)', relation, args);
+    EXECUTE format('CREATE TRIGGER magic_sync_update AFTER UPDATE ON %s '
+                   'REFERENCING OLD TABLE AS magic_sync_old NEW TABLE AS magic_sync_new '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION sync.capture(%s)', relation, args);
+    EXECUTE format('CREATE TRIGGER magic_sync_delete AFTER DELETE ON %s '
+                   'REFERENCING OLD TABLE AS magic_sync_old '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION sync.capture(%s)', relation, args);
+    EXECUTE format('CREATE TRIGGER magic_sync_truncate AFTER TRUNCATE ON %s '
+                   'FOR EACH STATEMENT EXECUTE FUNCTION sync.capture(%s)', relation, args);
+END
+$$;
+
+CREATE FUNCTION sync.remove_capture(relation regclass) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    trigger_name name;
+BEGIN
+    FOR trigger_name IN
+        SELECT t.tgname FROM pg_trigger t
+        WHERE t.tgrelid = relation AND t.tgfoid = 'sync.capture()'::regprocedure
+    LOOP
+        EXECUTE format('DROP TRIGGER %I ON %s', trigger_name, relation);
+    END LOOP;
+END
+$$;
+
+-- Refuses a `live` expression that does not parse over `relation` or is not boolean.
+CREATE FUNCTION sync.require_live(relation regclass, live text) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    live_type regtype;
+BEGIN
+    BEGIN
+        -- One row of NULLs: the expression's type without reading the relation.
+        EXECUTE format('SELECT pg_typeof((%s)) FROM (SELECT * FROM %s LIMIT 0) AS r '
+                       'RIGHT JOIN (VALUES (1)) AS one(x) ON true', live, relation)
+            INTO live_type;
+    EXCEPTION WHEN syntax_error OR undefined_column OR undefined_function OR datatype_mismatch
+                   OR undefined_table OR ambiguous_column THEN
+        RAISE EXCEPTION 'live expression "%" is not valid over %: %',
+                        live, sync.relation_name(relation), SQLERRM
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'live is a boolean SQL expression over the columns of the replicas '
+                         'relation, such as ''active'' or ''status = ''''open''''''.';
+    END;
+    IF live_type IS DISTINCT FROM 'boolean'::regtype THEN
+        RAISE EXCEPTION 'live expression "%" is of type %, not boolean', live, live_type
+            USING ERRCODE = 'datatype_mismatch',
+                  HINT = 'live says which rows of the replicas relation are live replicas: '
+                         'write a condition, such as ''active'' or ''closed_at IS NULL''.';
+    END IF;
+END
+$$;
+
+-- Declares the relation that lists the replicas. Redeclaring replaces the declaration.
+CREATE FUNCTION sync.replicas(relation regclass, name text, live text DEFAULT 'true',
+                              partitioned_by name DEFAULT NULL) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    kind "char" := (SELECT c.relkind FROM pg_class c WHERE c.oid = relation);
+    id_type regtype := sync.column_type(relation, 'id');
+    previous regclass := (SELECT s.relation FROM sync.replica_set s);
+    lacking text;
+BEGIN
+    IF kind NOT IN ('r', 'p', 'v', 'm', 'f') THEN
+        RAISE EXCEPTION '% is not a table or a view', sync.relation_name(relation)
+            USING ERRCODE = 'wrong_object_type';
+    END IF;
+    IF id_type IS DISTINCT FROM 'uuid'::regtype THEN
+        RAISE EXCEPTION 'replicas relation % has no column "id" of type uuid%',
+                        sync.relation_name(relation),
+                        CASE WHEN id_type IS NULL THEN '' ELSE format(' (its "id" is %s)', id_type) END
+            USING ERRCODE = 'invalid_table_definition',
+                  HINT = 'Each row of the replicas relation is a replica, identified by an id '
+                         'of type uuid: add that column, or declare a view that has it.';
+    END IF;
+    IF name IS NULL OR name !~ '^[a-z_][a-z0-9_]*$' THEN
+        RAISE EXCEPTION 'replica set name "%" must be a lower-case identifier', name
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'The name shows in messages and logs, e.g. ''registers''.';
+    END IF;
+    PERFORM sync.require_live(relation, coalesce(live, 'true'));
+    IF partitioned_by IS NOT NULL THEN
+        PERFORM sync.require_columns(relation, ARRAY[partitioned_by], 'partitioned_by');
+        SELECT string_agg(c.table_name, ', ' ORDER BY c.table_name) INTO lacking
+        FROM sync.codec c WHERE sync.column_type(c.relation, partitioned_by) IS NULL;
+        IF lacking IS NOT NULL THEN
+            RAISE EXCEPTION 'column "%", which the replicas would be partitioned by, is missing from synced table(s) %',
+                            partitioned_by, lacking
+                USING ERRCODE = 'undefined_column',
+                      HINT = 'No row crosses a partition, so every synced table needs the '
+                             'partition column: add it, or sync.drop() the table first.';
+        END IF;
+    END IF;
+
+    IF previous IS NOT NULL AND previous <> relation THEN
+        PERFORM sync.remove_capture(previous);
+    END IF;
+    INSERT INTO sync.replica_set AS s (relation, relation_name, name, live, partitioned_by)
+    VALUES (relation, sync.relation_name(relation), name, coalesce(live, 'true'), partitioned_by)
+    ON CONFLICT (singleton) DO UPDATE
+        SET relation = excluded.relation, relation_name = excluded.relation_name,
+            name = excluded.name, live = excluded.live, partitioned_by = excluded.partitioned_by;
+    IF kind IN ('r', 'p') THEN
+        PERFORM sync.install_capture(relation, 0, ARRAY['id']::name[]);
+    END IF;
+    -- Every replica is looked at again by the next pass.
+    INSERT INTO sync.note (codec, key) VALUES (0, NULL);
+END
+$$;
+
+-- Declares how a table syncs. sync.catalog(), sync.record() and sync.both() are sugar for it.
+CREATE FUNCTION sync.codec("table" regclass, kind text, "to" text DEFAULT NULL,
+                           columns name[] DEFAULT NULL, replica_columns name[] DEFAULT '{}',
+                           stamp name[] DEFAULT '{}') RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    relation regclass := "table";
+    table_name text := sync.relation_name("table");
+    relkind "char" := (SELECT c.relkind FROM pg_class c WHERE c.oid = "table");
+    keys name[] := sync.key_columns("table");
+    replica_set sync.replica_set;
+    audience text[];
+    own_type regtype;
+    replica_type regtype;
+    codec_id int;
+    offending name;
+BEGIN
+    IF kind IS NULL OR kind NOT IN ('catalog', 'record', 'both') THEN
+        RAISE EXCEPTION 'codec kind "%" is not one of catalog, record, both', kind
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF relkind NOT IN ('r', 'p') THEN
+        RAISE EXCEPTION '% is not a table: only tables sync', table_name
+            USING ERRCODE = 'wrong_object_type',
+                  HINT = 'Declare the table the rows live in (a view cannot be captured or filed).';
+    END IF;
+    IF keys IS NULL THEN
+        RAISE EXCEPTION 'table % has no primary key', table_name
+            USING ERRCODE = 'invalid_table_definition',
+                  HINT = format('Rows are found, sent and filed by primary key: add one, e.g. '
+                                'ALTER TABLE %s ADD PRIMARY KEY (id).', table_name);
+    END IF;
+    SELECT * INTO replica_set FROM sync.replica_set;
+
+    -- Who receives a row: 'all', 'col' (holds a replica id), 'col = replica_col', or NULL.
+    "to" := btrim("to");
+    IF "to" IS NOT NULL AND "to" <> 'all' THEN
+        audience := regexp_match("to", '^([A-Za-z_][A-Za-z0-9_$]*)\s*(?:=\s*([A-Za-z_][A-Za-z0-9_$]*))?$');
+        IF audience IS NULL THEN
+            RAISE EXCEPTION 'to => ''%'' is not one of ''all'', ''column'' or ''column = replica_column''', "to"
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'E.g. to => ''register_id'' (the column holds a replica id) or '
+                             'to => ''store_id = store_id'' (every replica of that store).';
+        END IF;
+        PERFORM sync.require_columns("table", ARRAY[audience[1]]::name[], 'to');
+        own_type := sync.column_type("table", audience[1]);
+        IF audience[2] IS NULL THEN
+            IF own_type <> 'uuid'::regtype THEN
+                RAISE EXCEPTION 'to => ''%'': column %.% is of type %, but a column that names the '
+                                'receiving replica must be uuid', "to", table_name, audience[1], own_type
+                    USING ERRCODE = 'datatype_mismatch',
+                          HINT = 'Use to => ''column = replica_column'' to send a row to every '
+                                 'replica whose column has the same value.';
+            END IF;
+        ELSE
+            IF replica_set IS NULL THEN
+                RAISE EXCEPTION 'to => ''%'' matches a column of the replicas, but no replicas are declared', "to"
+                    USING ERRCODE = 'object_not_in_prerequisite_state',
+                          HINT = 'Declare them first with sync.replicas().';
+            END IF;
+            replica_type := sync.column_type(replica_set.relation, audience[2]);
+            IF replica_type IS NULL THEN
+                RAISE EXCEPTION 'to => ''%'': the replicas relation % has no column "%"',
+                                "to", replica_set.relation_name, audience[2]
+                    USING ERRCODE = 'undefined_column';
+            END IF;
+            IF replica_type <> own_type THEN
+                RAISE EXCEPTION 'to => ''%'': column %.% is of type % but %.% is of type %',
+                                "to", table_name, audience[1], own_type,
+                                replica_set.relation_name, audience[2], replica_type
+                    USING ERRCODE = 'datatype_mismatch',
+                          HINT = 'The two columns are compared for equality: make them the same type.';
+            END IF;
+        END IF;
+    END IF;
+
+    IF columns IS NOT NULL THEN
+        PERFORM sync.require_columns("table", columns, 'columns');
+        SELECT k INTO offending FROM unnest(keys) k WHERE k <> ALL (columns) LIMIT 1;
+        IF offending IS NOT NULL THEN
+            RAISE EXCEPTION 'columns must include the key column "%" of %', offending, table_name
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'A replica finds a row by its key: add the key columns to columns.';
+        END IF;
+    END IF;
+
+    replica_columns := coalesce(replica_columns, '{}');
+    IF kind <> 'both' AND cardinality(replica_columns) > 0 THEN
+        RAISE EXCEPTION 'replica_columns are only for tables both sides write (sync.both()), not % tables', kind
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM sync.require_columns("table", replica_columns, 'replica_columns');
+    SELECT k INTO offending FROM unnest(keys) k WHERE k = ANY (replica_columns) LIMIT 1;
+    IF offending IS NOT NULL THEN
+        RAISE EXCEPTION 'replica_columns may not include the key column "%" of %', offending, table_name
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'A replica writes the columns of a row it holds; it cannot change the key.';
+    END IF;
+    IF columns IS NOT NULL THEN
+        SELECT c INTO offending FROM unnest(replica_columns) c WHERE c <> ALL (columns) LIMIT 1;
+        IF offending IS NOT NULL THEN
+            RAISE EXCEPTION 'replica column "%" of % is not among the columns that travel', offending, table_name
+                USING ERRCODE = 'invalid_parameter_value',
+                      HINT = 'Add it to columns: a replica writes only what it holds.';
+        END IF;
+    END IF;
+
+    stamp := coalesce(stamp, '{}');
+    IF kind = 'catalog' AND cardinality(stamp) > 0 THEN
+        RAISE EXCEPTION 'stamp is for tables filed from uploads (record, both), not catalog tables'
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    PERFORM sync.require_columns("table", stamp, 'stamp');
+
+    IF replica_set.partitioned_by IS NOT NULL
+       AND sync.column_type("table", replica_set.partitioned_by) IS NULL THEN
+        RAISE EXCEPTION 'table % has no column "%", which the replicas are partitioned by',
+                        table_name, replica_set.partitioned_by
+            USING ERRCODE = 'undefined_column',
+                  HINT = 'No row crosses a partition: add the column to the table.';
+    END IF;
+
+    INSERT INTO sync.codec AS c (relation, table_name, kind, "to", columns, replica_columns, stamp, key_columns)
+    VALUES (relation, table_name, kind, "to", columns, replica_columns, stamp, keys)
+    ON CONFLICT ON CONSTRAINT codec_relation_key DO UPDATE
+        SET table_name = excluded.table_name, kind = excluded.kind, "to" = excluded."to",
+            columns = excluded.columns, replica_columns = excluded.replica_columns,
+            stamp = excluded.stamp, key_columns = excluded.key_columns
+    RETURNING c.id INTO codec_id;
+    PERFORM sync.install_capture(relation, codec_id, keys);
+    -- The next pass looks at every row of the table under the new declaration.
+    INSERT INTO sync.note (codec, key) VALUES (codec_id, NULL);
+END
+$$;
+
+-- The server's rows, sent down; an upload of one is refused.
+CREATE FUNCTION sync.catalog("table" regclass, "to" text DEFAULT 'all', columns name[] DEFAULT NULL)
+RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT sync.codec("table", 'catalog', "to", columns) $$;
+
+-- Facts a replica creates, filed insert-if-absent by primary key. Up only unless `to`.
+CREATE FUNCTION sync.record("table" regclass, "to" text DEFAULT NULL, columns name[] DEFAULT NULL,
+                            stamp name[] DEFAULT '{}') RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT sync.codec("table", 'record', "to", columns, '{}', stamp) $$;
+
+-- Rows both sides write: down whole, up only the replica_columns.
+CREATE FUNCTION sync.both("table" regclass, "to" text DEFAULT NULL, replica_columns name[] DEFAULT '{}',
+                          columns name[] DEFAULT NULL, stamp name[] DEFAULT '{}') RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT sync.codec("table", 'both', "to", columns, replica_columns, stamp) $$;
+
+-- Stops syncing a table: its declaration, capture triggers and pending notes go.
+CREATE FUNCTION sync.drop("table" regclass) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    codec_id int := (SELECT c.id FROM sync.codec c WHERE c.relation = "table");
+BEGIN
+    IF codec_id IS NULL THEN
+        RAISE EXCEPTION 'table % does not sync: it has no codec', sync.relation_name("table")
+            USING ERRCODE = 'undefined_object',
+                  HINT = 'SELECT table_name FROM sync.codec lists the tables that sync.';
+    END IF;
+    PERFORM sync.remove_capture("table");
+    DELETE FROM sync.note WHERE codec = codec_id;
+    DELETE FROM sync.codec WHERE id = codec_id;
+END
+$$;
+
+-- Says what the server knows of a replica that sends something up (known(uuid) → jsonb, NULL:
+-- unknown) and what each filing sets up first (filing(jsonb)). NULL: the default, Anyone.
+CREATE FUNCTION sync.senders(known regprocedure DEFAULT NULL, filing regprocedure DEFAULT NULL)
+RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    known_proc pg_proc;
+    filing_proc pg_proc;
+BEGIN
+    SELECT * INTO known_proc FROM pg_proc WHERE oid = known;
+    IF known IS NOT NULL AND (known_proc.pronargs <> 1 OR known_proc.proargtypes[0] <> 'uuid'::regtype
+                              OR known_proc.prorettype <> 'jsonb'::regtype OR known_proc.proretset) THEN
+        RAISE EXCEPTION 'known must be a function (uuid) returning jsonb, but % returns %',
+                        known, known_proc.prorettype::regtype
+            USING ERRCODE = 'invalid_function_definition',
+                  HINT = 'known(replica uuid) says what the server knows of a replica that '
+                         'sends something up, as jsonb; NULL means it is unknown.';
+    END IF;
+    SELECT * INTO filing_proc FROM pg_proc WHERE oid = filing;
+    IF filing IS NOT NULL AND (filing_proc.pronargs <> 1 OR filing_proc.proargtypes[0] <> 'jsonb'::regtype
+                               OR filing_proc.proretset) THEN
+        RAISE EXCEPTION 'filing must be a function (jsonb), but % is not', filing
+            USING ERRCODE = 'invalid_function_definition',
+                  HINT = 'filing(known jsonb) runs first in each filing, with what known() '
+                         'returned, to set what row policies read (set_config(..., true)).';
+    END IF;
+    INSERT INTO sync.sender_rule AS s (known, filing) VALUES (known, filing)
+    ON CONFLICT (singleton) DO UPDATE SET known = excluded.known, filing = excluded.filing;
+END
+$$;
+
+-- One row per problem with the declarations, saying what is wrong and how to fix it: tables
+-- dropped or renamed, columns dropped, triggers gone.
+CREATE FUNCTION sync.check()
+RETURNS TABLE (declaration text, problem text, fix text)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c sync.codec;
+    r sync.replica_set;
+    current_name text;
+    wanted name;
+    lost name[];
+BEGIN
+    SELECT * INTO r FROM sync.replica_set;
+    IF r.relation IS NOT NULL THEN
+        declaration := format('replicas %s (%s)', r.name, r.relation_name);
+        current_name := sync.relation_name(r.relation);
+        IF current_name IS NULL THEN
+            problem := format('relation %s was dropped', r.relation_name);
+            fix := 'Create it again and redeclare it with sync.replicas().';
+            RETURN NEXT;
+        ELSE
+            IF current_name <> r.relation_name THEN
+                problem := format('relation %s was renamed to %s', r.relation_name, current_name);
+                fix := format('Redeclare it: SELECT sync.replicas(%L, %L, %L).', current_name, r.name, r.live);
+                RETURN NEXT;
+            END IF;
+            IF sync.column_type(r.relation, 'id') IS DISTINCT FROM 'uuid'::regtype THEN
+                problem := format('%s has no column "id" of type uuid any more', current_name);
+                fix := 'Add it back: every replica is identified by an id uuid.';
+                RETURN NEXT;
+            END IF;
+            IF r.partitioned_by IS NOT NULL AND sync.column_type(r.relation, r.partitioned_by) IS NULL THEN
+                problem := format('%s has no column "%s" (partitioned_by) any more', current_name, r.partitioned_by);
+                fix := 'Add it back, or redeclare the replicas without partitioned_by.';
+                RETURN NEXT;
+            END IF;
+            BEGIN
+                PERFORM sync.require_live(r.relation, r.live);
+            EXCEPTION WHEN OTHERS THEN
+                problem := SQLERRM;
+                fix := 'Redeclare the replicas with a live expression that holds now.';
+                RETURN NEXT;
+            END;
+        END IF;
+    END IF;
+
+    FOR c IN SELECT * FROM sync.codec ORDER BY table_name LOOP
+        declaration := format('%s %s', c.kind, c.table_name);
+        current_name := sync.relation_name(c.relation);
+        IF current_name IS NULL THEN
+            problem := format('table %s was dropped', c.table_name);
+            fix := format('Create the table again and redeclare it, or remove the declaration: '
+                          'DELETE FROM sync.codec WHERE table_name = %L.', c.table_name);
+            RETURN NEXT;
+            CONTINUE;
+        END IF;
+        IF current_name <> c.table_name THEN
+            problem := format('table %s was renamed to %s; replicas know it by its old name',
+                              c.table_name, current_name);
+            fix := format('Redeclare it: SELECT sync.%s(%L, ...) with its new name.', c.kind, current_name);
+            RETURN NEXT;
+        END IF;
+        SELECT array_agg(x) INTO lost
+        FROM unnest(c.key_columns || coalesce(c.columns, '{}') || c.replica_columns || c.stamp
+                    || (regexp_match(coalesce(c."to", ''), '^([A-Za-z_][A-Za-z0-9_$]*)'))::name[]) x
+        WHERE x <> 'all' AND sync.column_type(c.relation, x) IS NULL;
+        FOREACH wanted IN ARRAY coalesce(lost, '{}') LOOP
+            problem := format('column "%s" of %s, named in its declaration, was dropped', wanted, current_name);
+            fix := format('Add the column back, or redeclare %s without it.', current_name);
+            RETURN NEXT;
+        END LOOP;
+        wanted := (regexp_match(coalesce(c."to", ''), '=\s*([A-Za-z_][A-Za-z0-9_$]*)$'))[1];
+        IF wanted IS NOT NULL AND r.relation IS NOT NULL AND sync.column_type(r.relation, wanted) IS NULL THEN
+            problem := format('to => %L matches column "%s" of the replicas, which %s no longer has',
+                              c."to", wanted, r.relation_name);
+            fix := format('Add the column back, or redeclare %s with another "to".', current_name);
+            RETURN NEXT;
+        END IF;
+        IF sync.key_columns(c.relation) IS DISTINCT FROM c.key_columns THEN
+            problem := format('the primary key of %s changed from (%s) to (%s)', current_name,
+                              array_to_string(c.key_columns, ', '),
+                              coalesce(array_to_string(sync.key_columns(c.relation), ', '), 'none'));
+            fix := format('Redeclare %s so its rows are keyed by the new primary key.', current_name);
+            RETURN NEXT;
+        END IF;
+        IF (SELECT count(*) FROM pg_trigger t
+            WHERE t.tgrelid = c.relation AND t.tgfoid = 'sync.capture()'::regprocedure) <> 4 THEN
+            problem := format('the capture triggers of %s are missing', current_name);
+            fix := format('Redeclare %s: its changes are not being noted.', current_name);
+            RETURN NEXT;
+        END IF;
+    END LOOP;
+END
+$$;

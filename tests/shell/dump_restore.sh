@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# pg_dump keeps the declarations: dump a database with magic_sync declarations, restore it into a
+# new database, and find the declarations and capture triggers back, noting changes again.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+. scripts/cluster.sh
+trap cluster_stop EXIT
+cluster_start
+
+bindir=$(pg_config --bindir)
+sql() { psql -X -q -At -v ON_ERROR_STOP=1 -d "$1" -c "$2"; }
+as_pg "$bindir/createdb" -h "$PGHOST" -p "$PGPORT" original
+psql -X -q -v ON_ERROR_STOP=1 -d original >/dev/null <<'SQL'
+CREATE EXTENSION magic_sync;
+CREATE SCHEMA shop;
+CREATE TABLE shop.registers (id uuid PRIMARY KEY, store_id int NOT NULL, active boolean NOT NULL);
+CREATE TABLE shop.products (id int PRIMARY KEY, name text);
+CREATE TABLE shop.drawers (register_id uuid PRIMARY KEY, counted numeric, closed_at timestamptz);
+CREATE FUNCTION shop.known(uuid) RETURNS jsonb LANGUAGE sql AS $$ SELECT '{}'::jsonb $$;
+SELECT sync.replicas('shop.registers', 'registers', live => 'active');
+SELECT sync.catalog('shop.products', columns => ARRAY['id', 'name']);
+SELECT sync.both('shop.drawers', "to" => 'register_id', replica_columns => ARRAY['counted']);
+SELECT sync.senders(known => 'shop.known(uuid)'::regprocedure);
+SQL
+
+declarations="SELECT table_name, kind, coalesce(\"to\", '-'), coalesce(columns::text, '-'), replica_columns, key_columns FROM sync.codec ORDER BY table_name;
+SELECT relation_name, name, live FROM sync.replica_set;
+SELECT known FROM sync.sender_rule;
+SELECT tgrelid::regclass, tgname FROM pg_trigger WHERE tgfoid = 'sync.capture()'::regprocedure ORDER BY tgrelid::regclass::text, tgname;"
+
+before=$(psql -X -At -d original -c "$declarations")
+as_pg "$bindir/createdb" -h "$PGHOST" -p "$PGPORT" restored
+"$bindir/pg_dump" -h "$PGHOST" -p "$PGPORT" -U postgres original >"$CLUSTER_DIR/dump.sql"
+psql -X -q -v ON_ERROR_STOP=1 -d restored -f "$CLUSTER_DIR/dump.sql" >/dev/null
+after=$(psql -X -At -d restored -c "$declarations")
+
+status=0
+if [ "$before" != "$after" ]; then
+    echo "declarations differ after restore:"
+    diff <(echo "$before") <(echo "$after") || true
+    status=1
+fi
+[ "$(echo "$after" | grep -c magic_sync_)" -eq 12 ] || { echo "expected 12 capture triggers after restore"; status=1; }
+
+# The restored triggers note changes, and the codec sequence goes on after the restored ids.
+sql restored "TRUNCATE sync.note; INSERT INTO shop.products VALUES (7, 'tea');"
+noted=$(sql restored "SELECT c.table_name || ' ' || n.key FROM sync.note n JOIN sync.codec c ON c.id = n.codec")
+[ "$noted" = 'shop.products {"id": 7}' ] || { echo "after restore, noted: '$noted'"; status=1; }
+sql restored "CREATE TABLE shop.sales (id int PRIMARY KEY); SELECT sync.record('shop.sales');" >/dev/null
+distinct=$(sql restored "SELECT count(DISTINCT id) = count(*) FROM sync.codec")
+[ "$distinct" = t ] || { echo "codec ids collide after restore"; status=1; }
+
+[ $status -eq 0 ] && echo "declarations and capture triggers survive pg_dump and restore"
+exit $status

@@ -1,0 +1,498 @@
+#include <gtest/gtest.h>
+
+#include <limits>
+#include <string>
+#include <variant>
+
+#include "protocol/canonical.hpp"
+#include "protocol/messages.hpp"
+
+namespace magic_sync::protocol {
+namespace {
+
+const std::string kReplica = "6f1c2a9e-1b2c-4d3e-8f40-5a6b7c8d9e0f";
+const std::string kUpload = "0b6e8d2c-3f4a-4b5c-9d6e-7f8091a2b3c4";
+const std::string kZero(64, '0');
+const std::string kHalf = "8" + std::string(63, '0');
+const std::string kTeaHash = "e004ba5bf791939d8650ab3b9d28af5d8bf9cfc279bf5870d448ff35b445276c";
+
+Digest half() { return digest_from_hex(kHalf); }
+
+DownRow live_row(const std::string& table, const std::string& key, const std::string& row) {
+    return DownRow{table, key, RowBody{row, row_hash(row)}};
+}
+
+DownRow gone_row(const std::string& table, const std::string& key) {
+    return DownRow{table, key, std::nullopt};
+}
+
+MessageHeader header(int64_t seq) { return MessageHeader{kReplica, 3, seq}; }
+
+RowsMessage small_rows() {
+    RowsMessage message;
+    message.header = header(17);
+    message.reset = {"all"};
+    message.chunks.push_back(Chunk{"all",
+                                   120,
+                                   180,
+                                   {live_row("shop.products", R"({"id":7})", R"({"id":7,"name":"tea"})"),
+                                    gone_row("shop.products", R"({"id":9})")}});
+    message.withheld.push_back(KeyNote{"shop.products", R"({"id":8})", "too big"});
+    return message;
+}
+
+FiledMessage small_filed() {
+    return FiledMessage{header(18),
+                        kUpload,
+                        {KeyNote{"shop.products", R"({"id":7})", "catalog rows are not taken up"}}};
+}
+
+RangesMessage small_ranges() {
+    return RangesMessage{header(19),
+                         "store_id=42",
+                         {KeyRange{Digest{}, half()}, KeyRange{half(), std::nullopt}}};
+}
+
+RepairMessage small_repair() {
+    return RepairMessage{header(20),
+                         "all",
+                         KeyRange{Digest{}, half()},
+                         {live_row("shop.products", R"({"id":7})", R"({"id":7,"name":"tea"})")}};
+}
+
+Upload small_upload() {
+    Upload upload;
+    upload.id = kUpload;
+    upload.rows.push_back(UpRow{"shop.sales", R"({"id":"s1","total":12.50})"});
+    upload.applied = 17;
+    upload.untaken.push_back(Untaken{17, "shop.products", R"({"id":7})", "no such column"});
+    Holding holding;
+    holding.through = 180;
+    holding.fingerprint = Fingerprint{half(), 412};
+    holding.ranges.push_back(RangeFingerprint{KeyRange{Digest{}, half()}, Fingerprint{half(), 200}});
+    upload.holds.emplace("all", holding);
+    return upload;
+}
+
+// Every field set, every optional list filled, strings that need escaping.
+RowsMessage full_rows() {
+    RowsMessage message = small_rows();
+    message.drop = {"store_id=41", "id=" + kReplica};
+    message.reset.push_back("*");
+    message.chunks.push_back(
+        Chunk{"store_id=42", 0, 9, {live_row("shop.\"odd\" näme", R"({"a":[1,2.50]})", "{}")}});
+    message.chunks.push_back(Chunk{"empty", 9, 9, {}});
+    return message;
+}
+
+Upload full_upload() {
+    Upload upload = small_upload();
+    upload.rows.push_back(UpRow{"shop.drawers", R"({"closed_at":null,"counted":"1e3"})"});
+    Holding other;
+    other.through = 0;
+    upload.holds.emplace("store_id=42@eu", other);
+    upload.holds["all"].ranges.push_back(
+        RangeFingerprint{KeyRange{half(), std::nullopt}, Fingerprint{Digest{}, 0}});
+    return upload;
+}
+
+template <typename Message>
+void expect_round_trip(const Message& message) {
+    std::string encoded = encode(message);
+    DownMessage decoded = decode_down(encoded);
+    ASSERT_TRUE(std::holds_alternative<Message>(decoded)) << encoded;
+    EXPECT_EQ(std::get<Message>(decoded), message) << encoded;
+    EXPECT_EQ(encode(decoded), encoded);
+    EXPECT_EQ(encode(DownMessage{message}), encoded);
+}
+
+template <typename Decode>
+std::string refusal(Decode decode, const std::string& text) {
+    try {
+        decode(text);
+    } catch (const VersionTooNew& error) {
+        return std::string("VersionTooNew: ") + error.what();
+    } catch (const DecodeError& error) {
+        return error.what();
+    }
+    return "accepted";
+}
+
+std::string down_refusal(const std::string& text, const Limits& limits = Limits{}) {
+    return refusal([&](const std::string& t) { return decode_down(t, limits); }, text);
+}
+
+std::string upload_refusal(const std::string& text, const Limits& limits = Limits{}) {
+    return refusal([&](const std::string& t) { return decode_upload(t, limits); }, text);
+}
+
+std::string rows_with_row(const std::string& row) {
+    return R"({"v":1,"kind":"rows","replica":")" + kReplica +
+           R"(","gen":3,"seq":17,"chunks":[{"scope":"all","from":0,"to":1,"rows":[)" + row +
+           "]}]}";
+}
+
+std::string upload_with(const std::string& fields) {
+    return R"({"v":1,"id":")" + kUpload + R"(","rows":[])" + fields + "}";
+}
+
+// The wire, pinned.
+
+TEST(Wire, Rows) {
+    EXPECT_EQ(encode(small_rows()),
+              R"({"v":1,"kind":"rows","replica":")" + kReplica +
+                  R"(","gen":3,"seq":17,"reset":["all"],"chunks":[{"scope":"all","from":120,)"
+                  R"("to":180,"rows":[{"t":"shop.products","k":{"id":7},"r":{"id":7,"name":"tea"},)"
+                  R"("h":")" + kTeaHash +
+                  R"("},{"t":"shop.products","k":{"id":9},"r":null}]}],)"
+                  R"("withheld":[{"t":"shop.products","k":{"id":8},"why":"too big"}]})");
+}
+
+TEST(Wire, RowsWithNothingOptional) {
+    RowsMessage message;
+    message.header = header(1);
+    EXPECT_EQ(encode(message),
+              R"({"v":1,"kind":"rows","replica":")" + kReplica + R"(","gen":3,"seq":1,"chunks":[]})");
+}
+
+TEST(Wire, Filed) {
+    EXPECT_EQ(encode(small_filed()),
+              R"({"v":1,"kind":"filed","replica":")" + kReplica +
+                  R"(","gen":3,"seq":18,"upload":")" + kUpload +
+                  R"(","kept":[{"t":"shop.products","k":{"id":7},)"
+                  R"("why":"catalog rows are not taken up"}]})");
+}
+
+TEST(Wire, Ranges) {
+    EXPECT_EQ(encode(small_ranges()), R"({"v":1,"kind":"ranges","replica":")" + kReplica +
+                                          R"(","gen":3,"seq":19,"scope":"store_id=42","ranges":[[")" +
+                                          kZero + R"(",")" + kHalf + R"("],[")" + kHalf +
+                                          R"(",""]]})");
+}
+
+TEST(Wire, Repair) {
+    EXPECT_EQ(encode(small_repair()),
+              R"({"v":1,"kind":"repair","replica":")" + kReplica +
+                  R"(","gen":3,"seq":20,"scope":"all","lo":")" + kZero + R"(","hi":")" + kHalf +
+                  R"(","rows":[{"t":"shop.products","k":{"id":7},"r":{"id":7,"name":"tea"},"h":")" +
+                  kTeaHash + R"("}]})");
+}
+
+TEST(Wire, Upload) {
+    EXPECT_EQ(encode(small_upload()),
+              R"({"v":1,"id":")" + kUpload +
+                  R"(","rows":[{"t":"shop.sales","r":{"id":"s1","total":12.50}}],"applied":17,)"
+                  R"("untaken":[{"seq":17,"t":"shop.products","k":{"id":7},"why":"no such column"}],)"
+                  R"("holds":{"all":{"through":180,"fp":")" + kHalf + R"(","n":412,"ranges":[[")" +
+                  kZero + R"(",")" + kHalf + R"(",")" + kHalf + R"(",200]]}}})");
+}
+
+TEST(Wire, UploadWithNothingOptional) {
+    Upload upload;
+    upload.id = kUpload;
+    EXPECT_EQ(encode(upload), R"({"v":1,"id":")" + kUpload + R"(","rows":[]})");
+}
+
+// Round trips.
+
+TEST(RoundTrip, EveryDownKind) {
+    expect_round_trip(small_rows());
+    expect_round_trip(full_rows());
+    expect_round_trip(small_filed());
+    expect_round_trip(FiledMessage{header(2), kUpload, {}});
+    expect_round_trip(small_ranges());
+    expect_round_trip(RangesMessage{header(2), "all", {}});
+    expect_round_trip(small_repair());
+    expect_round_trip(RepairMessage{header(2), "all", KeyRange{half(), std::nullopt}, {}});
+}
+
+TEST(RoundTrip, Upload) {
+    for (const Upload& upload : {small_upload(), full_upload(), Upload{kUpload, {}, {}, {}, {}}}) {
+        std::string encoded = encode(upload);
+        EXPECT_EQ(decode_upload(encoded), upload) << encoded;
+        EXPECT_EQ(encode(decode_upload(encoded)), encoded);
+    }
+}
+
+TEST(RoundTrip, NumbersInPayloadsKeepTheirLexemes) {
+    Upload upload;
+    upload.id = kUpload;
+    upload.rows.push_back(
+        UpRow{"shop.sales", R"({"big":123456789012345678901234567890.123,"total":12.50})"});
+    EXPECT_EQ(decode_upload(encode(upload)), upload);
+}
+
+TEST(Decode, AcceptsAnyFieldOrderAndWhitespaceAndIgnoresUnknownFields) {
+    std::string text = R"( { "seq" : 17, "future" : {"k": [1, {"b":2}]}, "kind" : "rows", "v" : 1,
+        "gen" : 3, "replica" : ")" + kReplica +
+                       R"(", "reset" : ["all"],
+        "withheld" : [ {"why":"too big", "k":{"id":8}, "t":"shop.products", "extra":1} ],
+        "chunks" : [ { "rows" : [ { "h":")" + kTeaHash +
+                       R"(", "r" : { "name" : "tea", "id" : 7 },
+                                   "k" : { "id" : 7 }, "t" : "shop.products", "new" : [] },
+                                 { "r" : null, "k" : {"id":9}, "t" : "shop.products" } ],
+                       "to" : 180, "from" : 120, "scope" : "all" } ] } )";
+    DownMessage decoded = decode_down(text);
+    ASSERT_TRUE(std::holds_alternative<RowsMessage>(decoded));
+    EXPECT_EQ(std::get<RowsMessage>(decoded), small_rows());
+}
+
+TEST(Decode, CanonicalizesPayloads) {
+    Upload upload = decode_upload(R"({"v":1,"id":")" + kUpload +
+                                  R"(","rows":[{"t":"x","r":{ "b" : "\u00e9", "a" : 1.0 }}]})");
+    ASSERT_EQ(upload.rows.size(), 1u);
+    EXPECT_EQ(upload.rows[0].row, "{\"a\":1.0,\"b\":\"\xc3\xa9\"}");
+}
+
+TEST(Decode, KeepsHashesAsSent) {
+    // The replica stores v as given; the decoder does not recompute it.
+    std::string other = std::string(63, 'a') + "b";
+    RowsMessage message = std::get<RowsMessage>(decode_down(
+        rows_with_row(R"({"t":"x","k":{"id":1},"r":{"id":1},"h":")" + other + R"("})")));
+    EXPECT_EQ(to_hex(message.chunks[0].rows[0].body->hash), other);
+}
+
+// Refusals, with their exact messages.
+
+TEST(Refuse, VersionTooNewBeforeAnythingElse) {
+    try {
+        decode_down(R"({"v":2,"kind":"gossip","whatever":[]})");
+        FAIL() << "accepted";
+    } catch (const VersionTooNew& error) {
+        EXPECT_EQ(error.version(), 2);
+        EXPECT_STREQ(error.what(),
+                     "down message: message speaks protocol version 2; this build speaks up to "
+                     "version 1");
+    }
+    EXPECT_EQ(upload_refusal(R"({"v":7})"),
+              "VersionTooNew: upload: message speaks protocol version 7; this build speaks up to "
+              "version 1");
+}
+
+TEST(Refuse, BadVersionIsAPlainDecodeError) {
+    EXPECT_EQ(down_refusal(R"({"kind":"rows"})"), R"(down message: missing field "v")");
+    EXPECT_EQ(upload_refusal(R"({"v":"1"})"), R"(upload: field "v" must be an integer)");
+    EXPECT_EQ(upload_refusal(R"({"v":1.0})"), R"(upload: field "v" must be an integer)");
+    EXPECT_EQ(upload_refusal(R"({"v":99999999999999999999})"),
+              R"(upload: field "v" must be an integer)");
+    EXPECT_EQ(upload_refusal(R"({"v":0})"), R"(upload: field "v" must be at least 1)");
+    EXPECT_EQ(upload_refusal(R"({"v":-1})"), R"(upload: field "v" must be at least 1)");
+}
+
+TEST(Refuse, MissingFields) {
+    EXPECT_EQ(upload_refusal(R"({"v":1,"rows":[]})"), R"(upload: missing field "id")");
+    EXPECT_EQ(upload_refusal(R"({"v":1,"id":")" + kUpload + R"("})"),
+              R"(upload: missing field "rows")");
+    EXPECT_EQ(down_refusal(R"({"v":1})"), R"(down message: missing field "kind")");
+    EXPECT_EQ(down_refusal(R"({"v":1,"kind":"filed","replica":")" + kReplica +
+                           R"(","gen":3,"seq":1,"upload":")" + kUpload + R"("})"),
+              R"(filed: missing field "kept")");
+    EXPECT_EQ(down_refusal(R"({"v":1,"kind":"rows","replica":")" + kReplica +
+                           R"(","gen":3,"seq":1,"chunks":[{"from":1,"to":2,"rows":[]}]})"),
+              R"(rows: missing field "chunks"[0]."scope")");
+    EXPECT_EQ(down_refusal(rows_with_row(R"({"t":"x","k":{"id":1},"r":{"id":1}})")),
+              R"(rows: missing field "chunks"[0]."rows"[0]."h")");
+    EXPECT_EQ(down_refusal(rows_with_row(R"({"t":"x","k":{"id":1}})")),
+              R"(rows: missing field "chunks"[0]."rows"[0]."r")");
+    EXPECT_EQ(upload_refusal(upload_with(R"(,"holds":{"all":{"through":1,"n":0}})")),
+              R"(upload: missing field "holds"."all"."fp")");
+}
+
+TEST(Refuse, WrongTypes) {
+    EXPECT_EQ(upload_refusal(R"({"v":1,"id":")" + kUpload +
+                             R"(","rows":[{"t":"a","r":{}},{"t":"b","r":{}},{"t":"c","r":{}},)"
+                             R"({"t":5,"r":{}}]})"),
+              R"(upload: field "rows"[3]."t" must be a string)");
+    EXPECT_EQ(upload_refusal(R"({"v":1,"id":")" + kUpload + R"(","rows":{}})"),
+              R"(upload: field "rows" must be an array)");
+    EXPECT_EQ(upload_refusal(R"({"v":1,"id":")" + kUpload + R"(","rows":[{"t":"x","r":null}]})"),
+              R"(upload: field "rows"[0]."r" must be an object)");
+    EXPECT_EQ(upload_refusal(R"({"v":1,"id":")" + kUpload + R"(","rows":[7]})"),
+              R"(upload: field "rows"[0] must be an object)");
+    EXPECT_EQ(upload_refusal(upload_with(R"(,"applied":-1)")),
+              R"(upload: field "applied" must be a non-negative integer)");
+    EXPECT_EQ(upload_refusal(upload_with(R"(,"applied":1.5)")),
+              R"(upload: field "applied" must be a non-negative integer)");
+    EXPECT_EQ(upload_refusal(upload_with(R"(,"holds":{"all":[]})")),
+              R"(upload: field "holds"."all" must be an object)");
+    EXPECT_EQ(upload_refusal(upload_with(R"(,"holds":{"all":{"through":1,"fp":"AB","n":0}})")),
+              R"(upload: field "holds"."all"."fp" must be 64 lowercase hex digits)");
+    EXPECT_EQ(upload_refusal(upload_with(R"(,"holds":{"all":{"through":1,"fp":")" + kZero +
+                                         R"(","n":0,"ranges":[["a","b"]]}})")),
+              R"(upload: field "holds"."all"."ranges"[0] must be an array [lo, hi, fp, n])");
+    EXPECT_EQ(upload_refusal(R"({"v":1,"id":")" + std::string("6F1C2A9E-1B2C-4D3E-8F40-5A6B7C8D9E0F") +
+                             R"(","rows":[]})"),
+              R"(upload: field "id" must be a lowercase UUID (8-4-4-4-12 hex digits))");
+    EXPECT_EQ(down_refusal(R"({"v":1,"kind":7})"), R"(down message: field "kind" must be a string)");
+    EXPECT_EQ(down_refusal(R"({"v":1,"kind":"rows","replica":")" + kReplica +
+                           R"(","gen":-3,"seq":1,"chunks":[]})"),
+              R"(rows: field "gen" must be a non-negative integer)");
+    EXPECT_EQ(down_refusal(R"({"v":1,"kind":"rows","replica":7,"gen":3,"seq":1,"chunks":[]})"),
+              R"(rows: field "replica" must be a string)");
+    EXPECT_EQ(down_refusal(rows_with_row(R"({"t":"x","k":7,"r":null})")),
+              R"(rows: field "chunks"[0]."rows"[0]."k" must be an object)");
+    EXPECT_EQ(down_refusal(rows_with_row(R"({"t":"x","k":{},"r":[1]})")),
+              R"(rows: field "chunks"[0]."rows"[0]."r" must be an object or null)");
+}
+
+TEST(Refuse, BadRangesAndChunks) {
+    std::string ranges_prefix =
+        R"({"v":1,"kind":"ranges","replica":")" + kReplica + R"(","gen":3,"seq":1,"scope":"all",)";
+    EXPECT_EQ(down_refusal(ranges_prefix + R"("ranges":[[")" + kHalf + R"("]]})"),
+              R"(ranges: field "ranges"[0] must be an array [lo, hi])");
+    EXPECT_EQ(down_refusal(ranges_prefix + R"("ranges":[[")" + kHalf + R"(",")" + kZero + R"("]]})"),
+              R"(ranges: field "ranges"[0] is an empty range (lo is not below hi))");
+    EXPECT_EQ(down_refusal(ranges_prefix + R"("ranges":[["",""]]})"),
+              R"(ranges: field "ranges"[0][0] must be 64 lowercase hex digits)");
+    EXPECT_EQ(down_refusal(R"({"v":1,"kind":"repair","replica":")" + kReplica +
+                           R"(","gen":3,"seq":1,"scope":"all","lo":")" + kHalf + R"(","hi":")" +
+                           kHalf + R"(","rows":[]})"),
+              R"(repair: field "hi" is an empty range (lo is not below hi))");
+    EXPECT_EQ(down_refusal(R"({"v":1,"kind":"rows","replica":")" + kReplica +
+                           R"(","gen":3,"seq":1,"chunks":[{"scope":"all","from":5,"to":4,"rows":[]}]})"),
+              R"(rows: field "chunks"[0] has "from" after "to")");
+}
+
+TEST(Refuse, UnknownKindAndNonObjects) {
+    EXPECT_EQ(down_refusal(R"({"v":1,"kind":"gossip"})"), R"(down message: unknown kind "gossip")");
+    EXPECT_EQ(down_refusal("[1]"), "down message: message must be a JSON object");
+    EXPECT_EQ(upload_refusal("\"hello\""), "upload: message must be a JSON object");
+    EXPECT_EQ(upload_refusal(R"({"v":1,"v":1})"), R"(upload: duplicate key "v")");
+    EXPECT_EQ(upload_refusal("{\"v\":1,"),
+              "upload: invalid JSON: parse error at line 1, column 8: syntax error while parsing "
+              "object key - unexpected end of input; expected string literal");
+}
+
+TEST(Refuse, DeepNestingWithoutRecursing) {
+    EXPECT_EQ(upload_refusal(std::string(100000, '[')), "upload: nesting deeper than 64 levels");
+    EXPECT_EQ(down_refusal(std::string(100000, '[')), "down message: nesting deeper than 64 levels");
+    std::string deep_row = std::string(100000, '[') + std::string(100000, ']');
+    EXPECT_EQ(upload_refusal(R"({"v":1,"id":")" + kUpload + R"(","rows":[{"t":"x","r":{"a":)" +
+                             deep_row + "}}]}"),
+              "upload: nesting deeper than 64 levels");
+}
+
+TEST(Refuse, RowsNestedUpToTheAdvertisedDepthTravel) {
+    Limits limits;
+    int row_depth = limits.max_depth - kRowDepthInMessage;
+    auto row_nesting = [](int depth) {  // an object holding arrays, `depth` levels in all
+        return "{\"a\":" + std::string(depth - 1, '[') + std::string(depth - 1, ']') + "}";
+    };
+    RowsMessage message;
+    message.header = header(1);
+    message.chunks.push_back(Chunk{"all", 0, 1, {live_row("x", "{}", row_nesting(row_depth))}});
+    EXPECT_EQ(std::get<RowsMessage>(decode_down(encode(message), limits)), message);
+    message.chunks[0].rows[0] = live_row("x", "{}", row_nesting(row_depth + 1));
+    EXPECT_EQ(down_refusal(encode(message), limits), "down message: nesting deeper than 64 levels");
+}
+
+TEST(Refuse, OversizeBeforeParsing) {
+    std::string huge(17'000'000, '[');
+    EXPECT_EQ(upload_refusal(huge), "upload: message is 17000000 bytes, over the limit of 16777216");
+    EXPECT_EQ(down_refusal(huge), "down message: message is 17000000 bytes, over the limit of 16777216");
+}
+
+TEST(Refuse, TooManyRows) {
+    Limits limits;
+    limits.max_rows = 2;
+    Upload upload;
+    upload.id = kUpload;
+    upload.rows = {UpRow{"x", "{}"}, UpRow{"x", "{}"}};
+    EXPECT_EQ(decode_upload(encode(upload), limits), upload);
+    upload.untaken.push_back(Untaken{1, "x", "{}", "why"});
+    EXPECT_EQ(upload_refusal(encode(upload), limits), "upload: message has more than 2 rows");
+
+    RowsMessage rows;
+    rows.header = header(1);
+    rows.chunks = {Chunk{"a", 0, 1, {gone_row("x", "{}")}}, Chunk{"b", 0, 1, {gone_row("x", "{}")}}};
+    EXPECT_EQ(std::get<RowsMessage>(decode_down(encode(rows), limits)), rows);
+    rows.withheld.push_back(KeyNote{"x", "{}", "too big"});
+    EXPECT_EQ(down_refusal(encode(rows), limits), "rows: message has more than 2 rows");
+}
+
+TEST(Refuse, LongStrings) {
+    Limits limits;
+    limits.max_string = 8;
+    EXPECT_EQ(upload_refusal(R"({"v":1,"id":")" + kUpload + R"("})", limits),
+              "upload: string of 36 bytes, over the limit of 8");
+}
+
+// Byte accounting.
+
+TEST(Sizes, EncodedRowSizeIsWhatARowAddsToAChunk) {
+    std::vector<DownRow> rows = {
+        live_row("shop.products", R"({"id":7})", R"({"id":7,"name":"tea"})"),
+        gone_row("shop.products", R"({"id":9})"),
+        live_row("shop.\"odd\"\n näme", R"({"id":"\u0001"})", R"({"id":"\u0001","x":[1.50]})"),
+    };
+    Chunk chunk{"store_id=42", 120, 180, {}};
+    size_t expected = chunk_overhead(chunk.scope, chunk.from, chunk.to);
+    EXPECT_EQ(expected, encode(chunk).size());
+    for (const DownRow& row : rows) {
+        std::optional<std::string_view> json;
+        if (row.body) json = row.body->json;
+        size_t row_size = encoded_row_size(row.table, row.key, json);
+        expected += row_size + (chunk.rows.empty() ? 0 : 1);
+        chunk.rows.push_back(row);
+        EXPECT_EQ(encode(chunk).size(), expected);
+
+        RepairMessage repair{header(1), "all", KeyRange{}, {}};
+        size_t empty_repair = encode(repair).size();
+        repair.rows.push_back(row);
+        EXPECT_EQ(encode(repair).size(), empty_repair + row_size);
+    }
+}
+
+TEST(Sizes, ChunksAddTheirSizeAndACommaToAMessage) {
+    RowsMessage message = full_rows();
+    RowsMessage envelope = message;
+    envelope.chunks.clear();
+    size_t expected = encode(envelope).size();
+    for (size_t i = 0; i < message.chunks.size(); ++i) {
+        expected += encode(message.chunks[i]).size() + (i > 0 ? 1 : 0);
+    }
+    EXPECT_EQ(encode(message).size(), expected);
+}
+
+TEST(Sizes, RowsEnvelopeOverheadBoundsEveryBareEnvelope) {
+    EXPECT_EQ(rows_envelope_overhead(), 134u);
+    RowsMessage widest;
+    widest.header = MessageHeader{kReplica, std::numeric_limits<int64_t>::max(),
+                                  std::numeric_limits<int64_t>::max()};
+    EXPECT_EQ(encode(widest).size(), rows_envelope_overhead());
+    RowsMessage typical;
+    typical.header = header(17);
+    EXPECT_LT(encode(typical).size(), rows_envelope_overhead());
+}
+
+TEST(EncodeRows, SplicesPreEncodedChunks) {
+    RowsMessage message = full_rows();
+    std::vector<std::string> bodies;
+    for (const Chunk& chunk : message.chunks) bodies.push_back(encode(chunk));
+    RowsMessage envelope = message;
+    envelope.chunks.clear();
+    EXPECT_EQ(encode_rows(envelope, {bodies.begin(), bodies.end()}), encode(message));
+    EXPECT_THROW(encode_rows(message, {}), std::invalid_argument);
+}
+
+TEST(Encode, RefusesInvalidUtf8) {
+    RowsMessage message;
+    message.header = header(1);
+    message.reset = {"\xff"};
+    EXPECT_THROW(encode(message), std::invalid_argument);
+}
+
+TEST(KeyRange, ContainsIsHalfOpen) {
+    KeyRange lower{Digest{}, half()};
+    KeyRange upper{half(), std::nullopt};
+    Digest top;
+    top.fill(0xff);
+    EXPECT_TRUE(contains(lower, Digest{}));
+    EXPECT_FALSE(contains(lower, half()));
+    EXPECT_TRUE(contains(upper, half()));
+    EXPECT_TRUE(contains(upper, top));
+    EXPECT_FALSE(contains(upper, Digest{}));
+}
+
+}  // namespace
+}  // namespace magic_sync::protocol
