@@ -50,8 +50,10 @@ build/protocol/%.o: src/protocol/%.cpp $(wildcard src/protocol/*.hpp)
 # The extension's objects include the protocol headers too.
 $(EXT_SRCS:.cpp=.o): $(wildcard src/*.hpp src/pg/*.hpp src/protocol/*.hpp)
 
-# GoogleTest binaries: one per folder of tests/, each linked with what it tests.
+# GoogleTest binaries: one per folder of tests/, each linked with what it tests and with
+# tests/support/ (a throwaway cluster, processes).
 GTEST_LIBS = -lgtest -lgtest_main -lpthread
+TEST_SUPPORT_SRCS := $(wildcard tests/support/*.cpp)
 
 UNIT_SRCS := $(wildcard tests/unit/*_test.cpp)
 build/tests/unit_tests: $(UNIT_SRCS) $(PROTOCOL_OBJS)
@@ -70,10 +72,10 @@ build/bin/magic-sync-sender: build/sender/main.o $(SENDER_OBJS) $(PROTOCOL_OBJS)
 	@mkdir -p $(dir $@)
 	$(HOST_CXX) $(HOST_FLAGS) -o $@ $^ $(SENDER_LIBS)
 SENDER_TEST_SRCS := $(wildcard tests/sender/*_test.cpp)
-build/tests/sender_tests: $(SENDER_TEST_SRCS) $(SENDER_OBJS) $(PROTOCOL_OBJS)
+build/tests/sender_tests: $(SENDER_TEST_SRCS) $(TEST_SUPPORT_SRCS) $(SENDER_OBJS) $(PROTOCOL_OBJS)
 	@mkdir -p $(dir $@)
 	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_INCLUDES) $(PQ_INCLUDES) -Isender -Itests -o $@ \
-		$(SENDER_TEST_SRCS) $(SENDER_OBJS) $(PROTOCOL_OBJS) $(GTEST_LIBS) $(SENDER_LIBS)
+		$(SENDER_TEST_SRCS) $(TEST_SUPPORT_SRCS) $(SENDER_OBJS) $(PROTOCOL_OBJS) $(GTEST_LIBS) $(SENDER_LIBS)
 
 # The reference replica: replica/lib/ is libmagic_sync_replica, replica/cli/ the program.
 REPLICA_LIB_SRCS := $(wildcard replica/lib/*.cpp)
@@ -91,10 +93,10 @@ build/bin/magic-sync-replica: $(REPLICA_CLI_OBJS) build/lib/libmagic_sync_replic
 	@mkdir -p $(dir $@)
 	$(HOST_CXX) $(HOST_FLAGS) -o $@ $^ $(REPLICA_LIBS)
 REPLICA_TEST_SRCS := $(wildcard tests/replica/*_test.cpp)
-build/tests/replica_tests: $(REPLICA_TEST_SRCS) build/lib/libmagic_sync_replica.a
+build/tests/replica_tests: $(REPLICA_TEST_SRCS) $(TEST_SUPPORT_SRCS) build/lib/libmagic_sync_replica.a
 	@mkdir -p $(dir $@)
 	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_INCLUDES) $(PQ_INCLUDES) -Ireplica -Itests -o $@ \
-		$(REPLICA_TEST_SRCS) build/lib/libmagic_sync_replica.a $(GTEST_LIBS) $(REPLICA_LIBS)
+		$(REPLICA_TEST_SRCS) $(TEST_SUPPORT_SRCS) build/lib/libmagic_sync_replica.a $(GTEST_LIBS) $(REPLICA_LIBS)
 
 PROGRAMS := build/tests/unit_tests
 PROGRAMS += $(if $(wildcard sender/main.cpp),build/bin/magic-sync-sender)

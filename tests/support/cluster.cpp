@@ -1,0 +1,148 @@
+#include "support/cluster.hpp"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace magic_sync::test {
+
+namespace {
+
+std::string shell_quote(const std::string& text) {
+    std::string quoted = "'";
+    for (char c : text) {
+        if (c == '\'')
+            quoted += "'\\''";
+        else
+            quoted += c;
+    }
+    return quoted + "'";
+}
+
+std::string trimmed(std::string text) {
+    while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+    return text;
+}
+
+}  // namespace
+
+int run(const std::string& command, std::string* output) {
+    FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+    if (pipe == nullptr) throw std::runtime_error("cannot run: " + command);
+    std::string captured;
+    std::array<char, 4096> buffer{};
+    size_t n = 0;
+    while ((n = fread(buffer.data(), 1, buffer.size(), pipe)) > 0)
+        captured.append(buffer.data(), n);
+    int status = pclose(pipe);
+    if (output != nullptr) *output = captured;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+std::string as_postgres(const std::string& command) {
+    if (geteuid() != 0) return command;
+    return "runuser -u postgres -- sh -c " + shell_quote(command);
+}
+
+int free_port() {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    address.sin_port = 0;
+    if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
+        close(fd);
+        throw std::runtime_error("no free port");
+    }
+    socklen_t length = sizeof address;
+    getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+    close(fd);
+    return ntohs(address.sin_port);
+}
+
+Cluster::Cluster(const std::vector<std::string>& settings) {
+    std::string output;
+    if (run("pg_config --bindir", &output) != 0) throw std::runtime_error("pg_config not found");
+    bindir_ = trimmed(output);
+    char pattern[] = "/tmp/magic_sync_cluster.XXXXXX";
+    if (mkdtemp(pattern) == nullptr) throw std::runtime_error("mkdtemp failed");
+    directory_ = pattern;
+    run("chmod 755 " + directory_);
+    if (geteuid() == 0) run("chown postgres: " + directory_);
+    port_ = free_port();
+    if (run(as_postgres(bindir_ + "/initdb -D " + directory_ +
+                        "/data -U postgres -A trust --no-sync"),
+            &output) != 0) {
+        run("rm -rf " + directory_);
+        throw std::runtime_error("initdb failed: " + output);
+    }
+    std::ofstream conf(directory_ + "/data/postgresql.conf", std::ios::app);
+    conf << "listen_addresses = '127.0.0.1'\n"
+         << "port = " << port_ << "\n"
+         << "unix_socket_directories = '" << directory_ << "'\n"
+         << "shared_preload_libraries = 'magic_sync'\n"
+         << "fsync = off\n";
+    for (const auto& line : settings) conf << line << "\n";
+    conf.close();
+    start();
+}
+
+Cluster::~Cluster() {
+    if (running_) pg_ctl("stop", "immediate");
+    run("rm -rf " + directory_);
+}
+
+std::string Cluster::pg_ctl(const std::string& action, const std::string& mode) const {
+    std::string output;
+    std::string command = bindir_ + "/pg_ctl -D " + directory_ + "/data -l " + directory_ +
+                          "/server.log -w -t 60 " + action;
+    if (!mode.empty()) command += " -m " + mode;
+    if (run(as_postgres(command), &output) != 0)
+        throw std::runtime_error("pg_ctl " + action + " failed: " + output + "\n" + log());
+    return output;
+}
+
+void Cluster::start() {
+    pg_ctl("start", "");
+    running_ = true;
+}
+
+void Cluster::stop(const std::string& mode) {
+    pg_ctl("stop", mode);
+    running_ = false;
+}
+
+std::string Cluster::conninfo(const std::string& database) const {
+    return "host=127.0.0.1 port=" + std::to_string(port_) + " user=postgres dbname=" + database;
+}
+
+void Cluster::create_database(const std::string& name) {
+    sql("postgres", "CREATE DATABASE " + name);
+    sql(name, "CREATE EXTENSION magic_sync");
+}
+
+std::string Cluster::sql(const std::string& database, const std::string& statements) const {
+    std::string output;
+    std::string command = "psql -X -q -At -v ON_ERROR_STOP=1 " + shell_quote(conninfo(database)) +
+                          " -c " + shell_quote(statements);
+    if (run(command, &output) != 0)
+        throw std::runtime_error("psql failed: " + output + "\nSQL: " + statements);
+    return trimmed(output);
+}
+
+std::string Cluster::log() const {
+    std::ifstream file(directory_ + "/server.log");
+    std::stringstream content;
+    content << file.rdbuf();
+    return content.str();
+}
+
+}  // namespace magic_sync::test

@@ -1,0 +1,53 @@
+// A throwaway PostgreSQL cluster for tests: initdb in a temporary directory (as the unprivileged
+// postgres user when the tests run as root), magic_sync preloaded, a free loopback port. Stopped
+// and removed when the object goes away, also when the test fails.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace magic_sync::test {
+
+class Cluster {
+  public:
+    // `settings` are extra postgresql.conf lines.
+    explicit Cluster(const std::vector<std::string>& settings = {});
+    ~Cluster();
+    Cluster(const Cluster&) = delete;
+    Cluster& operator=(const Cluster&) = delete;
+
+    int port() const { return port_; }
+    const std::string& directory() const { return directory_; }
+    // A libpq connection string for `database` as the superuser postgres.
+    std::string conninfo(const std::string& database = "postgres") const;
+
+    // Creates a database with the magic_sync extension in it.
+    void create_database(const std::string& name);
+    // Runs SQL through psql and returns its unaligned, tuples-only output (trailing newline cut).
+    // Throws std::runtime_error with psql's error output when it fails.
+    std::string sql(const std::string& database, const std::string& statements) const;
+
+    void stop(const std::string& mode = "fast");
+    void start();
+    // The server's log so far, for diagnosing a failure.
+    std::string log() const;
+
+  private:
+    std::string pg_ctl(const std::string& action, const std::string& mode) const;
+
+    std::string bindir_;
+    std::string directory_;
+    int port_ = 0;
+    bool running_ = false;
+};
+
+// A free TCP port on 127.0.0.1.
+int free_port();
+
+// Runs a shell command; returns its exit status and fills `output` with stdout and stderr.
+int run(const std::string& command, std::string* output = nullptr);
+
+// Prefixes a command so it runs as the postgres user when we are root.
+std::string as_postgres(const std::string& command);
+
+}  // namespace magic_sync::test
