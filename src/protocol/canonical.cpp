@@ -17,8 +17,8 @@ std::string canonical_json(std::string_view text, const Limits& limits) {
 
 void append_json_string(std::string& out, std::string_view value) {
     try {
-        out += nlohmann::json(std::string(value)).dump(-1, ' ', false,
-                                                       nlohmann::json::error_handler_t::strict);
+        out += nlohmann::json(std::string(value))
+                   .dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
     } catch (const nlohmann::json::type_error& error) {
         // what() is "[json.exception.type_error.316] invalid UTF-8 byte at index ...".
         std::string_view cause = error.what();

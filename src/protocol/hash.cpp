@@ -22,7 +22,8 @@ int hex_value(char c) {
 Digest sha256(std::string_view bytes) {
     Digest digest;
     unsigned int length = 0;
-    if (EVP_Digest(bytes.data(), bytes.size(), digest.data(), &length, EVP_sha256(), nullptr) != 1 ||
+    if (EVP_Digest(bytes.data(), bytes.size(), digest.data(), &length, EVP_sha256(), nullptr) !=
+            1 ||
         length != digest.size()) {
         throw std::runtime_error("SHA-256: OpenSSL EVP_Digest failed");
     }

@@ -39,7 +39,7 @@ std::string printable(std::string_view text) {
 // The parser itself is iterative, so with the depth check here nothing recurses deeper than
 // max_depth.
 class TreeBuilder : public nlohmann::json_sax<Json> {
-public:
+  public:
     TreeBuilder(const Limits& limits, PayloadPlacement placement)
         : limits_(limits), placement_(placement) {}
 
@@ -86,18 +86,19 @@ public:
         if (payload_.empty()) {
             EnvelopeFrame frame = std::move(envelope_.back());
             envelope_.pop_back();
-            sort_and_check_keys(frame.node.members,
-                                [](const JsonMember& member) -> const std::string& {
-                                    return member.key;
-                                });
+            sort_and_check_keys(
+                frame.node.members,
+                [](const JsonMember& member) -> const std::string& { return member.key; });
             deliver_node(std::move(frame.node));
             return true;
         }
         PayloadFrame frame = std::move(payload_.back());
         payload_.pop_back();
-        sort_and_check_keys(frame.members,
-                            [](const std::pair<std::string, std::string>& member)
-                                -> const std::string& { return member.first; });
+        sort_and_check_keys(
+            frame.members,
+            [](const std::pair<std::string, std::string>& member) -> const std::string& {
+                return member.first;
+            });
         std::string text = "{";
         for (const auto& [key, value] : frame.members) {
             if (text.size() > 1) text += ',';
@@ -135,7 +136,7 @@ public:
         throw DecodeError("invalid JSON: " + printable(what));
     }
 
-private:
+  private:
     struct EnvelopeFrame {
         JsonNode node;
         std::string pending_key;
@@ -234,9 +235,8 @@ private:
 
     template <typename Member, typename KeyOf>
     static void sort_and_check_keys(std::vector<Member>& members, KeyOf key_of) {
-        std::sort(members.begin(), members.end(), [&](const Member& a, const Member& b) {
-            return key_of(a) < key_of(b);
-        });
+        std::sort(members.begin(), members.end(),
+                  [&](const Member& a, const Member& b) { return key_of(a) < key_of(b); });
         auto duplicate = std::adjacent_find(
             members.begin(), members.end(),
             [&](const Member& a, const Member& b) { return key_of(a) == key_of(b); });

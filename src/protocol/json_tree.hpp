@@ -2,6 +2,10 @@
 // one SAX pass over nlohmann's lexer, so depth and string length are bounded before anything deep
 // or large is built, and number lexemes are kept as written. Used by canonical_json and by the
 // message decoder; not meant for other callers.
+//
+// Memory: each envelope value costs about 90 bytes, so the worst input (a long list of one-digit
+// numbers) briefly takes ~45 times its size; a message of real rows, a few times. Limits::max_bytes
+// is what bounds it.
 #pragma once
 
 #include "protocol/pure.hpp"

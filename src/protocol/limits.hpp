@@ -11,16 +11,16 @@
 namespace magic_sync::protocol {
 
 struct Limits {
-    size_t max_bytes = 16 * 1024 * 1024;  // whole input, refused before parsing
-    int max_depth = 64;                   // nested arrays and objects, counted from the outermost
-    size_t max_rows = 1'000'000;          // row entries in one message, over all its lists
+    size_t max_bytes = 16 * 1024 * 1024;   // whole input, refused before parsing
+    int max_depth = 64;                    // nested arrays and objects, counted from the outermost
+    size_t max_rows = 1'000'000;           // row entries in one message, over all its lists
     size_t max_string = 16 * 1024 * 1024;  // one string or object key, in bytes
 };
 
 // Input that is not what it should be. The message names what is wrong and where; it is meant to be
 // logged and stored beside the input that was set aside.
 class DecodeError : public std::runtime_error {
-public:
+  public:
     explicit DecodeError(const std::string& message) : std::runtime_error(message) {}
 };
 

@@ -79,7 +79,7 @@ constexpr size_t kHexDigestLength = 64;
 
 // Writes one object's members in order: field("a") writes `{"a":` the first time, `,"a":` after.
 class ObjectWriter {
-public:
+  public:
     explicit ObjectWriter(std::string& out) : out_(out) {}
 
     std::string& field(std::string_view name) {
@@ -102,7 +102,7 @@ public:
 
     void close() { out_ += first_ ? "{}" : "}"; }
 
-private:
+  private:
     std::string& out_;
     bool first_ = true;
 };
@@ -118,7 +118,8 @@ void append_list(std::string& out, const std::vector<Item>& items, WriteItem wri
 }
 
 void append_scopes(std::string& out, const std::vector<std::string>& scopes) {
-    append_list(out, scopes, [](std::string& o, const std::string& s) { append_json_string(o, s); });
+    append_list(out, scopes,
+                [](std::string& o, const std::string& s) { append_json_string(o, s); });
 }
 
 void append_down_row(std::string& out, const DownRow& row) {
@@ -201,7 +202,8 @@ std::string encode(const RowsMessage& message) {
 
 std::string encode_rows(const RowsMessage& message, const std::vector<std::string_view>& chunks) {
     if (!message.chunks.empty()) {
-        throw std::invalid_argument("encode_rows: the message's chunks must come encoded, not in it");
+        throw std::invalid_argument(
+            "encode_rows: the message's chunks must come encoded, not in it");
     }
     return encode_rows_with(message, chunks);
 }
@@ -328,7 +330,7 @@ namespace {
 // A node of the message with where it is, so that every error can say both what and where.
 // Paths read like "rows"[3]."t".
 class Field {
-public:
+  public:
     Field(const JsonNode& node, std::string path, const std::string& context)
         : node_(node), path_(std::move(path)), context_(context) {}
 
@@ -436,7 +438,7 @@ public:
         return node_.text;
     }
 
-private:
+  private:
     std::string member_path(std::string_view name) const {
         return (path_.empty() ? path_ : path_ + ".") + quoted_excerpt(name);
     }
@@ -448,7 +450,7 @@ private:
 
 // Counts row entries over all of a message's lists against limits.max_rows.
 class RowBudget {
-public:
+  public:
     RowBudget(const Limits& limits, const std::string& context)
         : limit_(limits.max_rows), context_(context) {}
 
@@ -462,7 +464,7 @@ public:
         return rows;
     }
 
-private:
+  private:
     size_t limit_;
     size_t used_ = 0;
     const std::string& context_;
@@ -579,7 +581,8 @@ RepairMessage decode_repair(const Field& message, RowBudget& budget) {
     RepairMessage repair;
     repair.header = decode_header(message);
     repair.scope = message.member("scope").string();
-    repair.range = decode_key_range(message.member("lo"), message.member("hi"), message.member("hi"));
+    repair.range =
+        decode_key_range(message.member("lo"), message.member("hi"), message.member("hi"));
     repair.rows = decode_down_rows(message.member("rows"), budget);
     return repair;
 }

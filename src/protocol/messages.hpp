@@ -48,11 +48,11 @@ inline constexpr int kRowDepthInMessage = 5;
 
 // The message speaks a later protocol than this build. Sending it again to a newer build can help.
 class VersionTooNew : public DecodeError {
-public:
+  public:
     VersionTooNew(const std::string& context, int64_t version);
     int64_t version() const { return version_; }
 
-private:
+  private:
     int64_t version_;
 };
 

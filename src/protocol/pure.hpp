@@ -7,5 +7,6 @@
 
 #if defined(MAGIC_SYNC_PROTOCOL_BUILD) && \
     (defined(POSTGRES_H) || defined(POSTGRES_FE_H) || defined(FMGR_H) || defined(PG_VERSION_NUM))
-#error "src/protocol/ is pure C++ shared with sender/ and replica/: it must not see PostgreSQL headers"
+#error \
+    "src/protocol/ is pure C++ shared with sender/ and replica/: it must not see PostgreSQL headers"
 #endif

@@ -30,9 +30,7 @@ TEST(CanonicalJson, SortsKeysBytewiseAtEveryLevel) {
     EXPECT_EQ(canonical_json(R"({"é":1,"z":2,"":3})"), R"({"":3,"z":2,"é":1})");
 }
 
-TEST(CanonicalJson, KeepsArrayOrder) {
-    EXPECT_EQ(canonical_json("[3,1,2]"), "[3,1,2]");
-}
+TEST(CanonicalJson, KeepsArrayOrder) { EXPECT_EQ(canonical_json("[3,1,2]"), "[3,1,2]"); }
 
 TEST(CanonicalJson, PreservesNumberLexemes) {
     EXPECT_EQ(canonical_json("[12.50, 123456789012345678901234567890.123, 1E+3, 1e-7, -0.0, 0.10]"),
@@ -50,7 +48,8 @@ TEST(CanonicalJson, EscapesStringsAsNlohmannDumpDoes) {
                              "\x7f\xe2\x82\xac"
                              R"(")"),
               "\"\xc3\xa9/\\u0001\\u001f\\t\\n\\r\\b\\f\\\"\\\\\x7f\xe2\x82\xac\"");
-    EXPECT_EQ(canonical_json(R"({"k\u0000":"\ud83d\ude00"})"), "{\"k\\u0000\":\"\xf0\x9f\x98\x80\"}");
+    EXPECT_EQ(canonical_json(R"({"k\u0000":"\ud83d\ude00"})"),
+              "{\"k\\u0000\":\"\xf0\x9f\x98\x80\"}");
 }
 
 TEST(CanonicalJson, AcceptsAnyValueAtTheTop) {
@@ -77,10 +76,11 @@ TEST(CanonicalJson, RefusesInvalidUtf8) {
     EXPECT_EQ(refusal("\"\xff\""),
               "invalid JSON: parse error at line 1, column 2: syntax error while parsing value - "
               "invalid string: ill-formed UTF-8 byte; last read: '\"\\xff'");
-    EXPECT_EQ(refusal("{\"\xc3\x28\":1}"),
-              "invalid JSON: parse error at line 1, column 4: syntax error while parsing object key "
-              "- invalid string: ill-formed UTF-8 byte; last read: '\"\\xc3('; expected string "
-              "literal");
+    EXPECT_EQ(
+        refusal("{\"\xc3\x28\":1}"),
+        "invalid JSON: parse error at line 1, column 4: syntax error while parsing object key "
+        "- invalid string: ill-formed UTF-8 byte; last read: '\"\\xc3('; expected string "
+        "literal");
     EXPECT_NE(refusal(R"("\ud800")").find("surrogate U+D800..U+DBFF"), std::string::npos);
 }
 

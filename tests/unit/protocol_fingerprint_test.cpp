@@ -60,16 +60,15 @@ TEST(RowHashes, KnownVectors) {
 
     Fingerprint fingerprint;
     fingerprint.add(element(k, v));
-    fingerprint.add(element(key_hash("shop.products", R"({"id":8})"),
-                            row_hash(R"({"id":8,"name":"jam"})")));
+    fingerprint.add(
+        element(key_hash("shop.products", R"({"id":8})"), row_hash(R"({"id":8,"name":"jam"})")));
     EXPECT_EQ(fingerprint.hex(),
               "3ed701e068b9384fd4c6e38afe17c74dd59139a2ba1ae9bdcb45daf9e99cc3ab");
     EXPECT_EQ(fingerprint.count, 2);
 }
 
 TEST(RowHashes, KeyHashSeparatesTableFromKey) {
-    EXPECT_EQ(key_hash("shop.products", "{}"),
-              sha256(std::string("shop.products") + '\0' + "{}"));
+    EXPECT_EQ(key_hash("shop.products", "{}"), sha256(std::string("shop.products") + '\0' + "{}"));
     EXPECT_NE(key_hash("ab", "c"), key_hash("a", "bc"));
 }
 

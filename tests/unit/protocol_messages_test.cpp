@@ -32,11 +32,12 @@ RowsMessage small_rows() {
     RowsMessage message;
     message.header = header(17);
     message.reset = {"all"};
-    message.chunks.push_back(Chunk{"all",
-                                   120,
-                                   180,
-                                   {live_row("shop.products", R"({"id":7})", R"({"id":7,"name":"tea"})"),
-                                    gone_row("shop.products", R"({"id":9})")}});
+    message.chunks.push_back(
+        Chunk{"all",
+              120,
+              180,
+              {live_row("shop.products", R"({"id":7})", R"({"id":7,"name":"tea"})"),
+               gone_row("shop.products", R"({"id":9})")}});
     message.withheld.push_back(KeyNote{"shop.products", R"({"id":8})", "too big"});
     return message;
 }
@@ -48,9 +49,8 @@ FiledMessage small_filed() {
 }
 
 RangesMessage small_ranges() {
-    return RangesMessage{header(19),
-                         "store_id=42",
-                         {KeyRange{Digest{}, half()}, KeyRange{half(), std::nullopt}}};
+    return RangesMessage{
+        header(19), "store_id=42", {KeyRange{Digest{}, half()}, KeyRange{half(), std::nullopt}}};
 }
 
 RepairMessage small_repair() {
@@ -69,7 +69,8 @@ Upload small_upload() {
     Holding holding;
     holding.through = 180;
     holding.fingerprint = Fingerprint{half(), 412};
-    holding.ranges.push_back(RangeFingerprint{KeyRange{Digest{}, half()}, Fingerprint{half(), 200}});
+    holding.ranges.push_back(
+        RangeFingerprint{KeyRange{Digest{}, half()}, Fingerprint{half(), 200}});
     upload.holds.emplace("all", holding);
     return upload;
 }
@@ -128,8 +129,7 @@ std::string upload_refusal(const std::string& text, const Limits& limits = Limit
 
 std::string rows_with_row(const std::string& row) {
     return R"({"v":1,"kind":"rows","replica":")" + kReplica +
-           R"(","gen":3,"seq":17,"chunks":[{"scope":"all","from":0,"to":1,"rows":[)" + row +
-           "]}]}";
+           R"(","gen":3,"seq":17,"chunks":[{"scope":"all","from":0,"to":1,"rows":[)" + row + "]}]}";
 }
 
 std::string upload_with(const std::string& fields) {
@@ -143,7 +143,8 @@ TEST(Wire, Rows) {
               R"({"v":1,"kind":"rows","replica":")" + kReplica +
                   R"(","gen":3,"seq":17,"reset":["all"],"chunks":[{"scope":"all","from":120,)"
                   R"("to":180,"rows":[{"t":"shop.products","k":{"id":7},"r":{"id":7,"name":"tea"},)"
-                  R"("h":")" + kTeaHash +
+                  R"("h":")" +
+                  kTeaHash +
                   R"("},{"t":"shop.products","k":{"id":9},"r":null}]}],)"
                   R"("withheld":[{"t":"shop.products","k":{"id":8},"why":"too big"}]})");
 }
@@ -151,23 +152,22 @@ TEST(Wire, Rows) {
 TEST(Wire, RowsWithNothingOptional) {
     RowsMessage message;
     message.header = header(1);
-    EXPECT_EQ(encode(message),
-              R"({"v":1,"kind":"rows","replica":")" + kReplica + R"(","gen":3,"seq":1,"chunks":[]})");
+    EXPECT_EQ(encode(message), R"({"v":1,"kind":"rows","replica":")" + kReplica +
+                                   R"(","gen":3,"seq":1,"chunks":[]})");
 }
 
 TEST(Wire, Filed) {
-    EXPECT_EQ(encode(small_filed()),
-              R"({"v":1,"kind":"filed","replica":")" + kReplica +
-                  R"(","gen":3,"seq":18,"upload":")" + kUpload +
-                  R"(","kept":[{"t":"shop.products","k":{"id":7},)"
-                  R"("why":"catalog rows are not taken up"}]})");
+    EXPECT_EQ(encode(small_filed()), R"({"v":1,"kind":"filed","replica":")" + kReplica +
+                                         R"(","gen":3,"seq":18,"upload":")" + kUpload +
+                                         R"(","kept":[{"t":"shop.products","k":{"id":7},)"
+                                         R"("why":"catalog rows are not taken up"}]})");
 }
 
 TEST(Wire, Ranges) {
-    EXPECT_EQ(encode(small_ranges()), R"({"v":1,"kind":"ranges","replica":")" + kReplica +
-                                          R"(","gen":3,"seq":19,"scope":"store_id=42","ranges":[[")" +
-                                          kZero + R"(",")" + kHalf + R"("],[")" + kHalf +
-                                          R"(",""]]})");
+    EXPECT_EQ(encode(small_ranges()),
+              R"({"v":1,"kind":"ranges","replica":")" + kReplica +
+                  R"(","gen":3,"seq":19,"scope":"store_id=42","ranges":[[")" + kZero + R"(",")" +
+                  kHalf + R"("],[")" + kHalf + R"(",""]]})");
 }
 
 TEST(Wire, Repair) {
@@ -179,12 +179,14 @@ TEST(Wire, Repair) {
 }
 
 TEST(Wire, Upload) {
-    EXPECT_EQ(encode(small_upload()),
-              R"({"v":1,"id":")" + kUpload +
-                  R"(","rows":[{"t":"shop.sales","r":{"id":"s1","total":12.50}}],"applied":17,)"
-                  R"("untaken":[{"seq":17,"t":"shop.products","k":{"id":7},"why":"no such column"}],)"
-                  R"("holds":{"all":{"through":180,"fp":")" + kHalf + R"(","n":412,"ranges":[[")" +
-                  kZero + R"(",")" + kHalf + R"(",")" + kHalf + R"(",200]]}}})");
+    EXPECT_EQ(
+        encode(small_upload()),
+        R"({"v":1,"id":")" + kUpload +
+            R"(","rows":[{"t":"shop.sales","r":{"id":"s1","total":12.50}}],"applied":17,)"
+            R"("untaken":[{"seq":17,"t":"shop.products","k":{"id":7},"why":"no such column"}],)"
+            R"("holds":{"all":{"through":180,"fp":")" +
+            kHalf + R"(","n":412,"ranges":[[")" + kZero + R"(",")" + kHalf + R"(",")" + kHalf +
+            R"(",200]]}}})");
 }
 
 TEST(Wire, UploadWithNothingOptional) {
@@ -224,10 +226,12 @@ TEST(RoundTrip, NumbersInPayloadsKeepTheirLexemes) {
 
 TEST(Decode, AcceptsAnyFieldOrderAndWhitespaceAndIgnoresUnknownFields) {
     std::string text = R"( { "seq" : 17, "future" : {"k": [1, {"b":2}]}, "kind" : "rows", "v" : 1,
-        "gen" : 3, "replica" : ")" + kReplica +
+        "gen" : 3, "replica" : ")" +
+                       kReplica +
                        R"(", "reset" : ["all"],
         "withheld" : [ {"why":"too big", "k":{"id":8}, "t":"shop.products", "extra":1} ],
-        "chunks" : [ { "rows" : [ { "h":")" + kTeaHash +
+        "chunks" : [ { "rows" : [ { "h":")" +
+                       kTeaHash +
                        R"(", "r" : { "name" : "tea", "id" : 7 },
                                    "k" : { "id" : 7 }, "t" : "shop.products", "new" : [] },
                                  { "r" : null, "k" : {"id":9}, "t" : "shop.products" } ],
@@ -320,10 +324,12 @@ TEST(Refuse, WrongTypes) {
     EXPECT_EQ(upload_refusal(upload_with(R"(,"holds":{"all":{"through":1,"fp":")" + kZero +
                                          R"(","n":0,"ranges":[["a","b"]]}})")),
               R"(upload: field "holds"."all"."ranges"[0] must be an array [lo, hi, fp, n])");
-    EXPECT_EQ(upload_refusal(R"({"v":1,"id":")" + std::string("6F1C2A9E-1B2C-4D3E-8F40-5A6B7C8D9E0F") +
-                             R"(","rows":[]})"),
-              R"(upload: field "id" must be a lowercase UUID (8-4-4-4-12 hex digits))");
-    EXPECT_EQ(down_refusal(R"({"v":1,"kind":7})"), R"(down message: field "kind" must be a string)");
+    EXPECT_EQ(
+        upload_refusal(R"({"v":1,"id":")" + std::string("6F1C2A9E-1B2C-4D3E-8F40-5A6B7C8D9E0F") +
+                       R"(","rows":[]})"),
+        R"(upload: field "id" must be a lowercase UUID (8-4-4-4-12 hex digits))");
+    EXPECT_EQ(down_refusal(R"({"v":1,"kind":7})"),
+              R"(down message: field "kind" must be a string)");
     EXPECT_EQ(down_refusal(R"({"v":1,"kind":"rows","replica":")" + kReplica +
                            R"(","gen":-3,"seq":1,"chunks":[]})"),
               R"(rows: field "gen" must be a non-negative integer)");
@@ -340,17 +346,19 @@ TEST(Refuse, BadRangesAndChunks) {
         R"({"v":1,"kind":"ranges","replica":")" + kReplica + R"(","gen":3,"seq":1,"scope":"all",)";
     EXPECT_EQ(down_refusal(ranges_prefix + R"("ranges":[[")" + kHalf + R"("]]})"),
               R"(ranges: field "ranges"[0] must be an array [lo, hi])");
-    EXPECT_EQ(down_refusal(ranges_prefix + R"("ranges":[[")" + kHalf + R"(",")" + kZero + R"("]]})"),
-              R"(ranges: field "ranges"[0] is an empty range (lo is not below hi))");
+    EXPECT_EQ(
+        down_refusal(ranges_prefix + R"("ranges":[[")" + kHalf + R"(",")" + kZero + R"("]]})"),
+        R"(ranges: field "ranges"[0] is an empty range (lo is not below hi))");
     EXPECT_EQ(down_refusal(ranges_prefix + R"("ranges":[["",""]]})"),
               R"(ranges: field "ranges"[0][0] must be 64 lowercase hex digits)");
     EXPECT_EQ(down_refusal(R"({"v":1,"kind":"repair","replica":")" + kReplica +
                            R"(","gen":3,"seq":1,"scope":"all","lo":")" + kHalf + R"(","hi":")" +
                            kHalf + R"(","rows":[]})"),
               R"(repair: field "hi" is an empty range (lo is not below hi))");
-    EXPECT_EQ(down_refusal(R"({"v":1,"kind":"rows","replica":")" + kReplica +
-                           R"(","gen":3,"seq":1,"chunks":[{"scope":"all","from":5,"to":4,"rows":[]}]})"),
-              R"(rows: field "chunks"[0] has "from" after "to")");
+    EXPECT_EQ(
+        down_refusal(R"({"v":1,"kind":"rows","replica":")" + kReplica +
+                     R"(","gen":3,"seq":1,"chunks":[{"scope":"all","from":5,"to":4,"rows":[]}]})"),
+        R"(rows: field "chunks"[0] has "from" after "to")");
 }
 
 TEST(Refuse, UnknownKindAndNonObjects) {
@@ -365,7 +373,8 @@ TEST(Refuse, UnknownKindAndNonObjects) {
 
 TEST(Refuse, DeepNestingWithoutRecursing) {
     EXPECT_EQ(upload_refusal(std::string(100000, '[')), "upload: nesting deeper than 64 levels");
-    EXPECT_EQ(down_refusal(std::string(100000, '[')), "down message: nesting deeper than 64 levels");
+    EXPECT_EQ(down_refusal(std::string(100000, '[')),
+              "down message: nesting deeper than 64 levels");
     std::string deep_row = std::string(100000, '[') + std::string(100000, ']');
     EXPECT_EQ(upload_refusal(R"({"v":1,"id":")" + kUpload + R"(","rows":[{"t":"x","r":{"a":)" +
                              deep_row + "}}]}"),
@@ -388,8 +397,10 @@ TEST(Refuse, RowsNestedUpToTheAdvertisedDepthTravel) {
 
 TEST(Refuse, OversizeBeforeParsing) {
     std::string huge(17'000'000, '[');
-    EXPECT_EQ(upload_refusal(huge), "upload: message is 17000000 bytes, over the limit of 16777216");
-    EXPECT_EQ(down_refusal(huge), "down message: message is 17000000 bytes, over the limit of 16777216");
+    EXPECT_EQ(upload_refusal(huge),
+              "upload: message is 17000000 bytes, over the limit of 16777216");
+    EXPECT_EQ(down_refusal(huge),
+              "down message: message is 17000000 bytes, over the limit of 16777216");
 }
 
 TEST(Refuse, TooManyRows) {
@@ -404,7 +415,8 @@ TEST(Refuse, TooManyRows) {
 
     RowsMessage rows;
     rows.header = header(1);
-    rows.chunks = {Chunk{"a", 0, 1, {gone_row("x", "{}")}}, Chunk{"b", 0, 1, {gone_row("x", "{}")}}};
+    rows.chunks = {Chunk{"a", 0, 1, {gone_row("x", "{}")}},
+                   Chunk{"b", 0, 1, {gone_row("x", "{}")}}};
     EXPECT_EQ(std::get<RowsMessage>(decode_down(encode(rows), limits)), rows);
     rows.withheld.push_back(KeyNote{"x", "{}", "too big"});
     EXPECT_EQ(down_refusal(encode(rows), limits), "rows: message has more than 2 rows");
