@@ -1,0 +1,105 @@
+-- The sender's functions: sync.next leases the head message of each replica, sync.sent and
+-- sync.failed settle it (DESIGN §5). Messages here carry their bytes in `body`.
+\set SHOW_CONTEXT never
+
+-- Until the relay assembles messages from chunks (sync.message), a stand-in lets sync.next plan.
+DO $$
+BEGIN
+    IF to_regprocedure('sync.message(uuid,bigint)') IS NULL THEN
+        CREATE FUNCTION sync.message(uuid, bigint) RETURNS bytea
+        LANGUAGE sql AS 'SELECT NULL::bytea';
+    END IF;
+END
+$$;
+
+SET magic_sync.backoff = '100ms';
+SET magic_sync.backoff_max = '350ms';
+
+INSERT INTO sync.replica (id, gen) VALUES
+    ('00000000-0000-0000-0000-00000000000a', 3),
+    ('00000000-0000-0000-0000-00000000000b', 1),
+    ('00000000-0000-0000-0000-00000000000c', 1);
+UPDATE sync.replica SET live = false WHERE id = '00000000-0000-0000-0000-00000000000c';
+INSERT INTO sync.outbox (replica, seq, gen, kind, body)
+SELECT r, s, g, 'rows', convert_to(format('{"replica":"%s","seq":%s}', r, s), 'UTF8')
+FROM (VALUES ('00000000-0000-0000-0000-00000000000a'::uuid, 3),
+             ('00000000-0000-0000-0000-00000000000b'::uuid, 1),
+             ('00000000-0000-0000-0000-00000000000c'::uuid, 1)) AS replicas(r, g),
+     generate_series(1, 3) AS s;
+
+-- One message per live replica, its head, with the id <gen>.<seq>; the dead replica gets nothing.
+SELECT replica, seq, message_id, convert_from(message, 'UTF8') AS message
+FROM sync.next(10, '1 minute') ORDER BY replica;
+SELECT replica, seq, tries, lease_until > now() AS leased FROM sync.outbox
+WHERE tries > 0 ORDER BY replica, seq;
+
+-- While a head is leased its replica is skipped: its second message never goes before the first.
+SELECT count(*) AS while_leased FROM sync.next(10, '1 minute');
+
+-- Sent: the next message becomes the head; the sent one stays in the outbox, unleased.
+SELECT sync.sent('00000000-0000-0000-0000-00000000000a', 1) AS recovered;
+SELECT replica, seq, message_id FROM sync.next(10, '1 minute');
+SELECT seq, sent_at IS NOT NULL AS sent, lease_until IS NULL AS unleased FROM sync.outbox
+WHERE replica = '00000000-0000-0000-0000-00000000000a' ORDER BY seq;
+
+-- A lease that ran out lets the message go again (a sender died): same id, one more try.
+UPDATE sync.outbox SET lease_until = now() - interval '1 second'
+WHERE replica = '00000000-0000-0000-0000-00000000000b' AND seq = 1;
+SELECT replica, seq, message_id FROM sync.next(10, '1 minute');
+SELECT tries FROM sync.outbox WHERE replica = '00000000-0000-0000-0000-00000000000b' AND seq = 1;
+
+-- Failed, transient: the lease ends, the replica backs off for magic_sync.backoff and the error is
+-- kept; the first failure starts the backoff (true), the next ones do not.
+SELECT sync.failed('00000000-0000-0000-0000-00000000000b', 1, true, 'HTTP 503') AS started;
+SELECT backoff, backoff_until > now() AS waiting, last_error, refusals FROM sync.replica
+WHERE id = '00000000-0000-0000-0000-00000000000b';
+SELECT count(*) AS during_backoff FROM sync.next(10, '1 minute')
+WHERE replica = '00000000-0000-0000-0000-00000000000b';
+
+-- Refused: the same backoff, doubled, and counted; it never exceeds magic_sync.backoff_max.
+SELECT sync.failed('00000000-0000-0000-0000-00000000000b', 1, false, 'HTTP 400: bad message') AS started;
+SELECT backoff, last_error, refusals FROM sync.replica WHERE id = '00000000-0000-0000-0000-00000000000b';
+SELECT sync.failed('00000000-0000-0000-0000-00000000000b', 1, true, 'timeout') AS started;
+SELECT sync.failed('00000000-0000-0000-0000-00000000000b', 1, true, 'timeout') AS started;
+SELECT backoff, last_error, refusals FROM sync.replica WHERE id = '00000000-0000-0000-0000-00000000000b';
+
+-- After the backoff the replica's head goes again, under the same id; once it is taken the
+-- backoff and the error are cleared (sent returns true: the replica recovered).
+UPDATE sync.replica SET backoff_until = now() - interval '1 second'
+WHERE id = '00000000-0000-0000-0000-00000000000b';
+SELECT replica, seq, message_id FROM sync.next(10, '1 minute');
+SELECT sync.sent('00000000-0000-0000-0000-00000000000b', 1) AS recovered;
+SELECT backoff, backoff_until, last_error, refusals FROM sync.replica
+WHERE id = '00000000-0000-0000-0000-00000000000b';
+
+-- Sent twice (a late answer) changes nothing; a forgotten replica's outcome is ignored.
+SELECT sync.sent('00000000-0000-0000-0000-00000000000b', 1) AS recovered;
+SELECT sync.failed('00000000-0000-0000-0000-0000000000ff', 1, true, 'gone') AS started;
+
+-- n limits how many replicas are leased; bad arguments are refused.
+SELECT count(*) AS leased FROM sync.next(1, '1 minute');
+SELECT * FROM sync.next(0, '1 minute');
+SELECT * FROM sync.next(1, '-1 second');
+
+-- The backlog, for the sender's progress line.
+SELECT unsent, in_backoff, oldest_unsent IS NOT NULL AS has_oldest FROM sync.backlog();
+
+-- Only sync_sender may call them; they run as the extension's owner with a pinned search_path.
+SELECT p.proname, p.prosecdef AS security_definer, p.proconfig,
+       has_function_privilege('sync_sender', p.oid, 'EXECUTE') AS sender_can,
+       has_function_privilege('sync_receiver', p.oid, 'EXECUTE') AS receiver_can,
+       has_function_privilege('public', p.oid, 'EXECUTE') AS public_can
+FROM pg_proc p
+WHERE p.pronamespace = 'sync'::regnamespace AND p.proname IN ('next', 'sent', 'failed', 'backlog')
+ORDER BY p.proname;
+CREATE ROLE sender_login LOGIN IN ROLE sync_sender;
+CREATE ROLE stranger LOGIN;
+SET ROLE sender_login;
+SELECT count(*) AS as_sender FROM sync.next(10, '1 minute');
+SET ROLE stranger;
+SELECT count(*) FROM sync.next(10, '1 minute');
+RESET ROLE;
+DROP ROLE sender_login;
+DROP ROLE stranger;
+
+DELETE FROM sync.replica WHERE id::text LIKE '00000000-0000-0000-0000-0000000000%';

@@ -1,0 +1,128 @@
+-- The sender's functions (DESIGN §5) -------------------------------------------------------------
+
+-- Leases the head message (lowest unsent seq) of up to `n` live replicas that are not in backoff
+-- and whose head is not leased, oldest first. A replica whose head is leased or locked by another
+-- sender is skipped, never served its second message: one message at a time per replica, in order.
+-- plpgsql, so that sync.message (the relay's assembly of a message from its chunks) is resolved
+-- when the query is first planned, not when this function is created.
+CREATE FUNCTION sync.next(n int, lease interval)
+RETURNS TABLE (replica uuid, seq bigint, message_id text, message bytea)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF n IS NULL OR n < 1 OR lease IS NULL OR lease <= interval '0' THEN
+        RAISE EXCEPTION 'sync.next needs n >= 1 and a positive lease (got n = %, lease = %)', n, lease
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    RETURN QUERY
+    WITH leased AS (
+        SELECT o.replica, o.seq
+        FROM sync.replica r
+        CROSS JOIN LATERAL (
+            SELECT h.seq FROM sync.outbox h
+            WHERE h.replica = r.id AND h.sent_at IS NULL
+            ORDER BY h.seq LIMIT 1
+        ) head
+        JOIN sync.outbox o ON o.replica = r.id AND o.seq = head.seq
+        WHERE r.live
+          AND (r.backoff_until IS NULL OR r.backoff_until <= now())
+          -- Checked again on the locked row version, so a head that another sender leased or
+          -- sent since this statement's snapshot is skipped.
+          AND o.sent_at IS NULL
+          AND (o.lease_until IS NULL OR o.lease_until <= now())
+        ORDER BY o.created_at, o.replica
+        LIMIT n
+        FOR UPDATE OF o SKIP LOCKED
+    ),
+    updated AS (
+        UPDATE sync.outbox o
+        SET lease_until = now() + lease, tries = o.tries + 1
+        FROM leased l
+        WHERE o.replica = l.replica AND o.seq = l.seq
+        RETURNING o.replica, o.seq, o.gen, o.body, o.created_at
+    )
+    SELECT u.replica, u.seq, u.gen || '.' || u.seq,
+           coalesce(u.body, sync.message(u.replica, u.seq))
+    FROM updated u
+    ORDER BY u.created_at, u.replica;
+END
+$$;
+
+-- The message was taken: it is sent (it stays in the outbox until the replica confirms it), the
+-- lease ends, the replica's backoff ends. Returns true when this ended a backoff (the replica
+-- recovered), for the sender's log.
+CREATE FUNCTION sync.sent(replica uuid, seq bigint) RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    was_backing_off boolean;
+BEGIN
+    UPDATE sync.outbox o SET sent_at = now(), lease_until = NULL
+    WHERE o.replica = sent.replica AND o.seq = sent.seq AND o.sent_at IS NULL;
+    SELECT r.backoff IS NOT NULL INTO was_backing_off
+    FROM sync.replica r WHERE r.id = sent.replica FOR UPDATE;
+    UPDATE sync.replica r SET backoff = NULL, backoff_until = NULL, last_error = NULL
+    WHERE r.id = sent.replica AND r.backoff IS NOT NULL;
+    RETURN coalesce(was_backing_off, false);
+END
+$$;
+
+-- The message could not be delivered: the lease ends and the replica waits out a backoff that
+-- starts at magic_sync.backoff and doubles up to magic_sync.backoff_max, while every other
+-- replica carries on. `retry` false means the other side refused it (counted in `refusals`).
+-- Returns true when this failure started the replica's backoff, for the sender's log.
+CREATE FUNCTION sync.failed(replica uuid, seq bigint, retry boolean, error text) RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    -- missing_ok: the settings exist only once the library is loaded in this session.
+    first_wait interval := coalesce(current_setting('magic_sync.backoff', true), '1s')::interval;
+    longest_wait interval := coalesce(current_setting('magic_sync.backoff_max', true), '10min')::interval;
+    previous interval;
+    wait interval;
+BEGIN
+    UPDATE sync.outbox o SET lease_until = NULL
+    WHERE o.replica = failed.replica AND o.seq = failed.seq AND o.sent_at IS NULL;
+    SELECT r.backoff INTO previous FROM sync.replica r WHERE r.id = failed.replica FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN false;  -- forgotten while the message was out
+    END IF;
+    wait := least(coalesce(previous * 2, first_wait), longest_wait);
+    UPDATE sync.replica r
+    SET backoff = wait,
+        backoff_until = now() + wait,
+        last_error = left(coalesce(failed.error, 'unknown error'), 1000),
+        refusals = r.refusals + CASE WHEN failed.retry THEN 0 ELSE 1 END
+    WHERE r.id = failed.replica;
+    RETURN previous IS NULL;
+END
+$$;
+
+-- For the sender's progress line: what is waiting, how many replicas are in backoff, and how long
+-- the oldest unsent message has waited.
+CREATE FUNCTION sync.backlog(OUT unsent bigint, OUT in_backoff bigint, OUT oldest_unsent interval)
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT (SELECT count(*) FROM sync.outbox o JOIN sync.replica r ON r.id = o.replica
+            WHERE r.live AND o.sent_at IS NULL),
+           (SELECT count(*) FROM sync.replica r WHERE r.live AND r.backoff_until > now()),
+           (SELECT now() - min(o.created_at) FROM sync.outbox o JOIN sync.replica r ON r.id = o.replica
+            WHERE r.live AND o.sent_at IS NULL)
+$$;
+
+REVOKE ALL ON FUNCTION sync.next(int, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION sync.sent(uuid, bigint) FROM PUBLIC;
+REVOKE ALL ON FUNCTION sync.failed(uuid, bigint, boolean, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION sync.backlog() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sync.next(int, interval) TO sync_sender;
+GRANT EXECUTE ON FUNCTION sync.sent(uuid, bigint) TO sync_sender;
+GRANT EXECUTE ON FUNCTION sync.failed(uuid, bigint, boolean, text) TO sync_sender;
+GRANT EXECUTE ON FUNCTION sync.backlog() TO sync_sender;
