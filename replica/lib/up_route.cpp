@@ -1,0 +1,54 @@
+#include "lib/up_route.hpp"
+
+#include <utility>
+#include <vector>
+
+#include "lib/replica.hpp"
+
+namespace magic_sync::replica {
+
+PostgresUpRoute::PostgresUpRoute(std::string conninfo) : conninfo_(std::move(conninfo)) {}
+
+PostgresUpRoute::~PostgresUpRoute() { PQfinish(connection_); }
+
+void PostgresUpRoute::connect() {
+    PQfinish(connection_);
+    connection_ = PQconnectdb(conninfo_.c_str());
+    if (PQstatus(connection_) != CONNECTION_OK) {
+        std::string error = PQerrorMessage(connection_);
+        PQfinish(connection_);
+        connection_ = nullptr;
+        throw UpRouteError("cannot connect to the up route: " + error);
+    }
+}
+
+void PostgresUpRoute::send(const std::string& replica_id, const std::string& body) {
+    if (connection_ == nullptr || PQstatus(connection_) != CONNECTION_OK) connect();
+    const char* values[] = {replica_id.c_str(), body.data()};
+    int lengths[] = {0, static_cast<int>(body.size())};
+    int formats[] = {0, 1};  // the message goes as binary bytea: no escaping, no size doubling
+    PGresult* result = PQexecParams(connection_, "SELECT sync.receive($1::uuid, $2::bytea)", 2,
+                                    nullptr, values, lengths, formats, 0);
+    ExecStatusType status = PQresultStatus(result);
+    std::string error = PQresultErrorMessage(result);
+    PQclear(result);
+    if (status == PGRES_TUPLES_OK) return;
+    // A broken connection is made again on the next send.
+    if (PQstatus(connection_) != CONNECTION_OK) {
+        PQfinish(connection_);
+        connection_ = nullptr;
+    }
+    throw UpRouteError("sync.receive failed: " + error);
+}
+
+std::vector<std::string> send_uploads(Replica& replica, PostgresUpRoute& route) {
+    std::vector<std::string> sent;
+    while (std::optional<PreparedUpload> upload = replica.prepare_upload()) {
+        route.send(replica.id(), upload->body);
+        replica.mark_sent(upload->id);
+        sent.push_back(upload->id);
+    }
+    return sent;
+}
+
+}  // namespace magic_sync::replica

@@ -1,0 +1,43 @@
+// The up path of the CLI: a stand-in for the app's own route, which authenticates the replica and
+// then calls sync.receive(replica, message) in the database (DESIGN §6). Here the replica calls it
+// itself over libpq, with bound parameters.
+#pragma once
+
+#include <libpq-fe.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace magic_sync::replica {
+
+class Replica;
+
+// The upload did not reach the server, or the server could not file it now: send it again.
+class UpRouteError : public std::runtime_error {
+  public:
+    explicit UpRouteError(const std::string& message) : std::runtime_error(message) {}
+};
+
+class PostgresUpRoute {
+  public:
+    explicit PostgresUpRoute(std::string conninfo);
+    ~PostgresUpRoute();
+    PostgresUpRoute(const PostgresUpRoute&) = delete;
+    PostgresUpRoute& operator=(const PostgresUpRoute&) = delete;
+
+    // SELECT sync.receive($1::uuid, $2::bytea). Connects (again) when needed.
+    void send(const std::string& replica_id, const std::string& body);
+
+  private:
+    void connect();
+
+    std::string conninfo_;
+    PGconn* connection_ = nullptr;
+};
+
+// Sends every upload the replica has to send, marking each sent once sync.receive returned.
+// Returns the ids sent; throws UpRouteError (after marking those that went) when one fails.
+std::vector<std::string> send_uploads(Replica& replica, PostgresUpRoute& route);
+
+}  // namespace magic_sync::replica
