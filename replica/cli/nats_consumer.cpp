@@ -14,7 +14,10 @@ namespace {
 
 constexpr int64_t kNanosPerMilli = 1000000;
 constexpr int64_t kFetchWaitMillis = 1000;
-constexpr int64_t kAckWaitMillis = 30000;
+// How long a delivered message stays unacknowledged before JetStream delivers it again: after a
+// crash, the message that was in flight comes back after this. A redelivery while it is still
+// being applied is harmless (it is recognised as applied), so it can be short.
+constexpr int64_t kAckWaitMillis = 5000;
 // A message this build cannot read yet comes back later: after an upgrade it is applied.
 constexpr int64_t kUnknownVersionDelayMillis = 30000;
 constexpr int64_t kStorageRetryMillis = 1000;

@@ -139,11 +139,12 @@ inline void write_file(const std::string& path, const std::string& content) {
 }
 
 inline bool wait_until(const std::function<bool()>& condition,
-                       std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+                       std::chrono::milliseconds timeout = std::chrono::seconds(20),
+                       std::chrono::milliseconds every = std::chrono::milliseconds(20)) {
     auto until = std::chrono::steady_clock::now() + timeout;
     while (std::chrono::steady_clock::now() < until) {
         if (condition()) return true;
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        std::this_thread::sleep_for(every);
     }
     return condition();
 }

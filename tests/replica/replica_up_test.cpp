@@ -1,0 +1,122 @@
+// The up path against a throwaway PostgreSQL: `upload --up` and `serve --up` call
+// sync.receive($1::uuid, $2::bytea); a failing route is retried and the upload goes again under the
+// same id. Until the real sync.receive is installed, a stand-in that records what it receives and
+// can be made to fail is created in the test database.
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "lib/replica.hpp"
+#include "replica/support.hpp"
+#include "support/cluster.hpp"
+
+namespace magic_sync::replica::test {
+namespace {
+
+const char* kStandIn = R"sql(
+CREATE TABLE public.received (replica uuid, body text, at timestamptz DEFAULT clock_timestamp());
+CREATE TABLE public.receive_fails (why text);
+CREATE FUNCTION sync.receive(replica uuid, message bytea) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    IF EXISTS (SELECT FROM public.receive_fails) THEN
+        RAISE EXCEPTION 'test stand-in: receive fails for now';
+    END IF;
+    INSERT INTO public.received (replica, body) VALUES (replica, convert_from(message, 'UTF8'));
+END $$;
+)sql";
+
+TEST(UpRouteTest, UploadsReachSyncReceiveAndFailuresAreRetriedUnderTheSameId) {
+    magic_sync::test::Cluster cluster;
+    cluster.create_database("shop");
+    bool real =
+        cluster.sql("shop", "SELECT to_regprocedure('sync.receive(uuid,bytea)') IS NOT NULL") ==
+        "t";
+    if (!real) cluster.sql("shop", kStandIn);
+    TempDir dir;
+    std::string db = dir.file("replica.db");
+    std::vector<std::string> base = {"--id", kReplicaId, "--db", db};
+    auto with = [&](std::vector<std::string> args) {
+        std::vector<std::string> all = base;
+        all.insert(all.end(), args.begin(), args.end());
+        return all;
+    };
+    std::string conninfo = cluster.conninfo("shop");
+    std::string out;
+    auto received_count = [&] {
+        return cluster.sql("shop", "SELECT count(*) FROM public.received");
+    };
+
+    ASSERT_EQ(run_cli(with({"write", "shop.sales", R"({"id":1,"total":5})"})), 0);
+    ASSERT_EQ(run_cli(with({"upload", "--up", conninfo}), &out), 0) << out;
+    std::string first_id = out.substr(0, 36);
+    EXPECT_EQ(run_cli(with({"upload"}), &out), 0);
+    EXPECT_EQ(out, "nothing to upload\n");  // sent: not offered again
+    if (real)
+        GTEST_SKIP() << "the real sync.receive is installed: the stand-in checks are left out";
+
+    EXPECT_EQ(cluster.sql("shop", "SELECT replica FROM public.received"), kReplicaId);
+    protocol::Upload received =
+        protocol::decode_upload(cluster.sql("shop", "SELECT body FROM public.received"));
+    EXPECT_EQ(received.id, first_id);
+    ASSERT_EQ(received.rows.size(), 1u);
+    EXPECT_EQ(received.rows[0].row, R"({"id":1,"total":5})");
+
+    // The route fails: `upload --up` says so and keeps the upload.
+    cluster.sql("shop", "INSERT INTO public.receive_fails VALUES ('down')");
+    ASSERT_EQ(run_cli(with({"write", "shop.sales", R"({"id":2,"total":6})"})), 0);
+    EXPECT_EQ(run_cli(with({"upload", "--up", conninfo}), &out), 1);
+    EXPECT_NE(out.find("test stand-in: receive fails for now"), std::string::npos) << out;
+    ASSERT_EQ(run_cli(with({"upload"}), &out), 0);
+    std::string pending_id = protocol::decode_upload(out).id;
+
+    // serve --up keeps trying; once the route works the same upload arrives, once.
+    int port = magic_sync::test::free_port();
+    Process serve({replica_binary(), "--id", kReplicaId, "--db", db, "serve", "--listen",
+                   "127.0.0.1:" + std::to_string(port), "--up", conninfo, "--upload-every", "0.2"},
+                  dir.file("serve.log"));
+    ASSERT_TRUE(wait_until([&] {
+        return serve.log().find("cannot upload, will retry") != std::string::npos;
+    })) << serve.log();
+    cluster.sql("shop", "DELETE FROM public.receive_fails");
+    ASSERT_TRUE(wait_until([&] { return received_count() == "2"; }, std::chrono::seconds(20),
+                           std::chrono::milliseconds(200)))
+        << serve.log();
+    protocol::Upload resent = protocol::decode_upload(
+        cluster.sql("shop", "SELECT body FROM public.received ORDER BY at DESC LIMIT 1"));
+    EXPECT_EQ(resent.id, pending_id);
+    ASSERT_EQ(resent.rows.size(), 1u);
+    EXPECT_EQ(resent.rows[0].row, R"({"id":2,"total":6})");
+
+    // The first provisioning (a new generation) offers the unanswered uploads again under their
+    // ids: answers in an outbox of an older generation are gone. The resend also carries what
+    // was applied and the holdings, said once.
+    ASSERT_EQ(
+        http_post(port, rows_message(1, 1,
+                                     {chunk("all", 0, 4,
+                                            {row("shop.products", R"({"id":1})", R"({"id":1})")})},
+                                     {"*"})),
+        200);
+    ASSERT_TRUE(wait_until([&] { return received_count() == "4"; }, std::chrono::seconds(20),
+                           std::chrono::milliseconds(200)))
+        << serve.log();
+    std::vector<protocol::Upload> resends;
+    std::stringstream bodies(
+        cluster.sql("shop", "SELECT body FROM public.received ORDER BY at OFFSET 2"));
+    for (std::string body; std::getline(bodies, body);) {
+        resends.push_back(protocol::decode_upload(body));
+    }
+    ASSERT_EQ(resends.size(), 2u);
+    EXPECT_EQ(resends[0].id, first_id);
+    EXPECT_EQ(resends[1].id, pending_id);
+    EXPECT_EQ(resends[0].applied, 1);
+    ASSERT_EQ(resends[0].holds.count("all"), 1u);
+    EXPECT_EQ(resends[0].holds["all"].through, 4);
+    EXPECT_EQ(resends[0].holds["all"].fingerprint.count, 1);
+    EXPECT_TRUE(resends[1].holds.empty());
+    std::this_thread::sleep_for(std::chrono::milliseconds(800));
+    EXPECT_EQ(received_count(), "4");  // nothing new: nothing more is sent
+    EXPECT_EQ(serve.terminate(), 0);
+}
+
+}  // namespace
+}  // namespace magic_sync::replica::test
