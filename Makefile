@@ -1,11 +1,14 @@
 # magic_sync: the extension (PGXS), the sender, the reference replica, and their tests.
 #
-#   make            build everything
+#   make            build everything (the extension, the programs, the tests)
 #   make install    install the extension into the PostgreSQL found by pg_config
 #   make test       install what is missing, build, install, run every test
 #   make demo       a throwaway cluster with magic_sync, to look at
 
 PG_CONFIG ?= pg_config
+
+# The default goal: the extension (PGXS's `all`) and our programs and tests.
+everything: all programs
 
 MODULE_big = magic_sync
 EXTENSION = magic_sync
@@ -104,21 +107,21 @@ PROGRAMS += $(if $(SENDER_TEST_SRCS),build/tests/sender_tests)
 PROGRAMS += $(if $(REPLICA_LIB_SRCS),build/lib/libmagic_sync_replica.a)
 PROGRAMS += $(if $(REPLICA_CLI_SRCS),build/bin/magic-sync-replica)
 PROGRAMS += $(if $(REPLICA_TEST_SRCS),build/tests/replica_tests)
-all: $(PROGRAMS)
+programs: $(PROGRAMS)
 
-.PHONY: setup test test-only demo format format-check check-schedule
+.PHONY: everything programs setup test demo format format-check
 
 setup:
 	@scripts/setup.sh
 
 # `make test` is what CI runs: set up, build, install, then every test runner.
 test: setup
-	$(MAKE) all
+	$(MAKE) everything
 	$(MAKE) install
 	scripts/run-tests.sh
 
 demo: setup
-	$(MAKE) all
+	$(MAKE) everything
 	$(MAKE) install
 	scripts/demo.sh
 

@@ -31,6 +31,10 @@ record() { # name outcome(0 ok)
 
 section() { printf '\n== %s ==\n' "$1"; }
 
+# MAGIC_SYNC_TESTS=regress,isolation runs only those runners (format, schedules, gtest, regress,
+# isolation, shell); unset, all of them.
+wanted() { [ -z "${MAGIC_SYNC_TESTS:-}" ] || [[ ",$MAGIC_SYNC_TESTS," == *",$1,"* ]]; }
+
 # Counts "... ok" / "... FAILED" lines of a pg_regress-style log.
 count_regress() { # label logfile status outputdir
     local ok bad
@@ -45,10 +49,13 @@ count_regress() { # label logfile status outputdir
     fi
 }
 
+if wanted format; then
 section "format"
 make -s format-check
 record format-check $?
+fi
 
+if wanted schedules; then
 section "schedules"
 # Every regress and isolation test must be in its schedule, or it would silently never run.
 schedule_ok=0
@@ -63,7 +70,9 @@ for f in tests/isolation/specs/*.spec; do
 done
 [ $schedule_ok -eq 0 ] && echo "every test is in its schedule"
 record schedules $schedule_ok
+fi
 
+if wanted gtest; then
 section "GoogleTest"
 for binary in build/tests/*_tests; do
     name=$(basename "$binary")
@@ -77,6 +86,7 @@ for binary in build/tests/*_tests; do
     if [ $status -ne 0 ] && [ -z "${gtest_failed:-}" ]; then failed=$((failed + 1)); fi
     [ $status -ne 0 ] && failures+=("$name")
 done
+fi
 
 temp_config="$work/temp.conf"
 cat >"$temp_config" <<CONF
@@ -84,6 +94,7 @@ shared_preload_libraries = 'magic_sync'
 max_worker_processes = 16
 CONF
 
+if wanted regress; then
 section "regress (pg_regress)"
 mkdir -p "$work/regress"
 cp -r sql expected tests/schedule "$work/regress/"
@@ -94,7 +105,9 @@ as_pg "$pg_regress" --bindir="$bindir" --temp-instance="$work/regress/instance" 
 status=$?
 grep -E '^(test|     |ok|not ok| *[0-9]+ of|=+|.*tests passed)' "$work/regress.log" | grep -vE '^=+$' | head -100
 count_regress regress "$work/regress.log" $status "$work/regress"
+fi
 
+if wanted isolation; then
 section "isolation (pg_isolation_regress)"
 mkdir -p "$work/isolation"
 cp -r tests/isolation/specs tests/isolation/expected tests/isolation/schedule "$work/isolation/"
@@ -105,7 +118,9 @@ as_pg "$pg_isolation_regress" --bindir="$bindir" --temp-instance="$work/isolatio
 status=$?
 grep -E '(\.\.\. |tests? (passed|failed))' "$work/isolation.log" | head -100
 count_regress isolation "$work/isolation.log" $status "$work/isolation"
+fi
 
+if wanted shell; then
 section "shell tests (real clusters and processes)"
 for test in tests/shell/*.sh; do
     name=$(basename "$test" .sh)
@@ -118,6 +133,7 @@ for test in tests/shell/*.sh; do
         record "$name" 1
     fi
 done
+fi
 
 echo
 if [ ${#failures[@]} -gt 0 ]; then echo "failed: ${failures[*]}"; fi

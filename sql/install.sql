@@ -22,10 +22,11 @@ SELECT p.proname, has_function_privilege('public', p.oid, 'EXECUTE') AS public_c
 FROM pg_proc p WHERE p.pronamespace = 'sync'::regnamespace ORDER BY p.proname;
 SELECT has_schema_privilege('public', 'sync', 'USAGE') AS public_schema_usage;
 
--- Every function pins its search_path.
+-- Every function that may read the catalog pins its search_path.
 SELECT p.proname FROM pg_proc p
 WHERE p.pronamespace = 'sync'::regnamespace
-  AND NOT EXISTS (SELECT FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%');
+  AND NOT EXISTS (SELECT FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')
+  AND p.provolatile <> 'i';  -- immutable wire and fingerprint functions read no catalog
 
 -- The extension cannot be moved to another schema.
 ALTER EXTENSION magic_sync SET SCHEMA public;

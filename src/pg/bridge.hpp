@@ -76,9 +76,9 @@ auto guard(Call&& call) -> decltype(call()) {
     using Result = decltype(call());
     static_assert(std::is_void_v<Result> || std::is_trivially_destructible_v<Result>,
                   "a guarded call returns a plain value: a longjmp cannot run destructors");
-    MemoryContext caller_context = CurrentMemoryContext;
-    bool failed = false;
     if constexpr (std::is_void_v<Result>) {
+        MemoryContext caller_context = CurrentMemoryContext;
+        volatile bool failed = false;  // read after a longjmp
         PG_TRY();
         { call(); }
         PG_CATCH();
@@ -86,13 +86,9 @@ auto guard(Call&& call) -> decltype(call()) {
         PG_END_TRY();
         if (failed) throw_caught_error(caller_context);
     } else {
+        // The result lives outside the frame that calls sigsetjmp, so a longjmp cannot clobber it.
         Result result{};
-        PG_TRY();
-        { result = call(); }
-        PG_CATCH();
-        { failed = true; }
-        PG_END_TRY();
-        if (failed) throw_caught_error(caller_context);
+        guard([&] { result = call(); });
         return result;
     }
 }

@@ -38,16 +38,18 @@ namespace {
 constexpr int kHour = 3600;
 constexpr int kDay = 24 * kHour;
 
-// A message limit must leave room for at least the envelope and one small row.
+// A message limit must leave room for at least the envelope and one chunk's frame.
 bool check_bytes_per_message(int* value, void**, GucSource) {
-    const int overhead = static_cast<int>(protocol::rows_envelope_overhead());
-    if (*value > overhead) return true;
+    constexpr int64_t kWidest = INT64_MAX;
+    const int minimum = static_cast<int>(protocol::rows_envelope_overhead() +
+                                         protocol::chunk_overhead("", kWidest, kWidest));
+    if (*value > minimum) return true;
     GUC_check_errcode(ERRCODE_INVALID_PARAMETER_VALUE);
-    GUC_check_errmsg("magic_sync.bytes_per_message must be more than %d bytes", overhead);
+    GUC_check_errmsg("magic_sync.bytes_per_message must be more than %d bytes", minimum);
     GUC_check_errdetail(
-        "%d bytes is the largest fixed overhead of a message (its envelope), so a limit of %d "
+        "A message's envelope and the frame of one chunk take up to %d bytes, so a limit of %d "
         "leaves no room for a row.",
-        overhead, *value);
+        minimum, *value);
     return false;
 }
 

@@ -72,16 +72,21 @@ CREATE TABLE sync.scope (
 );
 
 -- Where each synced row lives and its version; `gone` marks a tombstone.
+-- `k` is the key hash, `hash` the version v = SHA-256 of `body`, the canonical JSON of the
+-- travelling columns (NULL for a tombstone).
 CREATE TABLE sync.row (
     codec int NOT NULL,
     key jsonb NOT NULL,
+    k bytea NOT NULL,
     scope bigint NOT NULL REFERENCES sync.scope,
     seq bigint NOT NULL,
     hash bytea,
+    body text,
     gone boolean NOT NULL DEFAULT false,
     PRIMARY KEY (codec, key, scope)
 );
 CREATE INDEX row_scope_seq ON sync.row (scope, seq);
+CREATE INDEX row_live ON sync.row (codec, key) WHERE NOT gone;
 
 -- Seqs of rows: drawn only by the relay's lock holder, so seq order is commit order.
 CREATE SEQUENCE sync.row_seq;
@@ -93,6 +98,9 @@ CREATE TABLE sync.replica (
     partition text NOT NULL DEFAULT '',
     provisioned_at timestamptz NOT NULL DEFAULT now(),
     next_seq bigint NOT NULL DEFAULT 1,
+    -- What the next rows message must carry: a full reset, scopes left.
+    reset_pending boolean NOT NULL DEFAULT true,
+    pending_drops text[] NOT NULL DEFAULT '{}',
     applied bigint NOT NULL DEFAULT 0,
     backoff_until timestamptz,
     backoff interval,
@@ -115,12 +123,17 @@ CREATE TABLE sync.chunk (
     scope bigint NOT NULL REFERENCES sync.scope,
     from_seq bigint NOT NULL,
     to_seq bigint NOT NULL,
+    -- The scope's head when it was built: reused only while the scope has not changed, so a
+    -- replica never gets a version of a row that a later one replaced.
+    built_head bigint NOT NULL,
     rows int NOT NULL,
     bytes int NOT NULL,
-    body bytea NOT NULL,
-    fp bytea,
-    n bigint
+    body text NOT NULL,
+    -- Rows of the run too big for any message: [{"t":..,"k":{..},"why":".."}].
+    withheld jsonb NOT NULL DEFAULT '[]',
+    created_at timestamptz NOT NULL DEFAULT now()
 );
+CREATE INDEX chunk_start ON sync.chunk (scope, from_seq);
 
 -- Per replica, in order: the messages to send. `seq` is the replica's own message counter.
 CREATE TABLE sync.outbox (
@@ -153,6 +166,8 @@ CREATE TABLE sync.set_aside (
     tries int NOT NULL DEFAULT 1,
     last_try_at timestamptz NOT NULL DEFAULT now()
 );
+-- A note or row set aside again is counted, not repeated.
+CREATE UNIQUE INDEX set_aside_once ON sync.set_aside (kind, codec, key) WHERE kind IN ('note', 'row');
 
 -- Uploads filed, so one sent again is answered, not filed twice.
 CREATE TABLE sync.upload (
@@ -192,25 +207,17 @@ CREATE TABLE sync.holding (
     PRIMARY KEY (replica, scope)
 );
 
+-- The relay's own bookkeeping: its last pass, for sync.health.
+CREATE TABLE sync.relay_state (
+    singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    last_pass_at timestamptz,
+    last_pass jsonb,
+    replicas_scanned_at timestamptz
+);
+INSERT INTO sync.relay_state DEFAULT VALUES;
+
 -- Declarations survive pg_dump; the state is rebuilt by provisioning.
 SELECT pg_catalog.pg_extension_config_dump('sync.replica_set', '');
 SELECT pg_catalog.pg_extension_config_dump('sync.codec', '');
 SELECT pg_catalog.pg_extension_config_dump('sync.codec_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('sync.sender_rule', '');
-
--- Views -----------------------------------------------------------------------------------------
-
--- One row per replica: is it live, how far behind, what went wrong.
-CREATE VIEW sync.status AS
-SELECT r.id AS replica,
-       r.live,
-       r.gen,
-       count(o.seq) FILTER (WHERE o.sent_at IS NULL) AS outbox,
-       now() - min(o.created_at) FILTER (WHERE o.sent_at IS NULL) AS oldest_unsent,
-       now() - min(o.sent_at) AS unconfirmed,
-       CASE WHEN r.backoff_until > now() THEN r.backoff_until - now() END AS backoff,
-       r.last_error,
-       (SELECT count(*) FROM sync.set_aside s WHERE s.replica = r.id) AS set_aside
-FROM sync.replica r
-LEFT JOIN sync.outbox o ON o.replica = r.id
-GROUP BY r.id;

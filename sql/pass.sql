@@ -1,0 +1,191 @@
+-- The relay pass: notes become the messages each replica needs, in its own database.
+CREATE DATABASE pass_test;
+\c pass_test
+CREATE EXTENSION magic_sync;
+\set SHOW_CONTEXT never
+CREATE SCHEMA shop;
+CREATE TABLE shop.registers (id uuid PRIMARY KEY, label text NOT NULL, store_id int,
+                             active boolean NOT NULL DEFAULT true);
+CREATE TABLE shop.products (id int PRIMARY KEY, name text NOT NULL, price numeric(10, 2),
+                            cost numeric(10, 2));
+CREATE TABLE shop.prices (store_id int, product_id int, price numeric(10, 2),
+                          PRIMARY KEY (store_id, product_id));
+CREATE TABLE shop.drawers (register_id uuid PRIMARY KEY, counted numeric(10, 2));
+CREATE TABLE shop.manuals (id int PRIMARY KEY, body text);
+SELECT sync.replicas('shop.registers', 'registers', live => 'active');
+SELECT sync.catalog('shop.products', columns => ARRAY['id', 'name', 'price']);
+SELECT sync.catalog('shop.prices', "to" => 'store_id = store_id');
+SELECT sync.both('shop.drawers', "to" => 'register_id', replica_columns => ARRAY['counted']);
+SELECT sync.catalog('shop.manuals');
+
+-- What each replica's outbox holds, one line per chunk of each unsent message.
+CREATE VIEW messages AS
+SELECT g.label AS register, o.seq, m->'reset' AS reset, m->'drop' AS "drop",
+       c->>'scope' AS scope, (c->>'from')::int AS "from", (c->>'to')::int AS "to",
+       (SELECT string_agg(format('%s %s %s', x->>'t', x->'k', coalesce(x->>'r', 'gone')), '; ')
+        FROM jsonb_array_elements(c->'rows') x) AS rows,
+       m->'withheld' AS withheld
+FROM sync.outbox o
+JOIN shop.registers g ON g.id = o.replica
+CROSS JOIN LATERAL (SELECT convert_from(sync.message(o.replica, o.seq), 'UTF8')::jsonb AS m) msg
+LEFT JOIN LATERAL jsonb_array_elements(m->'chunks') c ON true
+WHERE o.sent_at IS NULL
+ORDER BY g.label, o.seq, c->>'scope';
+-- Every replica took and applied everything: sent, then confirmed (as sync.receive records it).
+CREATE FUNCTION deliver_all() RETURNS void LANGUAGE sql AS $$
+    UPDATE sync.outbox SET sent_at = now() WHERE sent_at IS NULL;
+    INSERT INTO sync.confirmation (replica, applied) SELECT replica, max(seq) FROM sync.outbox GROUP BY replica;
+$$;
+
+INSERT INTO shop.registers VALUES
+    ('00000000-0000-0000-0000-0000000000a1', 'a1', 1),
+    ('00000000-0000-0000-0000-0000000000a2', 'a2', 1),
+    ('00000000-0000-0000-0000-0000000000b1', 'b1', 2);
+INSERT INTO shop.products VALUES (1, 'tea', 2.50, 1.00), (2, 'coffee', 3.00, 1.20);
+INSERT INTO shop.prices VALUES (1, 1, 2.40), (2, 1, 2.60);
+INSERT INTO shop.drawers VALUES ('00000000-0000-0000-0000-0000000000a1', 10.00);
+
+-- First pass: every register is provisioned (gen 1, reset first) and gets the catalog, the
+-- prices of its store, and its own drawer.
+SELECT * FROM sync.pass();
+SELECT * FROM messages;
+-- The exact bytes the sender will send.
+SELECT convert_from(sync.message('00000000-0000-0000-0000-0000000000b1', 1), 'UTF8') AS message;
+
+-- A catalog change is encoded once and shared by every register that needs it.
+SELECT deliver_all();
+UPDATE shop.products SET price = 2.75 WHERE id = 1;
+SELECT * FROM sync.pass();
+SELECT * FROM messages;
+SELECT count(DISTINCT chunk) AS distinct_chunks, count(*) AS messages
+FROM sync.outbox, unnest(chunks) AS chunk WHERE sent_at IS NULL;
+
+-- A save that changes nothing that travels sends nothing: the cost stays at the head office.
+SELECT deliver_all();
+UPDATE shop.products SET cost = 1.10 WHERE id = 1;
+SELECT * FROM sync.pass();
+SELECT * FROM messages;
+
+-- A price of store 1 reaches the registers of store 1 only; a drawer only its register.
+UPDATE shop.prices SET price = 2.45 WHERE store_id = 1;
+UPDATE shop.drawers SET counted = 12.00;
+SELECT * FROM sync.pass();
+SELECT * FROM messages;
+
+-- Deletes leave tombstones that travel; a price moved to another store leaves one in the old
+-- store's scope and arrives in the new one.
+SELECT deliver_all();
+DELETE FROM shop.products WHERE id = 2;
+UPDATE shop.prices SET store_id = 2, product_id = 3 WHERE store_id = 1;
+SELECT * FROM sync.pass();
+SELECT * FROM messages;
+SELECT s.match, s.value, r.key, r.gone FROM sync.row r JOIN sync.scope s ON s.id = r.scope
+WHERE r.gone ORDER BY r.seq;
+
+-- A register that joins late gets exactly the current rows: latest versions, no tombstones.
+SELECT deliver_all();
+INSERT INTO shop.registers VALUES ('00000000-0000-0000-0000-0000000000b2', 'b2', 2);
+SELECT * FROM sync.pass();
+SELECT * FROM messages;
+
+-- A register moved to another store leaves the old store's scope (drop) and joins the new one
+-- from its start; its other scopes are untouched.
+SELECT deliver_all();
+UPDATE shop.registers SET store_id = 1 WHERE label = 'b2';
+SELECT * FROM sync.pass();
+SELECT * FROM messages;
+
+-- A register that is no longer live is forgotten: its members and outbox go, it gets nothing;
+-- when it comes back it is provisioned again under a new generation.
+SELECT deliver_all();
+UPDATE shop.registers SET active = false WHERE label = 'a2';
+UPDATE shop.products SET price = 2.80 WHERE id = 1;
+SELECT * FROM sync.pass();
+SELECT g.label, r.live, r.gen, (SELECT count(*) FROM sync.member m WHERE m.replica = r.id) AS members
+FROM sync.replica r JOIN shop.registers g ON g.id = r.id ORDER BY g.label;
+SELECT * FROM messages;
+SELECT deliver_all();
+UPDATE shop.registers SET active = true WHERE label = 'a2';
+SELECT * FROM sync.pass();
+SELECT g.label, r.gen FROM sync.replica r JOIN shop.registers g ON g.id = r.id WHERE g.label = 'a2';
+SELECT * FROM messages;
+
+-- A register that is away (its window full) piles up nothing: a row updated 100 times while
+-- it is away reaches it once, at its latest version.
+SELECT deliver_all();
+SET magic_sync."window" = 1;
+UPDATE shop.products SET price = 3.00 WHERE id = 1;
+SELECT messages FROM sync.pass();
+DO $$
+BEGIN
+    FOR i IN 1..100 LOOP
+        UPDATE shop.products SET price = 3.00 + i WHERE id = 1;
+        PERFORM sync.pass();
+    END LOOP;
+END
+$$;
+SELECT register, seq, rows FROM messages WHERE register = 'a1';
+SELECT deliver_all();
+SELECT messages FROM sync.pass();
+SELECT register, seq, rows FROM messages WHERE register = 'a1';
+RESET magic_sync."window";
+
+-- Limits: 5 new products split at 2 rows a message...
+SELECT deliver_all();
+SET magic_sync.rows_per_message = 2;
+INSERT INTO shop.products SELECT i, 'p' || i, i, i FROM generate_series(10, 14) i;
+SELECT * FROM sync.pass();
+SELECT register, seq, "from", "to", rows FROM messages WHERE register = 'a1';
+RESET magic_sync.rows_per_message;
+-- ...and at the byte limit: every message within it, envelope included.
+SELECT deliver_all();
+SET magic_sync.bytes_per_message = 600;
+INSERT INTO shop.manuals SELECT i, repeat('x', 150) FROM generate_series(1, 6) i;
+SELECT * FROM sync.pass();
+SELECT register, seq, "from", "to", rows IS NOT NULL AS has_rows FROM messages WHERE register = 'a1';
+SELECT max(octet_length(sync.message(replica, seq))) <= 600 AS all_within_limit,
+       count(*) AS messages FROM sync.outbox WHERE sent_at IS NULL;
+-- A row too big for any message is withheld (announced to the replica) and set aside.
+SELECT deliver_all();
+INSERT INTO shop.manuals VALUES (100, repeat('y', 2000)), (101, 'short');
+SELECT * FROM sync.pass();
+SELECT register, seq, rows, withheld FROM messages WHERE register = 'a1';
+SELECT kind, codec, key, reason FROM sync.set_aside;
+RESET magic_sync.bytes_per_message;
+
+-- A note that cannot be planned is set aside; the rest of the pass goes on. Here a drawer names
+-- a register that does not exist.
+SELECT deliver_all();
+DELETE FROM sync.set_aside;
+INSERT INTO shop.drawers VALUES ('00000000-0000-0000-0000-0000000000ff', 1.00);
+UPDATE shop.products SET name = 'green tea' WHERE id = 1;
+SELECT * FROM sync.pass();
+SELECT kind, key, reason FROM sync.set_aside;
+SELECT register, rows FROM messages WHERE register = 'a1';
+-- When that register appears, the set-aside row is planned and reaches it.
+INSERT INTO shop.registers VALUES ('00000000-0000-0000-0000-0000000000ff', 'ff', 3);
+SELECT * FROM sync.pass();
+SELECT count(*) AS still_set_aside FROM sync.set_aside;
+SELECT register, scope, (SELECT count(*) FROM regexp_matches(rows, '; ', 'g')) + 1 AS rows
+FROM messages WHERE register = 'ff';
+
+-- Scope fingerprints are kept incrementally: equal to the sum recomputed from the rows.
+SELECT s.match, s.value, s.n = (SELECT count(*) FROM sync.row r WHERE r.scope = s.id AND NOT r.gone) AS n_ok,
+       s.fp = coalesce((SELECT sync.fp_sum(sha256(r.k || r.hash)) FROM sync.row r
+                        WHERE r.scope = s.id AND NOT r.gone), sync.fp_zero()) AS fp_ok
+FROM sync.scope s ORDER BY s.id;
+
+-- Pruning: tombstones every member confirmed go, chunks no message uses go.
+SELECT deliver_all();
+SELECT messages FROM sync.pass();
+SELECT tombstones > 0 AS pruned_tombstones, chunks > 0 AS pruned_chunks FROM sync.prune();
+SELECT count(*) AS tombstones_left FROM sync.row WHERE gone;
+
+-- What an operator sees.
+SELECT g.label, s.live, s.gen, s.outbox, s.last_error, s.set_aside
+FROM sync.status s JOIN shop.registers g ON g.id = s.replica ORDER BY g.label;
+SELECT notes_backlog, relay_pid = pg_backend_pid() AS this_session_relays, set_aside_notes
+FROM sync.health;
+
+\c regression
+DROP DATABASE pass_test;

@@ -1,0 +1,65 @@
+// sync.message(replica, seq): a message of the outbox assembled exactly as it is sent. A rows
+// message is its envelope around the shared chunks it names; other kinds are stored whole.
+#include <string>
+#include <vector>
+
+#include "pg/bridge.hpp"
+#include "pg/spi.hpp"
+#include "pg/values.hpp"
+#include "protocol/canonical.hpp"
+#include "protocol/messages.hpp"
+
+namespace {
+
+namespace protocol = magic_sync::protocol;
+
+std::vector<std::string> column_of(const std::vector<magic_sync::pg::Row>& rows) {
+    std::vector<std::string> values;
+    for (const auto& row : rows) values.push_back(row[0].value_or(""));
+    return values;
+}
+
+std::string assemble(magic_sync::pg::Spi& spi, const std::string& replica, const std::string& seq) {
+    auto rows = spi.query(
+        "SELECT gen, convert_from(body, 'UTF8') FROM sync.outbox"
+        " WHERE replica = $1::uuid AND seq = $2::bigint",
+        {replica, seq});
+    if (rows.empty())
+        throw magic_sync::Error("replica " + replica + " has no message " + seq + " in its outbox",
+                                ERRCODE_NO_DATA_FOUND);
+    if (rows.front()[1]) return *rows.front()[1];
+
+    protocol::RowsMessage message;
+    message.header = {replica, std::stoll(rows.front()[0].value()), std::stoll(seq)};
+    const std::vector<magic_sync::pg::Value> key = {replica, seq};
+    message.reset = column_of(spi.query(
+        "SELECT unnest(reset) FROM sync.outbox WHERE replica = $1::uuid AND seq = $2::bigint",
+        key));
+    message.drop = column_of(spi.query(
+        "SELECT unnest(drops) FROM sync.outbox WHERE replica = $1::uuid AND seq = $2::bigint",
+        key));
+    for (const auto& note :
+         spi.query("SELECT w->>'t', sync.canonical(w->'k'), w->>'why' FROM sync.outbox o,"
+                   " unnest(o.chunks) WITH ORDINALITY AS u(id, position)"
+                   " JOIN sync.chunk c ON c.id = u.id, jsonb_array_elements(c.withheld) w"
+                   " WHERE o.replica = $1::uuid AND o.seq = $2::bigint ORDER BY u.position",
+                   key))
+        message.withheld.push_back({note[0].value(), note[1].value(), note[2].value()});
+    std::vector<std::string> chunks = column_of(spi.query(
+        "SELECT c.body FROM sync.outbox o, unnest(o.chunks) WITH ORDINALITY AS u(id, position)"
+        " JOIN sync.chunk c ON c.id = u.id"
+        " WHERE o.replica = $1::uuid AND o.seq = $2::bigint ORDER BY u.position",
+        key));
+    return protocol::encode_rows(message, {chunks.begin(), chunks.end()});
+}
+
+}  // namespace
+
+MAGIC_SYNC_FUNCTION(magic_sync_message) {
+    std::string replica = magic_sync::pg::uuid_arg(fcinfo, 0);
+    std::string seq = std::to_string(magic_sync::pg::int64_arg(fcinfo, 1));
+    magic_sync::pg::Spi spi;
+    std::string bytes = assemble(spi, replica, seq);
+    spi.finish();
+    return magic_sync::pg::bytea_datum(bytes);
+}

@@ -1,0 +1,649 @@
+// The relay pass (DESIGN §4): notes → row state → replicas → outbox, in one transaction on the
+// session that holds the relay lock. Every step is set-wise SQL over temporary tables; C++ only
+// sequences the steps and builds the per-codec statements from the catalog.
+#include "pass.hpp"
+
+#include <string>
+#include <vector>
+
+#include "pg/bridge.hpp"
+#include "pg/settings.hpp"
+#include "pg/spi.hpp"
+#include "pg/values.hpp"
+
+namespace magic_sync::relay {
+
+namespace {
+
+using pg::Spi;
+using pg::Value;
+
+// The pass's working tables: created once per session, emptied at every commit.
+const char* const kTempTables[] = {
+    "CREATE TEMP TABLE magic_sync_note (codec int NOT NULL, key jsonb) ON COMMIT DELETE ROWS",
+    "CREATE TEMP TABLE magic_sync_row (codec int NOT NULL, key jsonb NOT NULL, k bytea NOT NULL,"
+    " match text NOT NULL, value text, part text NOT NULL, body text, hash bytea)"
+    " ON COMMIT DELETE ROWS",
+    "CREATE TEMP TABLE magic_sync_change (codec int NOT NULL, key jsonb NOT NULL, k bytea NOT NULL,"
+    " old_scope bigint, old_hash bytea, new_scope bigint, new_hash bytea, body text,"
+    " tomb_seq bigint, new_seq bigint) ON COMMIT DELETE ROWS",
+    "CREATE TEMP TABLE magic_sync_replica (id uuid NOT NULL, live boolean NOT NULL,"
+    " part text NOT NULL, groups jsonb NOT NULL) ON COMMIT DELETE ROWS",
+    "CREATE TEMP TABLE magic_sync_want (replica uuid NOT NULL, match text NOT NULL,"
+    " value text NOT NULL, part text NOT NULL, scope bigint) ON COMMIT DELETE ROWS",
+    "CREATE TEMP TABLE magic_sync_fresh (id uuid NOT NULL) ON COMMIT DELETE ROWS",
+    "CREATE TEMP TABLE magic_sync_need (replica uuid NOT NULL, scope bigint NOT NULL,"
+    " sent bigint NOT NULL, head bigint NOT NULL, scope_name text NOT NULL, chunk bigint,"
+    " chunk_to bigint, chunk_rows int, chunk_bytes int) ON COMMIT DELETE ROWS",
+    "CREATE TEMP TABLE magic_sync_pick (scope bigint NOT NULL, from_seq bigint NOT NULL,"
+    " head bigint NOT NULL, scope_name text NOT NULL, budget int NOT NULL, seq bigint,"
+    " codec int, key jsonb, table_name text, ktext text, body text, hash text, size int,"
+    " fits boolean, dropped boolean, last_fetched boolean) ON COMMIT DELETE ROWS",
+    "CREATE TEMP TABLE magic_sync_picked (replica uuid NOT NULL, scope bigint NOT NULL,"
+    " chunk bigint NOT NULL, chunk_to bigint NOT NULL) ON COMMIT DELETE ROWS",
+};
+
+void ensure_temp_tables(Spi& spi) {
+    // The last table of the list exists only when all were made.
+    if (spi.scalar("SELECT to_regclass('pg_temp.magic_sync_picked') IS NULL") != "t") return;
+    for (const char* statement : kTempTables) spi.execute(statement);
+}
+
+// Emptied at every commit; emptied here too, for passes run one after another in a transaction.
+void clear_temp_tables(Spi& spi) {
+    spi.execute(
+        "TRUNCATE pg_temp.magic_sync_note, pg_temp.magic_sync_row, pg_temp.magic_sync_change,"
+        " pg_temp.magic_sync_replica, pg_temp.magic_sync_want, pg_temp.magic_sync_fresh,"
+        " pg_temp.magic_sync_need, pg_temp.magic_sync_pick, pg_temp.magic_sync_picked");
+}
+
+int64_t count_of(const Value& value) { return value ? std::stoll(*value) : 0; }
+
+// 1. Take up to notes_per_pass notes, de-duplicated.
+int64_t take_notes(Spi& spi) {
+    return count_of(
+        spi.scalar("WITH taken AS (DELETE FROM sync.note WHERE seq IN"
+                   " (SELECT seq FROM sync.note ORDER BY seq LIMIT $1::int) RETURNING codec, key),"
+                   " kept AS (INSERT INTO pg_temp.magic_sync_note (codec, key)"
+                   " SELECT DISTINCT codec, key FROM taken)"
+                   " SELECT count(*) FROM taken",
+                   {std::to_string(settings::notes_per_pass)}));
+}
+
+struct ReplicaSet {
+    bool declared = false;
+    std::string relation;  // quoted, schema-qualified
+    std::string relation_name;
+    std::string live;
+    std::string partition_column;  // empty: not partitioned
+    bool is_view = false;
+    bool scan_due = false;
+};
+
+ReplicaSet replica_set(Spi& spi) {
+    ReplicaSet set;
+    auto rows = spi.query(
+        "SELECT s.relation::regclass::text, s.relation_name, s.live, s.partitioned_by,"
+        " c.relkind NOT IN ('r', 'p'),"
+        " coalesce(st.replicas_scanned_at < now() - make_interval(secs => $1::int), true)"
+        " FROM sync.replica_set s JOIN pg_class c ON c.oid = s.relation"
+        " CROSS JOIN sync.relay_state st",
+        {std::to_string(settings::replica_scan_s)});
+    if (rows.empty()) return set;
+    const auto& row = rows.front();
+    set.declared = true;
+    set.relation = row[0].value_or("");
+    set.relation_name = row[1].value_or("");
+    set.live = row[2].value_or("true");
+    set.partition_column = row[3].value_or("");
+    set.is_view = row[4].value_or("f") == "t";
+    set.scan_due = row[5].value_or("t") == "t";
+    return set;
+}
+
+std::string partition_expression(const std::string& column, const std::string& alias) {
+    if (column.empty()) return "''";
+    return "coalesce(" + alias + "." + pg::quote_identifier(column) + "::text, '')";
+}
+
+// 2. A note with no key means every row of its codec: what the table has now and what the relay
+// last planned for it.
+void expand_whole_codecs(Spi& spi, const ReplicaSet& replicas) {
+    auto codecs = spi.query(
+        "SELECT DISTINCT n.codec, c.relation::regclass::text, c.key_columns::text[]"
+        " FROM pg_temp.magic_sync_note n LEFT JOIN sync.codec c ON c.id = n.codec"
+        " WHERE n.key IS NULL");
+    for (const auto& codec : codecs) {
+        const std::string id = codec[0].value_or("0");
+        if (id == "0") {
+            if (!replicas.declared) continue;
+            spi.execute(
+                "INSERT INTO pg_temp.magic_sync_note (codec, key)"
+                " SELECT 0, jsonb_build_object('id', t.id) FROM " +
+                replicas.relation +
+                " t UNION SELECT 0, jsonb_build_object('id', r.id) FROM sync.replica r");
+            continue;
+        }
+        if (!codec[1]) continue;
+        std::string key = "jsonb_build_object(";
+        std::string columns = codec[2].value_or("{}");
+        // key_columns::text[] arrives as {a,b}: names were validated when declared.
+        auto names = spi.query("SELECT unnest($1::text[])", {columns});
+        for (size_t i = 0; i < names.size(); ++i) {
+            const std::string& name = names[i][0].value();
+            key += (i ? ", " : "") + pg::quote_literal(name) + ", t." + pg::quote_identifier(name);
+        }
+        key += ")";
+        spi.execute("INSERT INTO pg_temp.magic_sync_note (codec, key) SELECT $1::int, " + key +
+                        " FROM " + *codec[1] +
+                        " t UNION SELECT $1::int, r.key FROM sync.row r"
+                        " WHERE r.codec = $1::int AND NOT r.gone",
+                    {id});
+    }
+    spi.execute("DELETE FROM pg_temp.magic_sync_note WHERE key IS NULL");
+}
+
+struct ReplicaCounts {
+    int64_t provisioned = 0;
+    int64_t forgotten = 0;
+};
+
+// 3. Replicas: newly live ones provisioned, ones no longer live forgotten, ones whose matching
+// column changed moved between scopes.
+ReplicaCounts plan_replicas(Spi& spi, const ReplicaSet& replicas) {
+    ReplicaCounts counts;
+    if (!replicas.declared) return counts;
+    if (replicas.is_view && replicas.scan_due) {
+        spi.execute(
+            "INSERT INTO pg_temp.magic_sync_note (codec, key)"
+            " SELECT 0, jsonb_build_object('id', t.id) FROM " +
+            replicas.relation +
+            " t UNION SELECT 0, jsonb_build_object('id', r.id) FROM sync.replica r");
+        spi.execute("UPDATE sync.relay_state SET replicas_scanned_at = now()");
+    }
+    if (spi.scalar("SELECT EXISTS (SELECT FROM pg_temp.magic_sync_note WHERE codec = 0)") != "t")
+        return counts;
+
+    // The replica columns that `to => 'col = replica_col'` codecs match on.
+    std::string groups = "jsonb_build_object(";
+    auto group_columns = spi.query(
+        "SELECT DISTINCT (regexp_match(\"to\", '=\\s*([A-Za-z_][A-Za-z0-9_$]*)$'))[1] AS g"
+        " FROM sync.codec WHERE \"to\" ~ '=' ORDER BY 1");
+    for (size_t i = 0; i < group_columns.size(); ++i) {
+        const std::string& name = group_columns[i][0].value();
+        groups += (i ? ", " : "") + pg::quote_literal(name) + ", t." + pg::quote_identifier(name) +
+                  "::text";
+    }
+    groups += ")";
+    spi.execute(
+        "INSERT INTO pg_temp.magic_sync_replica (id, live, part, groups)"
+        " SELECT n.id, coalesce(r.live, false), coalesce(r.part, ''), coalesce(r.groups, '{}')"
+        " FROM (SELECT DISTINCT (key->>'id')::uuid AS id FROM pg_temp.magic_sync_note"
+        " WHERE codec = 0) n LEFT JOIN (SELECT t.id, coalesce((" +
+        replicas.live + "), false) AS live, " +
+        partition_expression(replicas.partition_column, "t") + " AS part, " + groups +
+        " AS groups FROM " + replicas.relation + " t) r ON r.id = n.id");
+
+    counts.forgotten = count_of(spi.scalar(
+        "WITH gone AS (UPDATE sync.replica r SET live = false FROM pg_temp.magic_sync_replica p"
+        " WHERE p.id = r.id AND NOT p.live AND r.live RETURNING r.id),"
+        " members AS (DELETE FROM sync.member WHERE replica IN (SELECT id FROM gone)),"
+        " messages AS (DELETE FROM sync.outbox WHERE replica IN (SELECT id FROM gone))"
+        " SELECT count(*) FROM gone"));
+
+    spi.execute(
+        "INSERT INTO pg_temp.magic_sync_want (replica, match, value, part)"
+        " SELECT id, '*', '', part FROM pg_temp.magic_sync_replica WHERE live"
+        " UNION ALL SELECT id, 'id', id::text, part FROM pg_temp.magic_sync_replica WHERE live"
+        " UNION ALL SELECT p.id, g.key, g.value, p.part FROM pg_temp.magic_sync_replica p,"
+        " jsonb_each_text(p.groups) g WHERE p.live AND g.value IS NOT NULL");
+    spi.execute(
+        "INSERT INTO sync.scope (match, value, partition)"
+        " SELECT DISTINCT match, value, part FROM pg_temp.magic_sync_want"
+        " ON CONFLICT (match, value, partition) DO NOTHING");
+    spi.execute(
+        "UPDATE pg_temp.magic_sync_want w SET scope = s.id FROM sync.scope s"
+        " WHERE s.match = w.match AND s.value = w.value AND s.partition = w.part");
+
+    // A replica that becomes live, or moves to another partition, starts over: a new generation,
+    // nothing sent, a reset first.
+    counts.provisioned = count_of(
+        spi.scalar("WITH fresh AS (INSERT INTO sync.replica AS r (id, gen, live, partition)"
+                   " SELECT p.id, 1, true, p.part FROM pg_temp.magic_sync_replica p"
+                   " LEFT JOIN sync.replica x ON x.id = p.id"
+                   " WHERE p.live AND (x.id IS NULL OR NOT x.live OR x.partition <> p.part)"
+                   " ON CONFLICT (id) DO UPDATE SET gen = r.gen + 1, live = true,"
+                   " partition = excluded.partition, provisioned_at = now(), reset_pending = true,"
+                   " pending_drops = '{}', backoff_until = NULL, backoff = NULL, last_error = NULL,"
+                   " refusals = 0 RETURNING r.id),"
+                   " kept AS (INSERT INTO pg_temp.magic_sync_fresh SELECT id FROM fresh)"
+                   " SELECT count(*) FROM fresh"));
+    if (counts.provisioned > 0) {
+        spi.execute(
+            "DELETE FROM sync.member WHERE replica IN"
+            " (SELECT id FROM pg_temp.magic_sync_fresh)");
+        spi.execute(
+            "DELETE FROM sync.outbox WHERE replica IN"
+            " (SELECT id FROM pg_temp.magic_sync_fresh)");
+    }
+
+    // Scopes a live replica no longer belongs to: left, and named in its next message's drop.
+    spi.execute(
+        "WITH left_scopes AS (DELETE FROM sync.member m USING pg_temp.magic_sync_replica p"
+        " WHERE m.replica = p.id AND p.live AND NOT EXISTS (SELECT FROM pg_temp.magic_sync_want w"
+        " WHERE w.replica = m.replica AND w.scope = m.scope) RETURNING m.replica, m.scope),"
+        " names AS (SELECT l.replica, array_agg(sync.scope_name(s.match, s.value, s.partition)"
+        " ORDER BY s.id) AS scopes FROM left_scopes l JOIN sync.scope s ON s.id = l.scope"
+        " GROUP BY l.replica)"
+        " UPDATE sync.replica r SET pending_drops = r.pending_drops || names.scopes"
+        " FROM names WHERE r.id = names.replica");
+    spi.execute(
+        "INSERT INTO sync.member (replica, scope) SELECT replica, scope"
+        " FROM pg_temp.magic_sync_want ON CONFLICT (replica, scope) DO NOTHING");
+    return counts;
+}
+
+struct Codec {
+    std::string id;
+    std::string relation;  // quoted, schema-qualified
+    std::string table_name;
+    std::string to;  // empty: nobody
+    std::vector<std::string> keys;
+    std::vector<std::string> hidden;  // columns that do not travel
+};
+
+std::vector<std::string> text_array(Spi& spi, const Value& array) {
+    std::vector<std::string> result;
+    if (!array) return result;
+    for (const auto& row : spi.query("SELECT unnest($1::text[])", {*array}))
+        result.push_back(row[0].value());
+    return result;
+}
+
+std::vector<Codec> noted_codecs(Spi& spi) {
+    std::vector<Codec> codecs;
+    auto rows = spi.query(
+        "SELECT c.id, c.relation::regclass::text, c.table_name, c.\"to\", c.key_columns::text[],"
+        " (SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_attribute a"
+        "  WHERE a.attrelid = c.relation AND a.attnum > 0 AND NOT a.attisdropped"
+        "  AND c.columns IS NOT NULL AND a.attname <> ALL (c.columns))"
+        " FROM sync.codec c WHERE c.id IN (SELECT codec FROM pg_temp.magic_sync_note)"
+        " AND EXISTS (SELECT FROM pg_class WHERE oid = c.relation) ORDER BY c.id");
+    for (const auto& row : rows) {
+        Codec codec;
+        codec.id = row[0].value();
+        codec.relation = row[1].value();
+        codec.table_name = row[2].value();
+        codec.to = row[3].value_or("");
+        codec.keys = text_array(spi, row[4]);
+        codec.hidden = text_array(spi, row[5]);
+        codecs.push_back(std::move(codec));
+    }
+    return codecs;
+}
+
+// The audience of a codec's rows: the scope's match and the SQL for its value over `t`.
+struct Audience {
+    std::string match;
+    std::string value;
+    std::string names_replica;  // the `to` column when it names a replica id
+};
+
+Audience audience_of(const Codec& codec) {
+    if (codec.to.empty()) return {"*", "NULL::text", ""};
+    if (codec.to == "all") return {"*", "''", ""};
+    auto equals = codec.to.find('=');
+    if (equals == std::string::npos)
+        return {"id", "t." + pg::quote_identifier(codec.to) + "::text", codec.to};
+    auto trim = [](std::string s) {
+        s.erase(0, s.find_first_not_of(" \t"));
+        s.erase(s.find_last_not_of(" \t") + 1);
+        return s;
+    };
+    return {trim(codec.to.substr(equals + 1)),
+            "t." + pg::quote_identifier(trim(codec.to.substr(0, equals))) + "::text", ""};
+}
+
+std::string encode_statement(const Codec& codec, const ReplicaSet& replicas,
+                             const std::string& only_key) {
+    Audience audience = audience_of(codec);
+    std::string join;
+    for (size_t i = 0; i < codec.keys.size(); ++i) {
+        std::string column = pg::quote_identifier(codec.keys[i]);
+        join += (i ? " AND t." : "t.") + column + " = kp." + column;
+    }
+    std::string present = "t." + pg::quote_identifier(codec.keys.front()) + " IS NOT NULL";
+    return "INSERT INTO pg_temp.magic_sync_row (codec, key, k, match, value, part, body, hash)"
+           " SELECT $1::int, n.key, sync.key_hash($2, n.key), " +
+           pg::quote_literal(audience.match) +
+           ", e.value, e.part, e.body, sha256(convert_to(e.body, 'UTF8'))"
+           " FROM (SELECT DISTINCT key FROM pg_temp.magic_sync_note WHERE codec = $1::int" +
+           only_key + ") n CROSS JOIN LATERAL jsonb_populate_record(NULL::" + codec.relation +
+           ", n.key) kp LEFT JOIN " + codec.relation + " t ON " + join +
+           " CROSS JOIN LATERAL (SELECT a.value, a.part, CASE WHEN " + present +
+           " AND a.value IS NOT NULL THEN sync.canonical(to_jsonb(t) - $3::text[]) END AS body"
+           " FROM (SELECT " +
+           audience.value + " AS value, " + partition_expression(replicas.partition_column, "t") +
+           " AS part) a) e";
+}
+
+std::string text_array_literal(Spi& spi, const std::vector<std::string>& items) {
+    std::string array = "{";
+    for (size_t i = 0; i < items.size(); ++i) {
+        // Array element quoting through SQL, so any name is safe.
+        array += (i ? "," : "") +
+                 spi.scalar(
+                        "SELECT '\"' || replace(replace($1, '\\', '\\\\'), '\"', '\\\"')"
+                        " || '\"'",
+                        {items[i]})
+                     .value();
+    }
+    return array + "}";
+}
+
+void set_aside_note(Spi& spi, const std::string& codec, const std::string& key,
+                    const std::string& reason) {
+    spi.execute(
+        "INSERT INTO sync.set_aside (kind, codec, key, reason) VALUES ('note', $1::int,"
+        " $2::jsonb, $3) ON CONFLICT (kind, codec, key) WHERE kind IN ('note', 'row')"
+        " DO UPDATE SET tries = sync.set_aside.tries + 1, last_try_at = now(),"
+        " reason = excluded.reason",
+        {codec, key, reason});
+}
+
+// 4. Re-read the noted rows of one codec, encode them and find their scope. A codec whose rows
+// fail to encode as a set is planned note by note; a note that fails alone is set aside.
+int64_t encode_codec(Spi& spi, const Codec& codec, const ReplicaSet& replicas) {
+    const std::string hidden = text_array_literal(spi, codec.hidden);
+    int64_t set_aside = 0;
+    try {
+        pg::subtransaction([&] {
+            spi.execute(encode_statement(codec, replicas, ""),
+                        {codec.id, codec.table_name, hidden});
+        });
+    } catch (const pg::PgError&) {
+        auto keys = spi.query(
+            "SELECT DISTINCT key::text FROM pg_temp.magic_sync_note WHERE codec = $1::int",
+            {codec.id});
+        const std::string statement = encode_statement(codec, replicas, " AND key = $4::jsonb");
+        for (const auto& key : keys) {
+            try {
+                pg::subtransaction([&] {
+                    spi.execute(statement, {codec.id, codec.table_name, hidden, key[0]});
+                });
+            } catch (const pg::PgError& e) {
+                set_aside_note(spi, codec.id, key[0].value(),
+                               std::string("could not plan the row: ") + e.what());
+                ++set_aside;
+            }
+        }
+    }
+    Audience audience = audience_of(codec);
+    if (!audience.names_replica.empty() && replicas.declared) {
+        set_aside += count_of(spi.scalar(
+            "WITH unknown AS (DELETE FROM pg_temp.magic_sync_row p WHERE p.codec = $1::int"
+            " AND p.body IS NOT NULL AND NOT EXISTS (SELECT FROM " +
+                replicas.relation +
+                " r WHERE r.id::text = p.value) RETURNING p.codec, p.key, p.value),"
+                " kept AS (INSERT INTO sync.set_aside (kind, codec, key, reason)"
+                " SELECT 'note', codec, key, format('%s names replica %s, which %s does not list',"
+                " $2, value, $3) FROM unknown"
+                " ON CONFLICT (kind, codec, key) WHERE kind IN ('note', 'row') DO UPDATE"
+                " SET tries = sync.set_aside.tries + 1, last_try_at = now(),"
+                " reason = excluded.reason)"
+                " SELECT count(*) FROM unknown",
+            {codec.id, audience.names_replica, replicas.relation_name}));
+    }
+    return set_aside;
+}
+
+// 5. Compare with what the relay planned before; record the differences with new seqs, leave
+// tombstones where rows went or moved, and keep every scope's fingerprint.
+int64_t record_changes(Spi& spi) {
+    spi.execute(
+        "DELETE FROM sync.set_aside s USING pg_temp.magic_sync_row p"
+        " WHERE s.kind = 'note' AND s.codec = p.codec AND s.key = p.key");
+    spi.execute(
+        "INSERT INTO sync.scope (match, value, partition)"
+        " SELECT DISTINCT match, value, part FROM pg_temp.magic_sync_row WHERE body IS NOT NULL"
+        " ON CONFLICT (match, value, partition) DO NOTHING");
+    int64_t changed = static_cast<int64_t>(spi.execute(
+        "INSERT INTO pg_temp.magic_sync_change"
+        " (codec, key, k, old_scope, old_hash, new_scope, new_hash, body, tomb_seq, new_seq)"
+        " SELECT p.codec, p.key, p.k, r.scope, r.hash, s.id, p.hash, p.body,"
+        " CASE WHEN r.scope IS NOT NULL AND r.scope IS DISTINCT FROM s.id"
+        "  THEN nextval('sync.row_seq') END,"
+        " CASE WHEN s.id IS NOT NULL THEN nextval('sync.row_seq') END"
+        " FROM pg_temp.magic_sync_row p"
+        " LEFT JOIN sync.scope s ON p.body IS NOT NULL AND s.match = p.match"
+        "  AND s.value = p.value AND s.partition = p.part"
+        " LEFT JOIN sync.row r ON r.codec = p.codec AND r.key = p.key AND NOT r.gone"
+        " WHERE r.scope IS DISTINCT FROM s.id OR r.hash IS DISTINCT FROM p.hash"));
+    if (changed == 0) return 0;
+    spi.execute(
+        "UPDATE sync.row r SET gone = true, seq = c.tomb_seq, hash = NULL, body = NULL"
+        " FROM pg_temp.magic_sync_change c WHERE c.tomb_seq IS NOT NULL"
+        " AND r.codec = c.codec AND r.key = c.key AND r.scope = c.old_scope");
+    spi.execute(
+        "INSERT INTO sync.row (codec, key, k, scope, seq, hash, body, gone)"
+        " SELECT codec, key, k, new_scope, new_seq, new_hash, body, false"
+        " FROM pg_temp.magic_sync_change WHERE new_scope IS NOT NULL"
+        " ON CONFLICT (codec, key, scope) DO UPDATE SET seq = excluded.seq,"
+        " hash = excluded.hash, body = excluded.body, gone = false");
+    spi.execute(
+        "WITH d AS ("
+        " SELECT old_scope AS scope, sha256(k || old_hash) AS e, -1 AS sign, tomb_seq AS seq"
+        " FROM pg_temp.magic_sync_change WHERE old_scope IS NOT NULL"
+        " UNION ALL SELECT new_scope, sha256(k || new_hash), 1, new_seq"
+        " FROM pg_temp.magic_sync_change WHERE new_scope IS NOT NULL),"
+        " per_scope AS (SELECT scope,"
+        " coalesce(sync.fp_sum(e) FILTER (WHERE sign = 1), sync.fp_zero()) AS plus,"
+        " coalesce(sync.fp_sum(e) FILTER (WHERE sign = -1), sync.fp_zero()) AS minus,"
+        " sum(sign) AS dn, max(seq) AS head FROM d GROUP BY scope)"
+        " UPDATE sync.scope s SET fp = sync.fp_sub(sync.fp_add(s.fp, p.plus), p.minus),"
+        " n = s.n + p.dn, head = greatest(s.head, coalesce(p.head, 0))"
+        " FROM per_scope p WHERE s.id = p.scope");
+    return changed;
+}
+
+// Confirmations left by sync.receive(): messages a replica applied leave its outbox and confirm
+// the cursors they carried.
+void apply_confirmations(Spi& spi) {
+    spi.execute(
+        "WITH c AS (DELETE FROM sync.confirmation RETURNING replica, applied),"
+        " latest AS (SELECT replica, max(applied) AS applied FROM c GROUP BY replica),"
+        " done AS (DELETE FROM sync.outbox o USING latest l WHERE o.replica = l.replica"
+        "  AND o.seq <= l.applied AND o.sent_at IS NOT NULL RETURNING o.replica, o.advances),"
+        " advanced AS (SELECT d.replica, a.key::bigint AS scope, max(a.value::bigint) AS through"
+        "  FROM done d, jsonb_each_text(coalesce(d.advances, '{}')) a GROUP BY 1, 2)"
+        " UPDATE sync.member m SET confirmed = greatest(m.confirmed, a.through)"
+        " FROM advanced a WHERE m.replica = a.replica AND m.scope = a.scope");
+}
+
+// Chunks for every distinct (scope, cursor) that replicas need and that is not built yet: the
+// rows after the cursor in seq order, cut at the row and byte limits. A row too big for any
+// message is withheld and set aside.
+void build_chunks(Spi& spi) {
+    spi.execute("TRUNCATE pg_temp.magic_sync_pick");
+    const std::string rows_limit = std::to_string(settings::rows_per_message);
+    const std::string bytes_limit = std::to_string(settings::bytes_per_message);
+    spi.execute(
+        "INSERT INTO pg_temp.magic_sync_pick (scope, from_seq, head, scope_name, budget, seq,"
+        " codec, key, table_name, ktext, body, hash, size, last_fetched)"
+        " SELECT w.scope, w.from_seq, w.head, w.scope_name, w.budget, r.seq, r.codec, r.key,"
+        " r.table_name, r.ktext, r.body, r.hash,"
+        " sync.row_size(r.table_name, r.ktext, r.body),"
+        " r.position = $1::int"
+        " FROM (SELECT DISTINCT n.scope, n.sent AS from_seq, n.head, n.scope_name,"
+        "  $2::int - sync.envelope_size('{*}', '{}')"
+        "  - sync.chunk_size(n.scope_name, n.sent, n.head) - 1 AS budget"
+        "  FROM pg_temp.magic_sync_need n WHERE n.chunk IS NULL) w"
+        " LEFT JOIN LATERAL (SELECT x.seq, x.codec, x.key, c.table_name,"
+        "  sync.canonical(x.key) AS ktext, x.body, encode(x.hash, 'hex') AS hash,"
+        "  row_number() OVER (ORDER BY x.seq) AS position"
+        "  FROM sync.row x JOIN sync.codec c ON c.id = x.codec"
+        "  WHERE x.scope = w.scope AND x.seq > w.from_seq AND x.seq <= w.head"
+        "  AND (w.from_seq > 0 OR NOT x.gone) ORDER BY x.seq LIMIT $1::int) r ON true",
+        {rows_limit, bytes_limit});
+    // Cut: rows that fit, in order, until the running size passes the budget. A row too big for
+    // any message takes no room: it is withheld.
+    spi.execute(
+        "UPDATE pg_temp.magic_sync_pick SET fits = size + 1 <= budget, dropped = false"
+        " WHERE seq IS NOT NULL");
+    spi.execute(
+        "WITH running AS (SELECT scope, from_seq, seq, fits, budget,"
+        " sum(CASE WHEN fits THEN size + 1 ELSE 0 END)"
+        "  OVER (PARTITION BY scope, from_seq ORDER BY seq) AS total"
+        " FROM pg_temp.magic_sync_pick WHERE seq IS NOT NULL),"
+        " overflow AS (SELECT scope, from_seq, min(seq) AS seq FROM running"
+        "  WHERE fits AND total > budget GROUP BY scope, from_seq)"
+        " UPDATE pg_temp.magic_sync_pick p SET dropped = true FROM overflow o"
+        " WHERE p.scope = o.scope AND p.from_seq = o.from_seq AND p.seq >= o.seq");
+    // A chunk covers the scope up to its head, or up to its last row when it was cut short.
+    spi.execute(
+        "INSERT INTO sync.chunk (scope, from_seq, to_seq, built_head, rows, bytes, body, withheld)"
+        " SELECT g.scope, g.from_seq, t.to_seq, g.head, g.rows,"
+        " octet_length(b.body) + coalesce(g.withheld_bytes, 0), b.body,"
+        " coalesce(g.withheld, '[]')"
+        " FROM (SELECT scope, from_seq, max(head) AS head, max(scope_name) AS scope_name,"
+        "  bool_or(dropped) OR bool_or(last_fetched) AS cut_short,"
+        "  max(seq) FILTER (WHERE NOT dropped) AS last_seq,"
+        "  count(*) FILTER (WHERE fits AND NOT dropped) AS rows,"
+        "  array_agg(table_name ORDER BY seq) FILTER (WHERE fits AND NOT dropped) AS tables,"
+        "  array_agg(ktext ORDER BY seq) FILTER (WHERE fits AND NOT dropped) AS keys,"
+        "  array_agg(body ORDER BY seq) FILTER (WHERE fits AND NOT dropped) AS bodies,"
+        "  array_agg(hash ORDER BY seq) FILTER (WHERE fits AND NOT dropped) AS hashes,"
+        "  jsonb_agg(jsonb_build_object('t', table_name, 'k', key, 'why', 'too big')"
+        "   ORDER BY seq) FILTER (WHERE NOT fits AND NOT dropped) AS withheld,"
+        "  sum(sync.withheld_size(table_name, ktext, 'too big'))"
+        "   FILTER (WHERE NOT fits AND NOT dropped) AS withheld_bytes"
+        "  FROM pg_temp.magic_sync_pick GROUP BY scope, from_seq) g"
+        " CROSS JOIN LATERAL (SELECT CASE WHEN g.cut_short THEN g.last_seq ELSE g.head END"
+        "  AS to_seq) t"
+        " CROSS JOIN LATERAL (SELECT sync.encode_chunk(g.scope_name, g.from_seq, t.to_seq,"
+        "  g.tables, g.keys, g.bodies, g.hashes) AS body) b");
+    spi.execute(
+        "INSERT INTO sync.set_aside (kind, codec, key, reason)"
+        " SELECT 'row', codec, key, format('too big: %s bytes encoded, over the %s bytes a"
+        " message may hold (magic_sync.bytes_per_message)', size, budget)"
+        " FROM pg_temp.magic_sync_pick WHERE NOT fits AND NOT dropped"
+        " ON CONFLICT (kind, codec, key) WHERE kind IN ('note', 'row') DO UPDATE"
+        " SET tries = sync.set_aside.tries + 1, last_try_at = now(), reason = excluded.reason");
+}
+
+// 6. One round of messages: at most one new message for every replica with a cursor behind and
+// room in its window. Returns the number of messages written.
+int64_t write_messages(Spi& spi) {
+    spi.execute("TRUNCATE pg_temp.magic_sync_need, pg_temp.magic_sync_picked");
+    spi.execute(
+        "INSERT INTO pg_temp.magic_sync_need (replica, scope, sent, head, scope_name)"
+        " SELECT m.replica, m.scope, m.sent, s.head,"
+        " sync.scope_name(s.match, s.value, s.partition)"
+        " FROM sync.member m JOIN sync.scope s ON s.id = m.scope"
+        " JOIN sync.replica r ON r.id = m.replica AND r.live"
+        " WHERE m.sent < s.head AND (SELECT count(*) FROM sync.outbox o"
+        "  WHERE o.replica = m.replica AND o.sent_at IS NULL) < $1::int",
+        {std::to_string(settings::window)});
+    auto attach_chunks = [&] {
+        spi.execute(
+            "UPDATE pg_temp.magic_sync_need n SET chunk = c.id, chunk_to = c.to_seq,"
+            " chunk_rows = c.rows, chunk_bytes = c.bytes"
+            " FROM (SELECT DISTINCT ON (c.scope, c.from_seq) c.id, c.scope, c.from_seq,"
+            "  c.to_seq, c.rows, c.bytes FROM sync.chunk c"
+            "  JOIN sync.scope s ON s.id = c.scope AND s.head = c.built_head"
+            "  WHERE (c.scope, c.from_seq) IN (SELECT scope, sent FROM pg_temp.magic_sync_need)"
+            "  ORDER BY c.scope, c.from_seq, c.to_seq DESC) c"
+            " WHERE n.chunk IS NULL AND c.scope = n.scope AND c.from_seq = n.sent");
+    };
+    attach_chunks();
+    if (spi.scalar("SELECT EXISTS (SELECT FROM pg_temp.magic_sync_need WHERE chunk IS NULL)") ==
+        "t") {
+        build_chunks(spi);
+        attach_chunks();
+    }
+    // Pack each replica's next chunks into one message, within the row and byte limits.
+    spi.execute(
+        "INSERT INTO pg_temp.magic_sync_picked (replica, scope, chunk, chunk_to)"
+        " SELECT replica, scope, chunk, chunk_to FROM (SELECT n.*,"
+        "  row_number() OVER w AS position, sum(n.chunk_rows) OVER w AS rows_so_far,"
+        "  sum(n.chunk_bytes + 1) OVER w AS bytes_so_far,"
+        "  $2::int - sync.envelope_size(CASE WHEN r.reset_pending THEN '{*}'::text[]"
+        "   ELSE '{}' END, r.pending_drops) AS budget"
+        "  FROM pg_temp.magic_sync_need n JOIN sync.replica r ON r.id = n.replica"
+        "  WINDOW w AS (PARTITION BY n.replica ORDER BY n.scope)) x"
+        " WHERE position = 1 OR (rows_so_far <= $1::int AND bytes_so_far <= budget)",
+        {std::to_string(settings::rows_per_message), std::to_string(settings::bytes_per_message)});
+    int64_t messages = count_of(spi.scalar(
+        "WITH message AS ("
+        "  SELECT replica, array_agg(chunk ORDER BY scope) AS chunks,"
+        "  jsonb_object_agg(scope::text, chunk_to) AS advances"
+        "  FROM pg_temp.magic_sync_picked GROUP BY replica"
+        "  UNION ALL SELECT r.id, '{}', '{}' FROM sync.replica r"
+        "  WHERE r.live AND (r.reset_pending OR cardinality(r.pending_drops) > 0)"
+        "  AND NOT EXISTS (SELECT FROM pg_temp.magic_sync_picked p WHERE p.replica = r.id)"
+        "  AND (SELECT count(*) FROM sync.outbox o WHERE o.replica = r.id AND o.sent_at IS NULL)"
+        "   < $1::int),"
+        " written AS (INSERT INTO sync.outbox (replica, seq, gen, kind, chunks, reset, drops,"
+        "  advances) SELECT m.replica, r.next_seq, r.gen, 'rows', m.chunks,"
+        "  CASE WHEN r.reset_pending THEN '{*}'::text[] ELSE '{}' END, r.pending_drops,"
+        "  m.advances FROM message m JOIN sync.replica r ON r.id = m.replica RETURNING replica),"
+        " counted AS (UPDATE sync.replica r SET next_seq = r.next_seq + 1, reset_pending = false,"
+        "  pending_drops = '{}' FROM written w WHERE r.id = w.replica)"
+        " SELECT count(*) FROM written",
+        {std::to_string(settings::window)}));
+    spi.execute(
+        "UPDATE sync.member m SET sent = p.chunk_to FROM pg_temp.magic_sync_picked p"
+        " WHERE m.replica = p.replica AND m.scope = p.scope");
+    return messages;
+}
+
+}  // namespace
+
+PassCounts run_pass(Spi& spi) {
+    spi.scalar("SELECT sync.relay_lock()");
+    ensure_temp_tables(spi);
+    clear_temp_tables(spi);
+    PassCounts counts;
+    ReplicaSet replicas = replica_set(spi);
+    counts.notes = take_notes(spi);
+    expand_whole_codecs(spi, replicas);
+    ReplicaCounts replica_counts = plan_replicas(spi, replicas);
+    counts.provisioned = replica_counts.provisioned;
+    counts.forgotten = replica_counts.forgotten;
+    if (counts.provisioned > 0) {
+        // A row set aside because it named a replica nobody listed may name this one.
+        spi.execute(
+            "INSERT INTO pg_temp.magic_sync_note (codec, key) SELECT codec, key"
+            " FROM sync.set_aside WHERE kind = 'note'");
+    }
+    for (const Codec& codec : noted_codecs(spi))
+        counts.set_aside += encode_codec(spi, codec, replicas);
+    counts.rows_changed = record_changes(spi);
+    apply_confirmations(spi);
+    for (int round = 0; round < settings::window; ++round) {
+        int64_t written = write_messages(spi);
+        counts.messages += written;
+        if (written == 0) break;
+    }
+    if (counts.messages > 0) spi.execute("SELECT pg_notify('magic_sync', '')");
+    spi.execute(
+        "UPDATE sync.relay_state SET last_pass_at = clock_timestamp(), last_pass ="
+        " jsonb_build_object('notes', $1::bigint, 'rows_changed', $2::bigint,"
+        " 'provisioned', $3::bigint, 'forgotten', $4::bigint, 'messages', $5::bigint,"
+        " 'set_aside', $6::bigint)",
+        {std::to_string(counts.notes), std::to_string(counts.rows_changed),
+         std::to_string(counts.provisioned), std::to_string(counts.forgotten),
+         std::to_string(counts.messages), std::to_string(counts.set_aside)});
+    return counts;
+}
+
+}  // namespace magic_sync::relay
+
+MAGIC_SYNC_FUNCTION(magic_sync_pass) {
+    magic_sync::pg::Spi spi;
+    magic_sync::relay::PassCounts counts = magic_sync::relay::run_pass(spi);
+    spi.finish();
+    return magic_sync::pg::int64_record(
+        fcinfo, {counts.notes, counts.rows_changed, counts.provisioned, counts.forgotten,
+                 counts.messages, counts.set_aside});
+}

@@ -1,0 +1,119 @@
+-- The relay pass (DESIGN §4) and the wire pieces its SQL uses -------------------------------------
+--
+-- The wire functions compute, never read the catalog: they pin no search_path, because every
+-- pass calls them once per row and a SET clause would cost a GUC save and restore each time.
+
+CREATE FUNCTION sync.canonical(jsonb) RETURNS text
+AS 'MODULE_PATHNAME', 'magic_sync_canonical' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION sync.key_hash("table" text, key jsonb) RETURNS bytea
+AS 'MODULE_PATHNAME', 'magic_sync_key_hash' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION sync.row_size("table" text, key text, body text) RETURNS int
+AS 'MODULE_PATHNAME', 'magic_sync_row_size' LANGUAGE C IMMUTABLE PARALLEL SAFE;
+
+CREATE FUNCTION sync.chunk_size(scope text, from_seq bigint, to_seq bigint) RETURNS int
+AS 'MODULE_PATHNAME', 'magic_sync_chunk_size' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION sync.envelope_size(reset text[], drops text[]) RETURNS int
+AS 'MODULE_PATHNAME', 'magic_sync_envelope_size' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION sync.withheld_size("table" text, key text, why text) RETURNS int
+AS 'MODULE_PATHNAME', 'magic_sync_withheld_size' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION sync.encode_chunk(scope text, from_seq bigint, to_seq bigint, tables text[],
+                                  keys text[], bodies text[], hashes text[]) RETURNS text
+AS 'MODULE_PATHNAME', 'magic_sync_encode_chunk' LANGUAGE C IMMUTABLE PARALLEL SAFE;
+
+-- Fingerprint arithmetic: 256-bit sums mod 2^256.
+CREATE FUNCTION sync.fp_add(bytea, bytea) RETURNS bytea
+AS 'MODULE_PATHNAME', 'magic_sync_fp_add' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION sync.fp_sub(bytea, bytea) RETURNS bytea
+AS 'MODULE_PATHNAME', 'magic_sync_fp_sub' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION sync.fp_zero() RETURNS bytea
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea;
+
+CREATE AGGREGATE sync.fp_sum(bytea) (
+    SFUNC = sync.fp_add,
+    STYPE = bytea,
+    INITCOND = '\x0000000000000000000000000000000000000000000000000000000000000000',
+    COMBINEFUNC = sync.fp_add,
+    PARALLEL = SAFE
+);
+
+-- A scope's name on the wire: all, all@p, id=<uuid>, store_id=42, store_id=42@p.
+CREATE FUNCTION sync.scope_name(match text, value text, part text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE match WHEN '*' THEN 'all' ELSE match || '=' || value END
+       || CASE WHEN part <> '' THEN '@' || part ELSE '' END;
+
+-- One pass: takes the relay lock (or refuses), plans, writes the outbox. Returns its counts.
+CREATE FUNCTION sync.pass(OUT notes bigint, OUT rows_changed bigint, OUT provisioned bigint,
+                          OUT forgotten bigint, OUT messages bigint, OUT set_aside bigint)
+AS 'MODULE_PATHNAME', 'magic_sync_pass'
+LANGUAGE C VOLATILE
+SET search_path = pg_catalog, pg_temp;
+
+-- A message of a replica's outbox, assembled exactly as the sender sends it.
+CREATE FUNCTION sync.message(replica uuid, seq bigint) RETURNS bytea
+AS 'MODULE_PATHNAME', 'magic_sync_message'
+LANGUAGE C STABLE STRICT
+SET search_path = pg_catalog, pg_temp;
+
+-- What the relay has pruned: tombstones every member of their scope confirmed, chunks no message
+-- uses, filed-upload ids older than magic_sync.upload_memory.
+CREATE FUNCTION sync.prune(OUT tombstones bigint, OUT chunks bigint, OUT uploads bigint)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DELETE FROM sync.row r
+    WHERE r.gone
+      AND r.seq <= coalesce((SELECT min(m.confirmed) FROM sync.member m WHERE m.scope = r.scope),
+                            r.seq);
+    GET DIAGNOSTICS tombstones = ROW_COUNT;
+    DELETE FROM sync.chunk c
+    WHERE NOT EXISTS (SELECT FROM sync.outbox o WHERE c.id = ANY (o.chunks));
+    GET DIAGNOSTICS chunks = ROW_COUNT;
+    DELETE FROM sync.upload
+    WHERE filed_at < now() - current_setting('magic_sync.upload_memory')::interval;
+    GET DIAGNOSTICS uploads = ROW_COUNT;
+END
+$$;
+
+-- Health of the relay, one row: the notes backlog, the lock holder, the last pass, what is set
+-- aside. Friendly to psql and to a Prometheus SQL exporter (numbers, no units in text).
+CREATE VIEW sync.health AS
+SELECT (SELECT count(*) FROM sync.note) AS notes_backlog,
+       (SELECT extract(epoch FROM now() - min(noted_at)) FROM sync.note) AS oldest_note_seconds,
+       sync.relay_lock_holder() AS relay_pid,
+       st.last_pass_at,
+       (st.last_pass->>'notes')::bigint AS last_pass_notes,
+       (st.last_pass->>'rows_changed')::bigint AS last_pass_rows_changed,
+       (st.last_pass->>'messages')::bigint AS last_pass_messages,
+       (SELECT count(*) FROM sync.set_aside WHERE kind = 'note') AS set_aside_notes,
+       (SELECT count(*) FROM sync.set_aside WHERE kind = 'row') AS set_aside_rows,
+       (SELECT count(*) FROM sync.set_aside WHERE kind = 'upload') AS set_aside_uploads,
+       (SELECT count(*) FROM sync.set_aside WHERE kind = 'untaken') AS set_aside_untaken
+FROM sync.relay_state st;
+
+-- One row per replica: live, generation, outbox depth and age, what is unconfirmed, backoff, the
+-- last error, what is set aside for it.
+CREATE VIEW sync.status AS
+SELECT r.id AS replica,
+       r.live,
+       r.gen,
+       count(o.seq) FILTER (WHERE o.sent_at IS NULL) AS outbox,
+       extract(epoch FROM now() - min(o.created_at) FILTER (WHERE o.sent_at IS NULL))
+           AS oldest_unsent_seconds,
+       extract(epoch FROM now() - min(o.sent_at)) AS unconfirmed_seconds,
+       CASE WHEN r.backoff_until > now() THEN extract(epoch FROM r.backoff_until - now()) END
+           AS backoff_seconds,
+       r.last_error,
+       (SELECT count(*) FROM sync.set_aside s WHERE s.replica = r.id) AS set_aside
+FROM sync.replica r
+LEFT JOIN sync.outbox o ON o.replica = r.id
+GROUP BY r.id;

@@ -1,0 +1,156 @@
+// SQL-callable pieces of the wire, so the relay's set-wise SQL encodes and hashes exactly as the
+// protocol library does on the replica: canonical JSON, key hashes, row sizes, chunk bodies and
+// fingerprint arithmetic.
+#include <string>
+
+#include "pg/bridge.hpp"
+#include "pg/values.hpp"
+#include "protocol/canonical.hpp"
+#include "protocol/fingerprint.hpp"
+#include "protocol/hash.hpp"
+#include "protocol/messages.hpp"
+
+namespace {
+
+namespace protocol = magic_sync::protocol;
+using magic_sync::Error;
+
+// Rows nest kRowDepthInMessage levels inside a message: canonicalize with what is left, so every
+// row that can be hashed can also travel.
+protocol::Limits row_limits() {
+    protocol::Limits limits;
+    limits.max_depth -= protocol::kRowDepthInMessage;
+    return limits;
+}
+
+std::string canonical(const std::string& json) {
+    try {
+        return protocol::canonical_json(json, row_limits());
+    } catch (const protocol::DecodeError& e) {
+        throw Error(std::string("cannot encode a row: ") + e.what(),
+                    ERRCODE_INVALID_TEXT_REPRESENTATION);
+    }
+}
+
+protocol::Digest digest_arg(FunctionCallInfo fcinfo, int n) {
+    std::string bytes = magic_sync::pg::text_arg(fcinfo, n);
+    if (bytes.size() != 32)
+        throw Error("a fingerprint or hash is 32 bytes", ERRCODE_DATA_EXCEPTION);
+    protocol::Digest digest{};
+    std::copy(bytes.begin(), bytes.end(), digest.begin());
+    return digest;
+}
+
+}  // namespace
+
+// sync.canonical(jsonb) → text: the canonical JSON text of a value.
+MAGIC_SYNC_FUNCTION(magic_sync_canonical) {
+    return magic_sync::pg::text_datum(canonical(magic_sync::pg::jsonb_text_arg(fcinfo, 0)));
+}
+
+// sync.key_hash(table text, key jsonb) → bytea: k = SHA-256(table ‖ 0 ‖ canonical key).
+MAGIC_SYNC_FUNCTION(magic_sync_key_hash) {
+    auto k = protocol::key_hash(magic_sync::pg::text_arg(fcinfo, 0),
+                                canonical(magic_sync::pg::jsonb_text_arg(fcinfo, 1)));
+    return magic_sync::pg::bytea_datum(protocol::bytes_of(k));
+}
+
+// sync.row_size(table text, key text, body text) → int: the bytes the row adds to a chunk
+// (key and body canonical; body NULL: the row is gone; no table or key: NULL).
+MAGIC_SYNC_FUNCTION(magic_sync_row_size) {
+    if (magic_sync::pg::arg_is_null(fcinfo, 0) || magic_sync::pg::arg_is_null(fcinfo, 1))
+        return magic_sync::pg::null_result(fcinfo);
+    std::string body;
+    bool gone = magic_sync::pg::arg_is_null(fcinfo, 2);
+    if (!gone) body = magic_sync::pg::text_arg(fcinfo, 2);
+    size_t size = protocol::encoded_row_size(
+        magic_sync::pg::text_arg(fcinfo, 0), magic_sync::pg::text_arg(fcinfo, 1),
+        gone ? std::nullopt : std::optional<std::string_view>(body));
+    return Int32GetDatum(static_cast<int32>(size));
+}
+
+// sync.chunk_size(scope text, from bigint, to bigint) → int: a chunk's bytes without its rows.
+MAGIC_SYNC_FUNCTION(magic_sync_chunk_size) {
+    size_t size = protocol::chunk_overhead(magic_sync::pg::text_arg(fcinfo, 0),
+                                           magic_sync::pg::int64_arg(fcinfo, 1),
+                                           magic_sync::pg::int64_arg(fcinfo, 2));
+    return Int32GetDatum(static_cast<int32>(size));
+}
+
+// sync.envelope_size(reset text[], drops text[]) → int: the most bytes a rows message with these
+// lists takes besides its chunks and withheld rows (any replica, gen and seq).
+MAGIC_SYNC_FUNCTION(magic_sync_envelope_size) {
+    protocol::RowsMessage message;
+    message.header.replica = std::string(36, 'f');
+    message.header.gen = INT64_MAX;
+    message.header.seq = INT64_MAX;
+    for (auto& scope : magic_sync::pg::text_array_arg(fcinfo, 0))
+        if (scope) message.reset.push_back(*scope);
+    for (auto& scope : magic_sync::pg::text_array_arg(fcinfo, 1))
+        if (scope) message.drop.push_back(*scope);
+    // Room for the "withheld":[...] frame, in case a chunk brings withheld rows: with one note the
+    // message grows by frame + note, with a second by note + 1 (a comma).
+    const protocol::KeyNote note{"t", "{}", ""};
+    protocol::RowsMessage one_note = message;
+    one_note.withheld.push_back(note);
+    protocol::RowsMessage two_notes = one_note;
+    two_notes.withheld.push_back(note);
+    const size_t none = protocol::encode(message).size();
+    const size_t one = protocol::encode(one_note).size();
+    const size_t two = protocol::encode(two_notes).size();
+    const size_t frame = (one - none) - (two - one) + 1;
+    return Int32GetDatum(static_cast<int32>(none + frame));
+}
+
+// sync.withheld_size(table text, key text, why text) → int: the bytes a withheld note adds
+// (its comma included).
+MAGIC_SYNC_FUNCTION(magic_sync_withheld_size) {
+    protocol::RowsMessage one;
+    one.withheld.push_back({magic_sync::pg::text_arg(fcinfo, 0),
+                            magic_sync::pg::text_arg(fcinfo, 1),
+                            magic_sync::pg::text_arg(fcinfo, 2)});
+    protocol::RowsMessage two = one;
+    two.withheld.push_back(one.withheld.front());
+    return Int32GetDatum(
+        static_cast<int32>(protocol::encode(two).size() - protocol::encode(one).size()));
+}
+
+// sync.encode_chunk(scope, from, to, tables text[], keys text[], bodies text[], hashes text[])
+// → text: one element of a message's "chunks" (keys and bodies canonical, hashes hex, a NULL
+// body a gone row).
+MAGIC_SYNC_FUNCTION(magic_sync_encode_chunk) {
+    protocol::Chunk chunk;
+    chunk.scope = magic_sync::pg::text_arg(fcinfo, 0);
+    chunk.from = magic_sync::pg::int64_arg(fcinfo, 1);
+    chunk.to = magic_sync::pg::int64_arg(fcinfo, 2);
+    if (!magic_sync::pg::arg_is_null(fcinfo, 3)) {
+        auto tables = magic_sync::pg::text_array_arg(fcinfo, 3);
+        auto keys = magic_sync::pg::text_array_arg(fcinfo, 4);
+        auto bodies = magic_sync::pg::text_array_arg(fcinfo, 5);
+        auto hashes = magic_sync::pg::text_array_arg(fcinfo, 6);
+        if (keys.size() != tables.size() || bodies.size() != tables.size() ||
+            hashes.size() != tables.size())
+            throw Error("sync.encode_chunk: the arrays differ in length");
+        for (size_t i = 0; i < tables.size(); ++i) {
+            protocol::DownRow row{tables[i].value_or(""), keys[i].value_or("{}"), std::nullopt};
+            if (bodies[i])
+                row.body = protocol::RowBody{*bodies[i],
+                                             protocol::digest_from_hex(hashes[i].value_or(""))};
+            chunk.rows.push_back(std::move(row));
+        }
+    }
+    return magic_sync::pg::text_datum(protocol::encode(chunk));
+}
+
+// sync.fp_add(a bytea, b bytea) → bytea and sync.fp_sub: sums mod 2^256 (fingerprints).
+MAGIC_SYNC_FUNCTION(magic_sync_fp_add) {
+    auto sum = digest_arg(fcinfo, 0);
+    protocol::add_mod(sum, digest_arg(fcinfo, 1));
+    return magic_sync::pg::bytea_datum(protocol::bytes_of(sum));
+}
+
+MAGIC_SYNC_FUNCTION(magic_sync_fp_sub) {
+    auto difference = digest_arg(fcinfo, 0);
+    protocol::sub_mod(difference, digest_arg(fcinfo, 1));
+    return magic_sync::pg::bytea_datum(protocol::bytes_of(difference));
+}
