@@ -25,7 +25,8 @@ CREATE TABLE IF NOT EXISTS state (
     replica TEXT NOT NULL,
     gen INTEGER NOT NULL DEFAULT 0,
     seq INTEGER NOT NULL DEFAULT 0,
-    applied_sent INTEGER  -- "applied" of the last upload the server took; NULL: none this gen
+    applied_sent INTEGER,  -- "applied" of the last upload the server took; NULL: none this gen
+    ack_through INTEGER NOT NULL DEFAULT 0  -- the last seq whose application the server must hear of
 );
 -- Per scope the replica holds: how far, and the running fingerprint of its rows (DESIGN §7).
 CREATE TABLE IF NOT EXISTS scopes (
@@ -241,10 +242,15 @@ class Applier {
         }
     }
 
-    // Returns false when the upload was answered before (nothing to do).
-    bool file(const protocol::FiledMessage& filed) {
-        Statement known = database_.prepare("SELECT 1 FROM uploads WHERE id = ?1");
-        if (!known.bind(1, filed.upload).step()) return false;
+    enum class Filing { kAnsweredBefore, kFiledWithoutRows, kFiledRows };
+
+    Filing file(const protocol::FiledMessage& filed) {
+        Statement known = database_.prepare(
+            "SELECT (SELECT count(*) FROM local_writes WHERE upload = ?1) FROM uploads WHERE id = "
+            "?1");
+        if (!known.bind(1, filed.upload).step()) return Filing::kAnsweredBefore;
+        bool had_rows = known.integer(0) > 0;
+        known.run();
         std::map<std::pair<std::string, std::string>, std::string> kept;
         for (const protocol::KeyNote& note : filed.kept) kept[{note.table, note.key}] = note.why;
         Statement insert_kept = database_.prepare(
@@ -275,7 +281,7 @@ class Applier {
         }
         database_.prepare("DELETE FROM local_writes WHERE upload = ?1").bind(1, filed.upload).run();
         database_.prepare("DELETE FROM uploads WHERE id = ?1").bind(1, filed.upload).run();
-        return true;
+        return had_rows ? Filing::kFiledRows : Filing::kFiledWithoutRows;
     }
 
     void flush() {
@@ -471,8 +477,12 @@ ApplyResult Replica::apply(std::string_view message) {
         applier.reset_everything();
         database_.exec(
             "DELETE FROM advertised; DELETE FROM untaken; UPDATE uploads SET sent = 0; "
-            "UPDATE state SET applied_sent = NULL;");
+            "UPDATE state SET applied_sent = NULL, ack_through = 0;");
     }
+    // Whether the server must hear that this message was applied. Not for the answer to an
+    // upload that carried no rows (itself only an acknowledgement): acknowledging that answer
+    // would be answered again, and so on forever.
+    bool wants_acknowledgement = true;
     if (const auto* rows = std::get_if<protocol::RowsMessage>(&decoded)) {
         for (const std::string& scope : rows->reset) {
             if (scope == "*") {
@@ -487,17 +497,24 @@ ApplyResult Replica::apply(std::string_view message) {
             add_notice("withheld by the server: " + note.table + " " + note.key + ": " + note.why);
         }
     } else if (const auto* filed = std::get_if<protocol::FiledMessage>(&decoded)) {
-        if (!applier.file(*filed))
+        Applier::Filing filing = applier.file(*filed);
+        wants_acknowledgement = filing == Applier::Filing::kFiledRows;
+        if (filing == Applier::Filing::kAnsweredBefore) {
             add_notice("filed answer for upload " + filed->upload + " that was answered before");
+        }
     } else if (const auto* ranges = std::get_if<protocol::RangesMessage>(&decoded)) {
         applier.request_ranges(*ranges);
     } else {
         applier.apply_repair(std::get<protocol::RepairMessage>(decoded));
     }
     applier.flush();
-    database_.prepare("UPDATE state SET gen = ?1, seq = ?2")
+    database_
+        .prepare(
+            "UPDATE state SET gen = ?1, seq = ?2, ack_through = CASE WHEN ?3 THEN ?2 ELSE "
+            "ack_through END")
         .bind(1, header.gen)
         .bind(2, header.seq)
+        .bind(3, static_cast<int64_t>(wants_acknowledgement))
         .run();
     transaction.commit();
     result.outcome = Outcome::kApplied;
@@ -578,12 +595,12 @@ std::optional<PreparedUpload> Replica::prepare_upload() {
     Transaction transaction(database_);
     PreparedUpload prepared;
 
-    Statement state = database_.prepare("SELECT gen, seq, applied_sent FROM state");
+    Statement state =
+        database_.prepare("SELECT gen, seq, ack_through > coalesce(applied_sent, 0) FROM state");
     state.step();
     bool provisioned = state.integer(0) > 0;
     int64_t seq = state.integer(1);
-    std::optional<int64_t> applied_sent;
-    if (!state.is_null(2)) applied_sent = state.integer(2);
+    bool acknowledgement_due = state.integer(2) != 0;
     state.run();
     if (provisioned) prepared.upload.applied = seq;
 
@@ -628,8 +645,7 @@ std::optional<PreparedUpload> Replica::prepare_upload() {
         bool has_rows = pending.integer(0) > 0;
         pending.run();
         bool news = has_rows || !prepared.upload.untaken.empty() ||
-                    !prepared.upload.holds.empty() ||
-                    (prepared.upload.applied && prepared.upload.applied != applied_sent);
+                    !prepared.upload.holds.empty() || acknowledgement_due;
         if (!news) return std::nullopt;
         prepared.id = new_uuid();
         database_.prepare("INSERT INTO uploads (id) VALUES (?1)").bind(1, prepared.id).run();

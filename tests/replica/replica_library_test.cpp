@@ -490,6 +490,29 @@ TEST_F(ReplicaTest, UploadsSayEachHoldingOnceAndResendUnderTheSameId) {
     EXPECT_FALSE(replica.prepare_upload());
 }
 
+TEST_F(ReplicaTest, AnswersToAcknowledgementsAreNotAcknowledged) {
+    replica.apply(rows_message(1, 1, {}, {"*"}));
+    std::optional<PreparedUpload> acknowledgement = replica.prepare_upload();
+    ASSERT_TRUE(acknowledgement);
+    EXPECT_TRUE(acknowledgement->upload.rows.empty());
+    replica.mark_sent(acknowledgement->id);
+    // The server answers the rowless upload: saying so would be answered again, forever.
+    replica.apply(filed_message(1, 2, acknowledgement->id));
+    EXPECT_FALSE(replica.prepare_upload());
+
+    // The answer to an upload with rows is acknowledged (it carries the seq along).
+    replica.write(kSales, R"({"id":1,"total":5})");
+    std::optional<PreparedUpload> with_rows = replica.prepare_upload();
+    replica.mark_sent(with_rows->id);
+    replica.apply(filed_message(1, 3, with_rows->id));
+    std::optional<PreparedUpload> after = replica.prepare_upload();
+    ASSERT_TRUE(after);
+    EXPECT_EQ(after->upload.applied, 3);
+    replica.mark_sent(after->id);
+    replica.apply(filed_message(1, 4, after->id));
+    EXPECT_FALSE(replica.prepare_upload());
+}
+
 TEST_F(ReplicaTest, UntakenRowsAreReportedUntilAnUploadCarriesThem) {
     TempDir other;
     Options options;
