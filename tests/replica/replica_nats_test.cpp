@@ -123,10 +123,12 @@ TEST(NatsTest, AppliesInOrderAcksAfterCommitAndSurvivesKill) {
     NatsServer server(dir);
     Publisher publisher(server.url());
     std::string db = dir.file("replica.db");
-    // Another replica's message on the same stream: not ours to take.
-    publisher.publish("99999999-2222-4333-8444-555555555555", "1.1", "for someone else");
+    // Another replica's message on the same stream: not ours to take. (The stream dedupes
+    // Nats-Msg-Id over all its subjects, so the id names the replica too.)
+    const std::string other = "99999999-2222-4333-8444-555555555555";
+    publisher.publish(other, other + ".1.1", "for someone else");
     for (int i = 1; i <= kMessages; ++i) {
-        publisher.publish(kReplicaId, "1." + std::to_string(i), numbered_message(i));
+        publisher.publish(kReplicaId, kReplicaId + ".1." + std::to_string(i), numbered_message(i));
         // A message that can never be applied is terminated, not retried forever.
         if (i == 20) publisher.publish(kReplicaId, "garbage", "not a message");
     }
