@@ -101,7 +101,15 @@ build/tests/replica_tests: $(REPLICA_TEST_SRCS) $(TEST_SUPPORT_SRCS) build/lib/l
 	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_INCLUDES) $(PQ_INCLUDES) -Ireplica -Itests -o $@ \
 		$(REPLICA_TEST_SRCS) $(TEST_SUPPORT_SRCS) build/lib/libmagic_sync_replica.a $(GTEST_LIBS) $(REPLICA_LIBS)
 
+# Tests against a real server: the relay worker, poolers, end to end.
+SERVER_TEST_SRCS := $(wildcard tests/server/*_test.cpp)
+build/tests/server_tests: $(SERVER_TEST_SRCS) $(TEST_SUPPORT_SRCS) $(wildcard tests/server/*.hpp)
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) -Itests -o $@ $(SERVER_TEST_SRCS) \
+		$(TEST_SUPPORT_SRCS) $(GTEST_LIBS) -lpq
+
 PROGRAMS := build/tests/unit_tests
+PROGRAMS += $(if $(SERVER_TEST_SRCS),build/tests/server_tests)
 PROGRAMS += $(if $(wildcard sender/main.cpp),build/bin/magic-sync-sender)
 PROGRAMS += $(if $(SENDER_TEST_SRCS),build/tests/sender_tests)
 PROGRAMS += $(if $(REPLICA_LIB_SRCS),build/lib/libmagic_sync_replica.a)

@@ -26,7 +26,8 @@ SELECT has_schema_privilege('public', 'sync', 'USAGE') AS public_schema_usage;
 SELECT p.proname FROM pg_proc p
 WHERE p.pronamespace = 'sync'::regnamespace
   AND NOT EXISTS (SELECT FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')
-  AND p.provolatile <> 'i';  -- immutable wire and fingerprint functions read no catalog
+  AND p.provolatile <> 'i'  -- immutable wire and fingerprint functions read no catalog
+  AND p.prokind <> 'p';     -- a procedure with SET cannot commit: sync.relay() qualifies its names
 
 -- The extension cannot be moved to another schema.
 ALTER EXTENSION magic_sync SET SCHEMA public;

@@ -50,11 +50,12 @@ void ensure_temp_tables(Spi& spi) {
 }
 
 // Emptied at every commit; emptied here too, for passes run one after another in a transaction.
+// DELETE, not TRUNCATE: these tables are small between passes, and TRUNCATE would make new files.
 void clear_temp_tables(Spi& spi) {
-    spi.execute(
-        "TRUNCATE pg_temp.magic_sync_note, pg_temp.magic_sync_row, pg_temp.magic_sync_change,"
-        " pg_temp.magic_sync_replica, pg_temp.magic_sync_want, pg_temp.magic_sync_fresh,"
-        " pg_temp.magic_sync_need, pg_temp.magic_sync_pick, pg_temp.magic_sync_picked");
+    for (const char* table : {"magic_sync_note", "magic_sync_row", "magic_sync_change",
+                              "magic_sync_replica", "magic_sync_want", "magic_sync_fresh",
+                              "magic_sync_need", "magic_sync_pick", "magic_sync_picked"})
+        spi.execute(std::string("DELETE FROM pg_temp.") + table);
 }
 
 int64_t count_of(const Value& value) { return value ? std::stoll(*value) : 0; }
@@ -464,7 +465,7 @@ void apply_confirmations(Spi& spi) {
 // rows after the cursor in seq order, cut at the row and byte limits. A row too big for any
 // message is withheld and set aside.
 void build_chunks(Spi& spi) {
-    spi.execute("TRUNCATE pg_temp.magic_sync_pick");
+    spi.execute("DELETE FROM pg_temp.magic_sync_pick");
     const std::string rows_limit = std::to_string(settings::rows_per_message);
     const std::string bytes_limit = std::to_string(settings::bytes_per_message);
     spi.execute(
@@ -534,7 +535,8 @@ void build_chunks(Spi& spi) {
 // 6. One round of messages: at most one new message for every replica with a cursor behind and
 // room in its window. Returns the number of messages written.
 int64_t write_messages(Spi& spi) {
-    spi.execute("TRUNCATE pg_temp.magic_sync_need, pg_temp.magic_sync_picked");
+    spi.execute("DELETE FROM pg_temp.magic_sync_need");
+    spi.execute("DELETE FROM pg_temp.magic_sync_picked");
     spi.execute(
         "INSERT INTO pg_temp.magic_sync_need (replica, scope, sent, head, scope_name)"
         " SELECT m.replica, m.scope, m.sent, s.head,"

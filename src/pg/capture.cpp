@@ -16,6 +16,7 @@ extern "C" {
 }
 
 #include "pg/bridge.hpp"
+#include "pg/wake.hpp"
 
 namespace {
 
@@ -129,6 +130,7 @@ void capture(FunctionCallInfo fcinfo) {
     if (result != SPI_OK_INSERT)
         elog(ERROR, "magic_sync capture: writing notes failed: %s", SPI_result_code_string(result));
     SPI_finish();
+    magic_sync::pg::wake_relay_at_commit();
 }
 
 }  // namespace

@@ -190,6 +190,7 @@ BEGIN
     END IF;
     -- Every replica is looked at again by the next pass.
     INSERT INTO sync.note (codec, key) VALUES (0, NULL);
+    PERFORM sync.wake();
 END
 $$;
 
@@ -327,6 +328,7 @@ BEGIN
     PERFORM sync.install_capture(relation, codec_id, keys);
     -- The next pass looks at every row of the table under the new declaration.
     INSERT INTO sync.note (codec, key) VALUES (codec_id, NULL);
+    PERFORM sync.wake();
 END
 $$;
 

@@ -1,0 +1,356 @@
+// The relay loop (DESIGN §1, §4): the background worker registered for each database named in
+// magic_sync.database, the same loop as CALL sync.relay(), and sync.start_relay(). C-style on
+// purpose: it is PostgreSQL code through and through (transactions, latches, signals), and it
+// holds no C++ object a longjmp could skip.
+//
+// Each iteration: check that this database can relay (extension installed, magic_sync.role
+// usable), take the relay lock or stand by, run a pass, and on their timers retry what was set
+// aside, prune, report and raise alarms. An error ends the iteration, never the loop.
+#include "pg/relay_worker.hpp"
+
+extern "C" {
+#include "postgres.h"
+
+#include "access/xact.h"
+#include "catalog/pg_type.h"
+#include "commands/dbcommands.h"
+#include "executor/spi.h"
+#include "fmgr.h"
+#include "miscadmin.h"
+#include "nodes/parsenodes.h"
+#include "pgstat.h"
+#include "postmaster/bgworker.h"
+#include "postmaster/interrupt.h"
+#include "storage/ipc.h"
+#include "storage/latch.h"
+#include "storage/proc.h"
+#include "tcop/tcopprot.h"
+#include "utils/builtins.h"
+#include "utils/guc.h"
+#include "utils/memutils.h"
+#include "utils/snapmgr.h"
+#include "utils/timestamp.h"
+#include "utils/varlena.h"
+#include "utils/wait_event.h"
+
+PGDLLEXPORT void magic_sync_relay_main(Datum main_arg);
+}
+
+#include "pg/bridge.hpp"
+#include "pg/settings.hpp"
+#include "pg/wake.hpp"
+
+namespace magic_sync::pg {
+
+namespace {
+
+constexpr int kRestartSeconds = 5;
+// How long to wait before looking again when this database cannot relay.
+constexpr long kBlockedWaitMs = 5000;
+
+struct RelayState {
+    bool holding;
+    TimestampTz last_retry;
+    TimestampTz last_prune;
+    TimestampTz last_report;
+    char waiting_for[512];  // what the loop last said it waits for; said again only when it changes
+};
+
+// Says once why the loop waits; silent while the reason stays the same.
+void wait_for(RelayState* state, const char* reason) {
+    if (strcmp(state->waiting_for, reason) == 0) return;
+    strlcpy(state->waiting_for, reason, sizeof state->waiting_for);
+    if (reason[0] != '\0') ereport(LOG, (errmsg("magic_sync relay: %s", reason)));
+}
+
+bool due(TimestampTz last, int every_seconds) {
+    return last == 0 ||
+           TimestampDifferenceExceeds(last, GetCurrentTimestamp(), every_seconds * 1000);
+}
+
+// One value of a query run through SPI, or NULL.
+char* single_value(const char* sql, int nargs, Oid* types, Datum* values) {
+    int result = SPI_execute_with_args(sql, nargs, types, values, nullptr, false, 1);
+    if (result < 0) elog(ERROR, "magic_sync relay: \"%s\" failed", sql);
+    if (SPI_processed == 0) return nullptr;
+    return SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
+}
+
+// Logs each line a reporting function returns: (level text, line text).
+void log_lines(const char* sql) {
+    if (SPI_execute(sql, false, 0) < 0) elog(ERROR, "magic_sync relay: \"%s\" failed", sql);
+    for (uint64 i = 0; i < SPI_processed; ++i) {
+        char* level = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 1);
+        char* line = SPI_getvalue(SPI_tuptable->vals[i], SPI_tuptable->tupdesc, 2);
+        ereport(strcmp(level, "WARNING") == 0 ? WARNING : LOG,
+                (errmsg("magic_sync relay: %s", line)));
+    }
+}
+
+// Can this database relay now? Fills `reason` when it cannot.
+bool can_relay(char* reason, size_t size) {
+    if (single_value("SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'magic_sync'", 0,
+                     nullptr, nullptr) == nullptr) {
+        snprintf(reason, size,
+                 "the magic_sync extension is not installed in database \"%s\"; waiting for "
+                 "CREATE EXTENSION magic_sync",
+                 get_database_name(MyDatabaseId));
+        return false;
+    }
+    const char* role = settings::role;
+    if (role != nullptr && role[0] != '\0') {
+        Oid types[1] = {TEXTOID};
+        Datum values[1] = {CStringGetTextDatum(role)};
+        char* temporary = single_value(
+            "SELECT pg_catalog.has_database_privilege(r.oid, pg_catalog.current_database(),"
+            " 'TEMPORARY')::text FROM pg_catalog.pg_roles r WHERE r.rolname = $1",
+            1, types, values);
+        if (temporary == nullptr) {
+            snprintf(reason, size,
+                     "magic_sync.role names role \"%s\", which does not exist; waiting for it "
+                     "(CREATE ROLE, or change magic_sync.role and reload)",
+                     role);
+            return false;
+        }
+        if (strcmp(temporary, "true") != 0) {
+            snprintf(reason, size,
+                     "role \"%s\" (magic_sync.role) lacks the TEMPORARY privilege on database "
+                     "\"%s\", which the relay plans in; waiting for GRANT TEMPORARY ON DATABASE "
+                     "%s TO %s",
+                     role, get_database_name(MyDatabaseId),
+                     quote_identifier(get_database_name(MyDatabaseId)), quote_identifier(role));
+            return false;
+        }
+    } else if (strcmp(single_value("SELECT pg_catalog.has_database_privilege("
+                                   "pg_catalog.current_database(), 'TEMPORARY')::text",
+                                   0, nullptr, nullptr),
+                      "true") != 0) {
+        snprintf(reason, size,
+                 "the relay's role lacks the TEMPORARY privilege on database \"%s\", which the "
+                 "relay plans in; waiting for GRANT TEMPORARY",
+                 get_database_name(MyDatabaseId));
+        return false;
+    }
+    return true;
+}
+
+// One iteration, inside a transaction with SPI connected. Returns true when there is more work
+// to do at once.
+bool relay_step(RelayState* state) {
+    char reason[512];
+    if (!can_relay(reason, sizeof reason)) {
+        wait_for(state, reason);
+        return false;
+    }
+    char* holder = single_value("SELECT sync.relay_lock_holder()::text", 0, nullptr, nullptr);
+    if (holder != nullptr && atoi(holder) != MyProcPid) {
+        snprintf(reason, sizeof reason,
+                 "standing by: the relay lock of database \"%s\" is held by pid %s",
+                 get_database_name(MyDatabaseId), holder);
+        wait_for(state, reason);
+        state->holding = false;
+        return false;
+    }
+    if (!state->holding) {
+        single_value("SELECT sync.relay_lock()", 0, nullptr, nullptr);
+        state->holding = true;
+        register_relay_latch();
+        // Taking the lock is when a deploy shows: try again what was set aside.
+        state->last_retry = 0;
+        snprintf(reason, sizeof reason, "took the relay lock of database \"%s\"; relaying",
+                 get_database_name(MyDatabaseId));
+        wait_for(state, reason);
+    }
+    if (settings::role != nullptr && settings::role[0] != '\0') {
+        char sql[NAMEDATALEN * 2 + 32];
+        snprintf(sql, sizeof sql, "SET LOCAL ROLE %s", quote_identifier(settings::role));
+        if (SPI_execute(sql, false, 0) < 0) elog(ERROR, "magic_sync relay: %s failed", sql);
+    }
+    if (due(state->last_retry, settings::retry_every_s)) {
+        log_lines("SELECT level, line FROM sync.retry_set_aside()");
+        state->last_retry = GetCurrentTimestamp();
+    }
+    pgstat_report_activity(STATE_RUNNING, "magic_sync relay: pass");
+    char* work = single_value("SELECT (notes > 0 OR messages > 0)::text FROM sync.pass()", 0,
+                              nullptr, nullptr);
+    log_lines("SELECT 'WARNING', line FROM sync.alarms()");
+    if (due(state->last_prune, settings::prune_every_s)) {
+        pgstat_report_activity(STATE_RUNNING, "magic_sync relay: prune");
+        single_value("SELECT 1 FROM sync.prune()", 0, nullptr, nullptr);
+        state->last_prune = GetCurrentTimestamp();
+    }
+    if (due(state->last_report, settings::report_every_s)) {
+        if (state->last_report != 0) log_lines("SELECT level, line FROM sync.report()");
+        state->last_report = GetCurrentTimestamp();
+    }
+    return work != nullptr && strcmp(work, "true") == 0;
+}
+
+void wait_latch(long timeout_ms) {
+    pgstat_report_activity(STATE_IDLE, nullptr);
+    (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, timeout_ms,
+                    PG_WAIT_EXTENSION);
+    ResetLatch(MyLatch);
+}
+
+long idle_timeout(const RelayState* state) {
+    return state->waiting_for[0] != '\0' && !state->holding ? Max(kBlockedWaitMs, settings::idle_ms)
+                                                            : settings::idle_ms;
+}
+
+// The background worker's loop: one transaction per iteration.
+[[noreturn]] void worker_loop() {
+    RelayState state = {};
+    MemoryContext loop_context =
+        AllocSetContextCreate(TopMemoryContext, "magic_sync relay", ALLOCSET_DEFAULT_SIZES);
+    for (;;) {
+        CHECK_FOR_INTERRUPTS();
+        if (ConfigReloadPending) {
+            ConfigReloadPending = false;
+            ProcessConfigFile(PGC_SIGHUP);
+        }
+        volatile bool more = false;
+        MemoryContextSwitchTo(loop_context);
+        SetCurrentStatementStartTimestamp();
+        StartTransactionCommand();
+        PushActiveSnapshot(GetTransactionSnapshot());
+        PG_TRY();
+        {
+            if (SPI_connect() != SPI_OK_CONNECT)
+                elog(ERROR, "magic_sync relay: SPI_connect failed");
+            more = relay_step(&state);
+            SPI_finish();
+            PopActiveSnapshot();
+            CommitTransactionCommand();
+        }
+        PG_CATCH();
+        {
+            // Report, roll back, and go on: the next iteration starts over.
+            MemoryContextSwitchTo(loop_context);
+            EmitErrorReport();
+            FlushErrorState();
+            AbortCurrentTransaction();
+            more = false;
+        }
+        PG_END_TRY();
+        pgstat_report_stat(false);
+        MemoryContextReset(loop_context);
+        if (!more) wait_latch(idle_timeout(&state));
+    }
+}
+
+// CALL sync.relay(): the same loop in an ordinary session, committing between iterations.
+void procedure_loop(FunctionCallInfo fcinfo) {
+    auto* call = reinterpret_cast<CallContext*>(fcinfo->context);
+    if (call == nullptr || !IsA(call, CallContext) || call->atomic)
+        ereport(ERROR, (errcode(ERRCODE_INVALID_TRANSACTION_TERMINATION),
+                        errmsg("sync.relay() must be called with CALL, outside a transaction "
+                               "block"),
+                        errhint("Run: CALL sync.relay(); it relays until cancelled.")));
+    RelayState state = {};
+    MemoryContext caller_context = CurrentMemoryContext;
+    ResourceOwner caller_owner = CurrentResourceOwner;
+    for (;;) {
+        CHECK_FOR_INTERRUPTS();
+        volatile bool more = false;
+        if (SPI_connect_ext(SPI_OPT_NONATOMIC) != SPI_OK_CONNECT)
+            elog(ERROR, "magic_sync relay: SPI_connect failed");
+        BeginInternalSubTransaction(nullptr);
+        PG_TRY();
+        {
+            more = relay_step(&state);
+            ReleaseCurrentSubTransaction();
+        }
+        PG_CATCH();
+        {
+            MemoryContextSwitchTo(caller_context);
+            ErrorData* error = CopyErrorData();
+            FlushErrorState();
+            RollbackAndReleaseCurrentSubTransaction();
+            // A cancel or a termination ends the loop; any other error only this iteration.
+            if (error->sqlerrcode == ERRCODE_QUERY_CANCELED ||
+                error->sqlerrcode == ERRCODE_ADMIN_SHUTDOWN)
+                ReThrowError(error);
+            ereport(WARNING, (errmsg("magic_sync relay: %s", error->message)));
+            FreeErrorData(error);
+            more = false;
+        }
+        PG_END_TRY();
+        MemoryContextSwitchTo(caller_context);
+        CurrentResourceOwner = caller_owner;
+        SPI_commit();
+        SPI_finish();
+        if (!more) wait_latch(idle_timeout(&state));
+    }
+}
+
+void fill_worker(BackgroundWorker* worker, const char* name) {
+    memset(worker, 0, sizeof *worker);
+    worker->bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+    worker->bgw_start_time = BgWorkerStart_RecoveryFinished;
+    worker->bgw_restart_time = kRestartSeconds;
+    strlcpy(worker->bgw_library_name, "magic_sync", BGW_MAXLEN);
+    strlcpy(worker->bgw_function_name, "magic_sync_relay_main", BGW_MAXLEN);
+    snprintf(worker->bgw_name, BGW_MAXLEN, "magic_sync relay for %s", name);
+    strlcpy(worker->bgw_type, "magic_sync relay", BGW_MAXLEN);
+}
+
+}  // namespace
+
+void register_relay_workers() {
+    if (settings::database == nullptr || settings::database[0] == '\0') return;
+    char* list = pstrdup(settings::database);
+    List* names = nullptr;
+    if (!SplitIdentifierString(list, ',', &names))
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                        errmsg("magic_sync.database is not a list of database names: \"%s\"",
+                               settings::database)));
+    ListCell* cell = nullptr;
+    foreach (cell, names) {
+        const char* name = static_cast<const char*>(lfirst(cell));
+        BackgroundWorker worker;
+        fill_worker(&worker, name);
+        strlcpy(worker.bgw_extra, name, BGW_EXTRALEN);
+        RegisterBackgroundWorker(&worker);
+    }
+}
+
+}  // namespace magic_sync::pg
+
+// A worker started by the postmaster names its database in bgw_extra; one started by
+// sync.start_relay() passes the database's oid.
+void magic_sync_relay_main(Datum main_arg) {
+    pqsignal(SIGHUP, SignalHandlerForConfigReload);
+    pqsignal(SIGTERM, die);
+    BackgroundWorkerUnblockSignals();
+    if (MyBgworkerEntry->bgw_extra[0] != '\0')
+        BackgroundWorkerInitializeConnection(MyBgworkerEntry->bgw_extra, nullptr, 0);
+    else
+        BackgroundWorkerInitializeConnectionByOid(DatumGetObjectId(main_arg), InvalidOid, 0);
+    pgstat_report_appname("magic_sync relay");
+    magic_sync::pg::worker_loop();
+}
+
+MAGIC_SYNC_FUNCTION(magic_sync_relay) {
+    magic_sync::pg::guard([&] { magic_sync::pg::procedure_loop(fcinfo); });
+    return Datum(0);
+}
+
+// sync.start_relay() → int: starts a relay worker for this database; returns its pid.
+MAGIC_SYNC_FUNCTION(magic_sync_start_relay) {
+    return magic_sync::pg::guard([&] {
+        BackgroundWorker worker;
+        magic_sync::pg::fill_worker(&worker, get_database_name(MyDatabaseId));
+        worker.bgw_main_arg = ObjectIdGetDatum(MyDatabaseId);
+        worker.bgw_notify_pid = MyProcPid;
+        BackgroundWorkerHandle* handle = nullptr;
+        if (!RegisterDynamicBackgroundWorker(&worker, &handle))
+            ereport(ERROR, (errcode(ERRCODE_INSUFFICIENT_RESOURCES),
+                            errmsg("could not start a magic_sync relay worker"),
+                            errhint("Raise max_worker_processes.")));
+        pid_t pid = 0;
+        if (WaitForBackgroundWorkerStartup(handle, &pid) != BGWH_STARTED)
+            ereport(ERROR, (errmsg("the magic_sync relay worker did not start")));
+        return Int32GetDatum(pid);
+    });
+}

@@ -1,0 +1,80 @@
+// A small libpq connection for tests: queries with bound text parameters, results as text.
+#pragma once
+
+#include <libpq-fe.h>
+
+#include <chrono>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace magic_sync::test {
+
+class Connection {
+  public:
+    explicit Connection(const std::string& conninfo) : connection_(PQconnectdb(conninfo.c_str())) {
+        if (PQstatus(connection_) != CONNECTION_OK) {
+            std::string error = PQerrorMessage(connection_);
+            PQfinish(connection_);
+            throw std::runtime_error("cannot connect: " + error);
+        }
+        PQsetNoticeProcessor(
+            connection_, [](void*, const char*) {}, nullptr);
+    }
+    ~Connection() { PQfinish(connection_); }
+    Connection(const Connection&) = delete;
+    Connection& operator=(const Connection&) = delete;
+
+    // Rows of the result, each a vector of text values (NULL as std::nullopt).
+    std::vector<std::vector<std::optional<std::string>>> query(
+        const std::string& sql, const std::vector<std::string>& params = {}) {
+        std::vector<const char*> values;
+        for (const auto& p : params) values.push_back(p.c_str());
+        PGresult* result = PQexecParams(connection_, sql.c_str(), static_cast<int>(values.size()),
+                                        nullptr, values.data(), nullptr, nullptr, 0);
+        auto status = PQresultStatus(result);
+        if (status != PGRES_TUPLES_OK && status != PGRES_COMMAND_OK) {
+            std::string error = PQresultErrorMessage(result);
+            PQclear(result);
+            throw std::runtime_error(error);
+        }
+        std::vector<std::vector<std::optional<std::string>>> rows;
+        for (int r = 0; r < PQntuples(result); ++r) {
+            std::vector<std::optional<std::string>> row;
+            for (int c = 0; c < PQnfields(result); ++c)
+                row.push_back(PQgetisnull(result, r, c)
+                                  ? std::nullopt
+                                  : std::optional<std::string>(PQgetvalue(result, r, c)));
+            rows.push_back(std::move(row));
+        }
+        PQclear(result);
+        return rows;
+    }
+
+    // The first value of the first row ("" for none or NULL).
+    std::string value(const std::string& sql, const std::vector<std::string>& params = {}) {
+        auto rows = query(sql, params);
+        if (rows.empty() || rows.front().empty() || !rows.front().front()) return "";
+        return *rows.front().front();
+    }
+
+    PGconn* raw() { return connection_; }
+
+  private:
+    PGconn* connection_;
+};
+
+// Polls `condition` until it holds or `timeout` passes; returns whether it held.
+template <typename Condition>
+bool eventually(Condition condition, std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+        if (condition()) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return condition();
+}
+
+}  // namespace magic_sync::test

@@ -1,0 +1,376 @@
+// The relay worker against a real server: it starts by itself, relays without anyone calling
+// anything, is woken by commits, waits (never crash-loops) when it cannot relay, hands over the
+// lock to a standby, survives kill -9 and an immediate restart without losing a note, reloads
+// its settings on SIGHUP, raises alarms and retries what was set aside on its timers.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "server/pq.hpp"
+#include "support/cluster.hpp"
+
+namespace magic_sync::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+const char* const kShop = R"sql(
+    CREATE TABLE registers (id uuid PRIMARY KEY, active boolean NOT NULL DEFAULT true);
+    CREATE TABLE products (id int PRIMARY KEY, name text NOT NULL);
+    SELECT sync.replicas('registers', 'registers', live => 'active');
+    SELECT sync.catalog('products');
+    INSERT INTO registers VALUES ('00000000-0000-0000-0000-000000000001');
+)sql";
+
+// How many times each product reached the register's outbox, as "id:count" pairs.
+const char* const kDeliveries = R"sql(
+    SELECT coalesce(string_agg(id || ':' || n, ',' ORDER BY id::int), '') FROM (
+        SELECT r->'k'->>'id' AS id, count(*) AS n
+        FROM sync.outbox o,
+             jsonb_array_elements(convert_from(sync.message(o.replica, o.seq), 'UTF8')::jsonb->'chunks') c,
+             jsonb_array_elements(c->'rows') r
+        WHERE r->>'t' = 'public.products' GROUP BY 1) d
+)sql";
+
+std::string deliveries(Connection& db) { return db.value(kDeliveries); }
+
+int count_in_log(const Cluster& cluster, const std::string& text) {
+    std::string log = cluster.log();
+    int count = 0;
+    for (size_t at = log.find(text); at != std::string::npos; at = log.find(text, at + 1)) ++count;
+    return count;
+}
+
+// A cluster whose relay worker serves database `shop`, with the shop declared.
+struct Shop {
+    explicit Shop(std::vector<std::string> settings = {}) : cluster(with_database(settings)) {
+        cluster.create_database("shop");
+        cluster.sql("shop", kShop);
+    }
+    static std::vector<std::string> with_database(std::vector<std::string> settings) {
+        settings.push_back("magic_sync.database = 'shop'");
+        return settings;
+    }
+    std::string holder() { return cluster.sql("shop", "SELECT sync.relay_lock_holder()"); }
+    Cluster cluster;
+};
+
+TEST(Worker, RelaysByItself) {
+    Shop shop;
+    Connection db(shop.cluster.conninfo("shop"));
+    ASSERT_TRUE(eventually([&] { return !shop.holder().empty(); })) << "no relay took the lock\n"
+                                                                    << shop.cluster.log();
+    EXPECT_EQ(
+        db.value("SELECT backend_type FROM pg_stat_activity WHERE pid = $1::int", {shop.holder()}),
+        "magic_sync relay");
+    db.query("INSERT INTO products VALUES (1, 'tea')");
+    ASSERT_TRUE(eventually([&] { return deliveries(db) == "1:1"; }, 1s))
+        << "not relayed within a second: " << deliveries(db);
+    EXPECT_EQ(db.value("SELECT notes_backlog FROM sync.health"), "0");
+}
+
+TEST(Worker, ACommitWakesIt) {
+    // A ten-second poll would miss the deadline below: only the commit's wake-up can meet it.
+    Shop shop({"magic_sync.idle = '10s'"});
+    Connection db(shop.cluster.conninfo("shop"));
+    ASSERT_TRUE(eventually([&] { return deliveries(db).empty() && !shop.holder().empty(); }));
+    std::this_thread::sleep_for(500ms);  // let it settle into its ten-second wait
+    auto start = std::chrono::steady_clock::now();
+    db.query("INSERT INTO products VALUES (1, 'tea')");
+    ASSERT_TRUE(eventually([&] { return deliveries(db) == "1:1"; }, 3s)) << shop.cluster.log();
+    auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::steady_clock::now() - start);
+    RecordProperty("commit_to_outbox_ms", std::to_string(took.count()));
+}
+
+TEST(Worker, WaitsForTheExtensionWithoutCrashLooping) {
+    Cluster cluster({"magic_sync.database = 'shop'", "magic_sync.idle = 100"});
+    cluster.sql("postgres", "CREATE DATABASE shop");
+    const std::string line = "the magic_sync extension is not installed in database \"shop\"";
+    ASSERT_TRUE(eventually([&] { return count_in_log(cluster, line) == 1; })) << cluster.log();
+    std::string pid = cluster.sql(
+        "shop", "SELECT pid FROM pg_stat_activity WHERE backend_type = 'magic_sync relay'");
+    std::this_thread::sleep_for(3s);
+    EXPECT_EQ(count_in_log(cluster, line), 1) << "said more than once";
+    EXPECT_EQ(
+        cluster.sql("shop",
+                    "SELECT pid FROM pg_stat_activity WHERE backend_type = 'magic_sync relay'"),
+        pid)
+        << "the worker restarted";
+    cluster.sql("shop", "CREATE EXTENSION magic_sync");
+    cluster.sql("shop", kShop);
+    Connection db(cluster.conninfo("shop"));
+    db.query("INSERT INTO products VALUES (1, 'tea')");
+    EXPECT_TRUE(eventually([&] { return deliveries(db) == "1:1"; })) << cluster.log();
+}
+
+TEST(Worker, WaitsForItsRoleAndTheTemporaryPrivilege) {
+    Shop shop({"magic_sync.role = 'relay'", "magic_sync.idle = 100"});
+    ASSERT_TRUE(eventually([&] {
+        return count_in_log(shop.cluster,
+                            "magic_sync.role names role \"relay\", which does not exist") == 1;
+    })) << shop.cluster.log();
+    shop.cluster.sql("shop", R"sql(
+        CREATE ROLE relay;
+        REVOKE TEMPORARY ON DATABASE shop FROM PUBLIC;
+        GRANT USAGE ON SCHEMA sync TO relay;
+        GRANT ALL ON ALL TABLES IN SCHEMA sync TO relay;
+        GRANT ALL ON ALL SEQUENCES IN SCHEMA sync TO relay;
+        GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA sync TO relay;
+        GRANT SELECT ON registers, products TO relay;
+    )sql");
+    ASSERT_TRUE(eventually([&] {
+        return count_in_log(shop.cluster,
+                            "role \"relay\" (magic_sync.role) lacks the TEMPORARY privilege on "
+                            "database \"shop\"") == 1;
+    })) << shop.cluster.log();
+    Connection db(shop.cluster.conninfo("shop"));
+    db.query("INSERT INTO products VALUES (1, 'tea')");
+    std::this_thread::sleep_for(1s);
+    EXPECT_EQ(deliveries(db), "") << "relayed without the privilege";
+    db.query("GRANT TEMPORARY ON DATABASE shop TO relay");
+    EXPECT_TRUE(eventually([&] { return deliveries(db) == "1:1"; })) << shop.cluster.log();
+    // The pass ran as the role: its temporary tables belong to it.
+    EXPECT_EQ(db.value("SELECT DISTINCT pg_get_userbyid(relowner) FROM pg_class"
+                       " WHERE relname LIKE 'magic_sync_%' AND relpersistence = 't'"),
+              "relay");
+}
+
+TEST(Worker, AStandbyTakesOverWhenTheHolderIsTerminated) {
+    Shop shop({"magic_sync.idle = 100"});
+    Connection db(shop.cluster.conninfo("shop"));
+    ASSERT_TRUE(eventually([&] { return !shop.holder().empty(); }));
+    std::string first = shop.holder();
+    std::string second = db.value("SELECT sync.start_relay()");
+    ASSERT_NE(second, first);
+    ASSERT_TRUE(eventually([&] {
+        return count_in_log(shop.cluster,
+                            "standing by: the relay lock of database \"shop\" is "
+                            "held by pid " +
+                                first) >= 1;
+    })) << shop.cluster.log();
+    db.query("INSERT INTO products VALUES (1, 'tea')");
+    ASSERT_TRUE(eventually([&] { return deliveries(db) == "1:1"; }));
+
+    db.query("SELECT pg_terminate_backend($1::int, 10000)", {first});
+    ASSERT_TRUE(eventually([&] { return shop.holder() == second; }, 10s))
+        << "the standby did not take over\n"
+        << shop.cluster.log();
+    db.query("INSERT INTO products VALUES (2, 'coffee')");
+    EXPECT_TRUE(eventually([&] { return deliveries(db) == "1:1,2:1"; })) << deliveries(db);
+}
+
+TEST(Worker, KillMinus9OfTheHolderLosesNothing) {
+    Shop shop({"magic_sync.idle = 100", "restart_after_crash = on"});
+    Connection before(shop.cluster.conninfo("shop"));
+    ASSERT_TRUE(eventually([&] { return !shop.holder().empty(); }));
+    before.query("INSERT INTO products VALUES (1, 'tea')");
+    ASSERT_TRUE(eventually([&] { return deliveries(before) == "1:1"; }));
+    std::string holder = shop.holder();
+    // Committed while the relay is being killed: must not be lost.
+    before.query("INSERT INTO products VALUES (2, 'coffee')");
+    ASSERT_EQ(kill(std::stoi(holder), SIGKILL), 0);
+    std::unique_ptr<Connection> after;
+    ASSERT_TRUE(eventually(
+        [&] {
+            try {
+                after = std::make_unique<Connection>(shop.cluster.conninfo("shop"));
+                return !shop.holder().empty() && shop.holder() != holder;
+            } catch (const std::exception&) {
+                return false;
+            }
+        },
+        30s))
+        << shop.cluster.log();
+    after->query("INSERT INTO products VALUES (3, 'cake')");
+    EXPECT_TRUE(eventually([&] { return deliveries(*after) == "1:1,2:1,3:1"; }))
+        << deliveries(*after);
+}
+
+TEST(Worker, AnImmediateRestartMidPassLosesNothing) {
+    Shop shop(
+        {"magic_sync.idle = 100", "magic_sync.notes_per_pass = 500", "magic_sync.window = 10000"});
+    Connection db(shop.cluster.conninfo("shop"));
+    ASSERT_TRUE(eventually([&] { return !shop.holder().empty(); }));
+    db.query("INSERT INTO products SELECT i, 'p' || i FROM generate_series(1, 20000) i");
+    // Stop it while it is part way through the backlog.
+    ASSERT_TRUE(eventually([&] { return db.value("SELECT count(*) > 0 FROM sync.row") == "t"; }));
+    std::string planned = db.value("SELECT count(*) FROM sync.row");
+    ASSERT_NE(planned, "20000") << "the backlog drained before the stop";
+    shop.cluster.stop("immediate");
+    shop.cluster.start();
+    Connection again(shop.cluster.conninfo("shop"));
+    ASSERT_TRUE(
+        eventually([&] { return again.value("SELECT count(*) FROM sync.note") == "0"; }, 60s));
+    ASSERT_TRUE(eventually(
+        [&] {
+            return again.value(
+                       "SELECT count(*) FROM sync.outbox WHERE NOT EXISTS ("
+                       " SELECT FROM sync.member m JOIN sync.scope s ON s.id = m.scope"
+                       " WHERE m.sent < s.head)") != "0" &&
+                   again.value(
+                       "SELECT bool_and(m.sent = s.head) FROM sync.member m"
+                       " JOIN sync.scope s ON s.id = m.scope") == "t";
+        },
+        60s));
+    // Every product reached the register exactly once.
+    EXPECT_EQ(again.value("SELECT count(*) FROM sync.row WHERE NOT gone"), "20000");
+    EXPECT_EQ(again.value(R"sql(
+        SELECT count(*) FILTER (WHERE n = 1) || '/' || count(*) FROM (
+            SELECT r->'k'->>'id' AS id, count(*) AS n
+            FROM sync.outbox o,
+                 jsonb_array_elements(convert_from(sync.message(o.replica, o.seq), 'UTF8')::jsonb->'chunks') c,
+                 jsonb_array_elements(c->'rows') r
+            GROUP BY 1) d
+    )sql"),
+              "20000/20000");
+}
+
+TEST(Worker, SighupPicksUpAChangedRowsPerMessage) {
+    Shop shop({"magic_sync.idle = 100"});
+    Connection db(shop.cluster.conninfo("shop"));
+    ASSERT_TRUE(eventually([&] { return !shop.holder().empty(); }));
+    db.query("ALTER SYSTEM SET magic_sync.rows_per_message = 3");
+    db.query("SELECT pg_reload_conf()");
+    std::this_thread::sleep_for(1s);
+    db.query("INSERT INTO products SELECT i, 'p' || i FROM generate_series(1, 10) i");
+    ASSERT_TRUE(eventually([&] { return db.value("SELECT count(*) FROM sync.note") == "0"; }));
+    ASSERT_TRUE(eventually([&] { return deliveries(db).size() > 0; }));
+    ASSERT_TRUE(eventually([&] {
+        return db.value("SELECT count(*) FROM sync.outbox WHERE cardinality(chunks) > 0") == "4";
+    })) << "10 rows at 3 a message make 4 messages";
+    EXPECT_EQ(db.value(R"sql(
+        SELECT max(n) FROM (SELECT sum(jsonb_array_length(c->'rows')) AS n FROM sync.outbox o,
+            jsonb_array_elements(convert_from(sync.message(o.replica, o.seq), 'UTF8')::jsonb->'chunks') c
+            GROUP BY o.seq) m)sql"),
+              "3");
+}
+
+TEST(Worker, ReprovisionsAReplicaThatRefusesOrDoesNotConfirm) {
+    Shop shop({"magic_sync.idle = 100", "magic_sync.max_refusals = 3",
+               "magic_sync.unconfirmed_after = '2s'"});
+    Connection db(shop.cluster.conninfo("shop"));
+    db.query("INSERT INTO products VALUES (1, 'tea')");
+    ASSERT_TRUE(eventually([&] { return deliveries(db) == "1:1"; }));
+    db.query("UPDATE sync.replica SET refusals = 3, last_error = 'HTTP 400: bad request'");
+    ASSERT_TRUE(eventually([&] { return db.value("SELECT gen FROM sync.replica") == "2"; }))
+        << shop.cluster.log();
+    EXPECT_EQ(
+        count_in_log(shop.cluster,
+                     "WARNING:  magic_sync relay: replica 00000000-0000-0000-0000-000000000001 "
+                     "is provisioned again: its messages were refused 3 times (last: HTTP "
+                     "400: bad request)"),
+        1);
+    ASSERT_TRUE(eventually([&] { return deliveries(db) == "1:1"; })) << "provisioned again";
+    db.query("UPDATE sync.outbox SET sent_at = now()");
+    ASSERT_TRUE(eventually([&] { return db.value("SELECT gen FROM sync.replica") == "3"; }, 10s))
+        << shop.cluster.log();
+    EXPECT_EQ(count_in_log(shop.cluster,
+                           "is provisioned again: it left messages unconfirmed for "
+                           "more than 00:00:02"),
+              1);
+}
+
+TEST(Worker, RetriesWhatWasSetAsideAndReportsIt) {
+    Shop shop({"magic_sync.idle = 100", "magic_sync.bytes_per_message = 400",
+               "magic_sync.window = 1000", "magic_sync.retry_every = '2s'",
+               "magic_sync.report_every = '1s'"});
+    Connection db(shop.cluster.conninfo("shop"));
+    db.query("INSERT INTO products VALUES (1, repeat('x', 1000))");
+    ASSERT_TRUE(eventually(
+        [&] { return db.value("SELECT count(*) FROM sync.set_aside WHERE kind = 'row'") == "1"; }));
+    ASSERT_TRUE(eventually([&] {
+        return count_in_log(
+                   shop.cluster,
+                   "set aside: 1 rows that could not be sent (the first because too big: ") >= 1;
+    })) << shop.cluster.log();
+    // A deploy raises the limit: the next retry sends the row.
+    db.query("ALTER SYSTEM SET magic_sync.bytes_per_message = '64kB'");
+    db.query("SELECT pg_reload_conf()");
+    ASSERT_TRUE(eventually([&] { return deliveries(db) == "1:1"; }, 10s)) << shop.cluster.log();
+    EXPECT_EQ(db.value("SELECT count(*) FROM sync.set_aside"), "0");
+}
+
+TEST(Relay, CallSyncRelayRelaysUntilCancelled) {
+    Cluster cluster({"magic_sync.database = ''"});
+    cluster.create_database("shop");
+    cluster.sql("shop", kShop);
+    Connection relay(cluster.conninfo("shop"));
+    Connection db(cluster.conninfo("shop"));
+    EXPECT_THROW(db.query("BEGIN; CALL sync.relay(); COMMIT"), std::runtime_error);
+    db.query("ROLLBACK");
+    ASSERT_EQ(PQsendQuery(relay.raw(), "CALL sync.relay()"), 1);
+    ASSERT_TRUE(eventually([&] { return db.value("SELECT sync.relay_lock_holder()") != ""; }));
+    db.query("INSERT INTO products VALUES (1, 'tea')");
+    EXPECT_TRUE(eventually([&] { return deliveries(db) == "1:1"; }));
+    PGcancel* cancel = PQgetCancel(relay.raw());
+    char error[256];
+    ASSERT_EQ(PQcancel(cancel, error, sizeof error), 1);
+    PQfreeCancel(cancel);
+    PGresult* result = PQgetResult(relay.raw());
+    EXPECT_STREQ(PQresultErrorField(result, PG_DIAG_SQLSTATE), "57014");
+    PQclear(result);
+    while ((result = PQgetResult(relay.raw())) != nullptr) PQclear(result);
+}
+
+TEST(Relay, ThroughPgBouncerInTransactionModeAPassIsRefused) {
+    Cluster cluster({"magic_sync.database = ''"});
+    cluster.create_database("shop");
+    cluster.sql("shop", kShop);
+    int port = free_port();
+    std::string dir = cluster.directory() + "/pgbouncer";
+    run(as_postgres("mkdir -p " + dir));
+    std::ofstream(dir + "/users.txt") << "\"postgres\" \"\"\n";
+    std::ofstream(dir + "/pgbouncer.ini")
+        << "[databases]\nshop = host=127.0.0.1 port=" << cluster.port() << " dbname=shop\n"
+        << "[pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = " << port
+        << "\nauth_type = trust\nauth_file = " << dir << "/users.txt\npool_mode = transaction\n"
+        << "default_pool_size = 2\nunix_socket_dir =\nlogfile = " << dir << "/pgbouncer.log\n"
+        << "pidfile = " << dir << "/pgbouncer.pid\n";
+    run("chown -R postgres: " + dir + " 2>/dev/null");
+    std::string output;
+    ASSERT_EQ(run(as_postgres("pgbouncer -d " + dir + "/pgbouncer.ini"), &output), 0) << output;
+    struct Stop {
+        std::string pidfile;
+        ~Stop() { run("kill $(cat " + pidfile + ") 2>/dev/null"); }
+    } stop{dir + "/pgbouncer.pid"};
+    std::string through =
+        "host=127.0.0.1 port=" + std::to_string(port) + " user=postgres dbname=shop";
+    ASSERT_TRUE(eventually(
+        [&] {
+            try {
+                Connection probe(through);
+                return true;
+            } catch (const std::exception&) {
+                return false;
+            }
+        },
+        10s));
+    Connection first(through);
+    Connection second(through);
+    // The first client's transaction takes the lock on one server connection and keeps it busy;
+    // the second client's pass runs on the other one.
+    first.query("BEGIN");
+    first.query("SELECT sync.pass()");
+    std::string holder = first.value("SELECT pg_backend_pid()");
+    try {
+        second.query("SELECT sync.pass()");
+        FAIL() << "a pass ran on a session that does not hold the lock";
+    } catch (const std::runtime_error& e) {
+        std::string message = e.what();
+        EXPECT_NE(message.find("the magic_sync relay lock is held by another session (pid " +
+                               holder + ")"),
+                  std::string::npos)
+            << message;
+        EXPECT_NE(message.find("pooler in transaction mode"), std::string::npos) << message;
+    }
+    first.query("COMMIT");
+}
+
+}  // namespace
+}  // namespace magic_sync::test
