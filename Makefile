@@ -142,3 +142,30 @@ format-check:
 	@clang-format --dry-run --Werror $(FORMATTED) && echo "format-check: $(words $(FORMATTED)) files formatted"
 
 EXTRA_CLEAN = build
+
+# Commit-to-outbox latency with the relay worker idle (issue 5); figures in bench/README.md.
+build/bench/latency: bench/latency/latency.cpp $(TEST_SUPPORT_SRCS)
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) -Itests -o $@ $^ -lpq
+
+.PHONY: bench-latency
+bench-latency: build/bench/latency
+	$(MAKE) install
+	build/bench/latency 200
+
+# Benchmarks (bench/README.md): each runs in a throwaway cluster and prints its figures and ratios.
+.PHONY: bench-capture bench-relay
+bench-capture:
+	$(MAKE) install
+	bench/capture/run.sh
+bench-relay:
+	$(MAKE) install
+	bench/relay/run.sh
+
+# bench/sender: the sender's messages/s against each transport's own baseline (bench/README.md).
+build/bench/sender_bench: bench/sender/sender_bench.cpp $(TEST_SUPPORT_SRCS) $(wildcard tests/sender/*.hpp)
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) -Itests -o $@ bench/sender/sender_bench.cpp $(TEST_SUPPORT_SRCS) -lnats -lpthread
+.PHONY: bench-sender
+bench-sender: build/bin/magic-sync-sender build/bench/sender_bench
+	build/bench/sender_bench
