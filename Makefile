@@ -169,3 +169,9 @@ build/bench/sender_bench: bench/sender/sender_bench.cpp $(TEST_SUPPORT_SRCS) $(w
 .PHONY: bench-sender
 bench-sender: build/bin/magic-sync-sender build/bench/sender_bench
 	build/bench/sender_bench
+
+# bench/receive: uploads through sync.receive against plain multi-row INSERTs (bench/README.md).
+.PHONY: bench-receive
+bench-receive:
+	$(MAKE) install
+	bench/receive/run.sh

@@ -1,0 +1,18 @@
+// Backend services the filing code needs beyond SPI: settings scoped to a piece of work, and log
+// lines. Each call guarded.
+#pragma once
+
+#include <string>
+
+namespace magic_sync::pg {
+
+// Opens a level for setting changes (as a function with a SET clause does); returns it.
+int open_settings_level();
+// Undoes every setting changed since `level` opened, SET LOCAL included (the role, what a filing
+// hook set for row policies), and closes it.
+void undo_settings(int level);
+
+// Writes `line` to the server log (LOG).
+void log_line(const std::string& line);
+
+}  // namespace magic_sync::pg

@@ -1,0 +1,529 @@
+// sync.receive(replica, message) (DESIGN §6): files an upload in the caller's transaction, as the
+// caller (or as magic_sync.role), after the senders' known and filing hooks. Besides the app's own
+// tables it writes only what the relay reads later (sync.upload, sync.answer, sync.confirmation,
+// sync.holding, sync.set_aside), through the SECURITY DEFINER helpers of 06_receive.sql, and never
+// a row that the relay pass locks.
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <regex>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "pg/bridge.hpp"
+#include "pg/session.hpp"
+#include "pg/settings.hpp"
+#include "pg/spi.hpp"
+#include "pg/values.hpp"
+#include "protocol/canonical.hpp"
+#include "protocol/messages.hpp"
+
+namespace magic_sync::filing {
+
+namespace {
+
+using pg::Spi;
+using pg::Value;
+
+// The upload speaks a later protocol than this build: 55000 (object not in prerequisite state),
+// because this server is not ready for it yet. The app keeps the upload and sends it again after
+// the upgrade; not 40001, which drivers retry at once, in vain.
+constexpr int kNotYet = ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE;
+
+// Errors that say nothing about the row being filed: the whole receive fails, the app sends again.
+bool is_transient(int sqlstate) {
+    switch (ERRCODE_TO_CATEGORY(sqlstate)) {
+        case ERRCODE_TRANSACTION_ROLLBACK:    // 40: serialization failure, deadlock
+        case ERRCODE_INSUFFICIENT_RESOURCES:  // 53: out of memory, disk full
+        case ERRCODE_OPERATOR_INTERVENTION:   // 57: query canceled, shutting down
+        case ERRCODE_SYSTEM_ERROR:            // 58: I/O
+        case ERRCODE_INTERNAL_ERROR:          // XX
+            return true;
+        default:
+            return sqlstate == ERRCODE_LOCK_NOT_AVAILABLE;
+    }
+}
+
+std::string json_string(std::string_view text) {
+    std::string out;
+    protocol::append_json_string(out, text);
+    return out;
+}
+
+// The top-level members of a canonical JSON object as written: the key token (quotes included)
+// and the value's text. Canonical text has no whitespace, so a scan for the top level's colons and
+// commas finds them.
+struct Member {
+    std::string_view key;
+    std::string_view value;
+};
+
+size_t past_string(std::string_view text, size_t at) {  // text[at] is the opening quote
+    for (++at; at < text.size(); ++at) {
+        if (text[at] == '\\')
+            ++at;
+        else if (text[at] == '"')
+            return at + 1;
+    }
+    return text.size();
+}
+
+size_t value_end(std::string_view text, size_t at) {
+    int depth = 0;
+    while (at < text.size()) {
+        char c = text[at];
+        if (c == '"') {
+            at = past_string(text, at);
+            continue;
+        }
+        if (c == '{' || c == '[') {
+            ++depth;
+        } else if (c == '}' || c == ']') {
+            if (depth == 0) return at;
+            --depth;
+        } else if (c == ',' && depth == 0) {
+            return at;
+        }
+        ++at;
+    }
+    return at;
+}
+
+std::vector<Member> members_of(std::string_view object) {
+    std::vector<Member> members;
+    if (object.empty() || object.front() != '{') return members;
+    size_t at = 1;
+    while (at < object.size() && object[at] == '"') {
+        size_t key_end = past_string(object, at);
+        size_t end = value_end(object, key_end + 1);
+        members.push_back(
+            {object.substr(at, key_end - at), object.substr(key_end + 1, end - key_end - 1)});
+        at = end + 1;
+    }
+    return members;
+}
+
+std::optional<std::string_view> member(const std::vector<Member>& members,
+                                       std::string_view json_name) {
+    for (const Member& m : members)
+        if (m.key == json_name) return m.value;
+    return std::nullopt;
+}
+
+struct Column {
+    std::string raw;        // as in the catalog
+    std::string name;       // quoted identifier
+    std::string json_name;  // as a canonical JSON string
+    bool key = false;
+    bool may_file = false;  // taken from an upload: record's columns, both's replica_columns
+    bool stamp = false;
+};
+
+struct Codec {
+    std::string table;  // as on the wire
+    std::string relation;
+    std::string kind;
+    std::vector<Column> columns;           // key columns first, in key order
+    std::vector<const Column*> key_order;  // key columns by name: the canonical member order
+    std::string stamps;                    // {"column": value from known, ...}
+};
+
+// The codecs of the tables an upload names, by table, with the columns filing may write.
+std::map<std::string, Codec> load_codecs(Spi& spi, const std::vector<protocol::UpRow>& rows,
+                                         const std::string& known) {
+    std::set<std::string> tables;
+    std::string list;
+    for (const auto& row : rows)
+        if (tables.insert(row.table).second)
+            list += (list.empty() ? "" : ",") + json_string(row.table);
+    std::map<std::string, Codec> codecs;
+    auto found = spi.query(
+        "SELECT table_name, relation, kind, column_name, is_key, may_file, is_stamp"
+        " FROM sync.receive_codecs(ARRAY(SELECT jsonb_array_elements_text($1::jsonb)))",
+        {"[" + list + "]"});
+    if (found.empty()) return codecs;
+    std::vector<Member> known_members;
+    std::string canonical_known;
+    try {
+        canonical_known = protocol::canonical_json(known);
+    } catch (const protocol::DecodeError& e) {
+        throw Error(std::string("what known() returned cannot be read for stamps: ") + e.what(),
+                    ERRCODE_INVALID_PARAMETER_VALUE);
+    }
+    known_members = members_of(canonical_known);
+    for (const auto& row : found) {
+        Codec& codec = codecs[row[0].value()];
+        codec.table = row[0].value();
+        codec.relation = row[1].value();
+        codec.kind = row[2].value();
+        Column column;
+        column.raw = row[3].value();
+        column.name = pg::quote_identifier(column.raw);
+        column.json_name = json_string(row[3].value());
+        column.key = row[4] == "t";
+        column.may_file = row[5] == "t";
+        column.stamp = row[6] == "t";
+        if (column.stamp) {
+            std::string value(member(known_members, column.json_name).value_or("null"));
+            codec.stamps += (codec.stamps.empty() ? "{" : ",") + column.json_name + ":" + value;
+        }
+        codec.columns.push_back(std::move(column));
+    }
+    for (auto& [table, codec] : codecs) {
+        codec.stamps = codec.stamps.empty() ? "{}" : codec.stamps + "}";
+        for (const Column& column : codec.columns)
+            if (column.key) codec.key_order.push_back(&column);
+        // Canonical JSON orders members by their bytes, as std::string compares.
+        std::sort(codec.key_order.begin(), codec.key_order.end(),
+                  [](const Column* a, const Column* b) { return a->raw < b->raw; });
+    }
+    return codecs;
+}
+
+// The key object of an uploaded row, canonical (the row's values are canonical already); a key
+// column the row lacks is null.
+std::string key_of(const Codec& codec, const std::vector<Member>& members) {
+    std::string key = "{";
+    for (const Column* column : codec.key_order) {
+        key += (key.size() > 1 ? "," : "") + column->json_name + ":" +
+               std::string(member(members, column->json_name).value_or("null"));
+    }
+    return key + "}";
+}
+
+// What a row's statement writes: on insert the key, the stamps and the columns the codec takes
+// that the row has; on conflict (both) those columns alone.
+struct Shape {
+    std::vector<const Column*> insert;
+    std::vector<const Column*> update;
+    bool operator==(const Shape& other) const {
+        return insert == other.insert && update == other.update;
+    }
+};
+
+Shape shape_of(const Codec& codec, const std::vector<Member>& members) {
+    Shape shape;
+    for (const Column& column : codec.columns) {
+        bool present = column.may_file && member(members, column.json_name).has_value();
+        if (column.key || column.stamp || present) shape.insert.push_back(&column);
+        if (codec.kind == "both" && present && !column.key && !column.stamp)
+            shape.update.push_back(&column);
+    }
+    return shape;
+}
+
+// Rows come as a JSON array ($1), in order; stamps ($2) override what the replica sent. Every
+// value is a bound parameter, every identifier comes from the catalog, quoted.
+std::string insert_statement(const Codec& codec, const Shape& shape) {
+    std::string columns, values, keys, sets;
+    bool stamped = false;
+    for (const Column* column : shape.insert) {
+        columns += (columns.empty() ? "" : ", ") + column->name;
+        values +=
+            (values.empty() ? "" : ", ") + std::string(column->stamp ? "s." : "p.") + column->name;
+        stamped = stamped || column->stamp;
+    }
+    for (const Column& column : codec.columns)
+        if (column.key) keys += (keys.empty() ? "" : ", ") + column.name;
+    for (const Column* column : shape.update)
+        sets += (sets.empty() ? "" : ", ") + column->name + " = excluded." + column->name;
+    return "INSERT INTO " + codec.relation + " (" + columns + ") SELECT " + values +
+           " FROM jsonb_populate_recordset(NULL::" + codec.relation +
+           ", $1::jsonb) WITH ORDINALITY AS p" +
+           (stamped
+                ? " CROSS JOIN jsonb_populate_record(NULL::" + codec.relation + ", $2::jsonb) AS s"
+                : "") +
+           " ORDER BY p.ordinality ON CONFLICT (" + keys + ") " +
+           (sets.empty() ? "DO NOTHING" : "DO UPDATE SET " + sets);
+}
+
+// A row not filed: named in the answer (t, k, why) and set aside whole with the reason.
+struct Kept {
+    std::string table;
+    std::string key;
+    std::string why;
+    std::string reason;
+    std::string body;  // {"t":..,"r":..} as uploaded
+};
+
+Kept kept_row(const protocol::UpRow& row, std::string key, const std::string& why,
+              const std::string& reason) {
+    return {row.table, std::move(key), why, reason,
+            "{\"t\":" + json_string(row.table) + ",\"r\":" + row.row + "}"};
+}
+
+Kept failed_row(const protocol::UpRow& row, std::string key, const pg::PgError& error) {
+    std::string reason = error.what();
+    if (!error.detail().empty()) reason += " (" + error.detail() + ")";
+    return kept_row(row, std::move(key), error.what(), reason);
+}
+
+std::string kept_json(const std::vector<Kept>& kept) {
+    std::string out = "[";
+    for (const Kept& k : kept) {
+        out += (out.size() > 1 ? ",{\"t\":" : "{\"t\":") + json_string(k.table) +
+               ",\"k\":" + k.key + ",\"why\":" + json_string(k.why) +
+               ",\"reason\":" + json_string(k.reason) + ",\"body\":" + json_string(k.body) + "}";
+    }
+    return out + "]";
+}
+
+// Consecutive rows of one codec and shape, filed by one statement in a subtransaction; when it
+// fails, each row in its own, so a row that fails is kept and the others are filed.
+struct Run {
+    const Codec* codec = nullptr;
+    Shape shape;
+    std::vector<size_t> rows;
+    std::vector<std::string> keys;
+};
+
+void file_run(Spi& spi, const Run& run, const std::vector<protocol::UpRow>& rows,
+              std::vector<Kept>& kept) {
+    if (run.rows.empty()) return;
+    const std::string statement = insert_statement(*run.codec, run.shape);
+    auto file = [&](const std::string& json_rows) {
+        pg::subtransaction([&] { spi.execute(statement, {json_rows, run.codec->stamps}); });
+    };
+    std::string all = "[";
+    for (size_t i : run.rows) all += (all.size() > 1 ? "," : "") + rows[i].row;
+    try {
+        file(all + "]");
+        return;
+    } catch (const pg::PgError& e) {
+        if (is_transient(e.sqlstate())) throw;
+        if (run.rows.size() == 1) {
+            kept.push_back(failed_row(rows[run.rows[0]], run.keys[0], e));
+            return;
+        }
+    }
+    for (size_t n = 0; n < run.rows.size(); ++n) {
+        try {
+            file("[" + rows[run.rows[n]].row + "]");
+        } catch (const pg::PgError& e) {
+            if (is_transient(e.sqlstate())) throw;
+            kept.push_back(failed_row(rows[run.rows[n]], run.keys[n], e));
+        }
+    }
+}
+
+std::vector<Kept> file_rows(Spi& spi, const std::vector<protocol::UpRow>& rows,
+                            const std::string& known) {
+    std::vector<Kept> kept;
+    if (rows.empty()) return kept;
+    const std::map<std::string, Codec> codecs = load_codecs(spi, rows, known);
+    Run run;
+    auto flush = [&] {
+        file_run(spi, run, rows, kept);
+        run = Run{};
+    };
+    for (size_t i = 0; i < rows.size(); ++i) {
+        const protocol::UpRow& row = rows[i];
+        auto found = codecs.find(row.table);
+        if (found == codecs.end()) {
+            flush();
+            std::string why = "table " + row.table +
+                              " does not sync: uploads are filed only into tables declared with"
+                              " sync.record() or sync.both()";
+            kept.push_back(kept_row(row, "{}", why, why));
+            continue;
+        }
+        const Codec& codec = found->second;
+        const std::vector<Member> members = members_of(row.row);
+        std::string key = key_of(codec, members);
+        if (codec.kind == "catalog") {
+            flush();
+            std::string why = "table " + row.table +
+                              " is a catalog table: its rows come from the server, an upload of"
+                              " one is not filed";
+            kept.push_back(kept_row(row, std::move(key), why, why));
+            continue;
+        }
+        Shape shape = shape_of(codec, members);
+        if (run.codec != &codec || !(run.shape == shape)) {
+            flush();
+            run.codec = &codec;
+            run.shape = std::move(shape);
+        }
+        run.rows.push_back(i);
+        run.keys.push_back(std::move(key));
+    }
+    flush();
+    return kept;
+}
+
+std::string untaken_json(const protocol::Upload& upload) {
+    std::string out = "[";
+    for (const protocol::Untaken& u : upload.untaken) {
+        out += (out.size() > 1 ? ",{\"seq\":" : "{\"seq\":") + std::to_string(u.seq) +
+               ",\"t\":" + json_string(u.table) + ",\"k\":" + u.key +
+               ",\"why\":" + json_string(u.why) + "}";
+    }
+    return out + "]";
+}
+
+// {scope: {"through", "fp", "n", "ranges": [[lo, hi, fp, n], ...]?}}, as on the wire.
+std::string holds_json(const protocol::Upload& upload) {
+    std::string out = "{";
+    for (const auto& [scope, holding] : upload.holds) {
+        out += (out.size() > 1 ? "," : "") + json_string(scope) +
+               ":{\"through\":" + std::to_string(holding.through) + ",\"fp\":\"" +
+               protocol::to_hex(holding.fingerprint.sum) +
+               "\",\"n\":" + std::to_string(holding.fingerprint.count);
+        if (!holding.ranges.empty()) {
+            std::string ranges;
+            for (const protocol::RangeFingerprint& r : holding.ranges) {
+                ranges += (ranges.empty() ? "[\"" : ",[\"") + protocol::to_hex(r.range.lo) +
+                          "\",\"" + (r.range.hi ? protocol::to_hex(*r.range.hi) : "") + "\",\"" +
+                          protocol::to_hex(r.fingerprint.sum) + "\"," +
+                          std::to_string(r.fingerprint.count) + "]";
+            }
+            out += ",\"ranges\":[" + ranges + "]";
+        }
+        out += "}";
+    }
+    return out + "}";
+}
+
+std::string hex_of(std::string_view bytes) {
+    static const char digits[] = "0123456789abcdef";
+    std::string hex;
+    hex.reserve(bytes.size() * 2);
+    for (unsigned char c : bytes) {
+        hex += digits[c >> 4];
+        hex += digits[c & 0xf];
+    }
+    return hex;
+}
+
+// The id of an upload that could not be decoded, when it can still be read: every encoder writes
+// "v" and then "id" first, so it survives a message cut short, too deep or too big.
+std::optional<std::string> recover_id(std::string_view message) {
+    static const std::regex start(
+        R"re(^\s*\{\s*(?:"v"\s*:\s*[0-9]+\s*,\s*)?"id"\s*:\s*")re"
+        R"re(([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")re");
+    const std::string head(message.substr(0, 256));
+    std::smatch match;
+    if (std::regex_search(head, match, start)) return match[1].str();
+    return std::nullopt;
+}
+
+// Records the upload id first, so two receives of one upload file it once (the second waits on
+// the first's row of sync.upload). Returns the answer's kept list when the id was filed before.
+Value seen_before(Spi& spi, const std::string& replica, const std::string& id) {
+    return spi.scalar("SELECT sync.upload_begin($1::uuid, $2::uuid)::text", {replica, id});
+}
+
+void finish_upload(Spi& spi, const std::string& replica, const std::string& id,
+                   const std::string& kept, const Value& applied, const std::string& untaken,
+                   const std::string& holds) {
+    spi.execute(
+        "SELECT sync.upload_end($1::uuid, $2::uuid, $3::jsonb, $4::bigint, $5::jsonb, $6::jsonb)",
+        {replica, id, kept, applied, untaken, holds});
+}
+
+// A message that cannot be decoded is kept as it came and, when its id can be read, answered.
+std::string keep_whole(Spi& spi, const std::string& replica, const std::string& message,
+                       const std::string& reason) {
+    std::optional<std::string> id = recover_id(message);
+    if (id) {
+        if (Value kept = seen_before(spi, replica, *id)) {
+            finish_upload(spi, replica, *id, *kept, std::nullopt, "[]", "{}");
+            return "answered again";
+        }
+    }
+    spi.execute("SELECT sync.keep_upload($1::uuid, decode($2, 'hex'), $3)",
+                {replica, hex_of(message), reason});
+    if (!id) return "kept";
+    std::string note = "[{\"t\":\"\",\"k\":{},\"why\":" + json_string(reason) +
+                       ",\"reason\":" + json_string(reason) + "}]";
+    finish_upload(spi, replica, *id, note, std::nullopt, "[]", "{}");
+    return "kept";
+}
+
+void become(Spi& spi, const std::string& role) {
+    try {
+        spi.execute("SELECT set_config('role', $1, true)", {role});
+    } catch (const pg::PgError& e) {
+        throw Error("sync.receive cannot run as magic_sync.role \"" + role + "\": " + e.what(),
+                    e.sqlstate(), "",
+                    "The login role that calls sync.receive must be a member of that role (GRANT " +
+                        pg::quote_identifier(role) +
+                        " TO the login role), and sync.receive must not be called from a SECURITY"
+                        " DEFINER function.");
+    }
+}
+
+std::string receive(Spi& spi, const std::string& replica, const std::string& message) {
+    if (settings::role != nullptr && settings::role[0] != '\0') become(spi, settings::role);
+    const pg::Row setup =
+        spi.query("SELECT known, filing, live FROM sync.receive_setup($1::uuid)", {replica}).at(0);
+    const Value& known_function = setup[0];
+    const Value& filing_function = setup[1];
+    Value known;
+    if (known_function)
+        known = spi.scalar("SELECT " + *known_function + "($1::uuid)::text", {replica});
+    else if (setup[2] == "t")
+        known = "{}";
+    if (!known) {
+        pg::log_line("magic_sync: dropped an upload from replica " + replica + ", which " +
+                     (known_function ? *known_function + "() does not know"
+                                     : std::string("is not a live replica")) +
+                     "; nothing was filed");
+        return "dropped";
+    }
+    if (filing_function) spi.execute("SELECT " + *filing_function + "($1::jsonb)", {*known});
+
+    protocol::Upload upload;
+    protocol::Limits limits;
+    limits.max_bytes = static_cast<size_t>(settings::max_upload_bytes);
+    try {
+        upload = protocol::decode_upload(message, limits);
+    } catch (const protocol::VersionTooNew& e) {
+        throw Error(std::string(e.what()) + "; nothing was filed", kNotYet, "",
+                    "Keep the upload and send it again once this server runs a magic_sync that"
+                    " speaks that version.");
+    } catch (const protocol::DecodeError& e) {
+        return keep_whole(spi, replica, message, e.what());
+    }
+
+    std::string kept;
+    std::string status;
+    if (Value before = seen_before(spi, replica, upload.id)) {
+        kept = *before;
+        status = "answered again";
+    } else {
+        kept = kept_json(file_rows(spi, upload.rows, *known));
+        status = "filed";
+    }
+    Value applied;
+    if (upload.applied) applied = std::to_string(*upload.applied);
+    finish_upload(spi, replica, upload.id, kept, applied, untaken_json(upload), holds_json(upload));
+    return status;
+}
+
+}  // namespace
+
+}  // namespace magic_sync::filing
+
+// sync.receive(replica uuid, message bytea) → text: 'filed', 'answered again' (an upload id filed
+// before), 'kept' (a message that could not be decoded, set aside whole) or 'dropped' (a replica
+// that known() does not know).
+MAGIC_SYNC_FUNCTION(magic_sync_receive) {
+    if (magic_sync::pg::arg_is_null(fcinfo, 0) || magic_sync::pg::arg_is_null(fcinfo, 1))
+        throw magic_sync::Error(
+            "sync.receive needs the replica that the route authenticated and the message it sent,"
+            " not NULL",
+            ERRCODE_NULL_VALUE_NOT_ALLOWED);
+    const std::string replica = magic_sync::pg::uuid_arg(fcinfo, 0);
+    const std::string message = magic_sync::pg::text_arg(fcinfo, 1);
+    magic_sync::pg::Spi spi;
+    // The role and what the filing hook sets last for this call only, not for the caller's
+    // transaction.
+    const int level = magic_sync::pg::open_settings_level();
+    std::string status = magic_sync::filing::receive(spi, replica, message);
+    magic_sync::pg::undo_settings(level);
+    spi.finish();
+    return magic_sync::pg::text_datum(status);
+}

@@ -1,0 +1,174 @@
+-- Filing uploads (DESIGN §6) ------------------------------------------------------------------------
+--
+-- sync.receive() runs as its caller, so row-level security applies to what it files. What it
+-- writes to sync tables goes through the SECURITY DEFINER helpers below, which sync_receiver may
+-- call; the receiver gets no grant on any sync table, so it cannot read the outboxes. The helpers
+-- write only what the relay reads later (sync.upload, sync.answer, sync.confirmation,
+-- sync.holding, sync.set_aside) and never update a row the relay pass locks.
+
+-- The answer given to an upload the first time, so one sent again is answered the same.
+ALTER TABLE sync.upload ADD COLUMN kept jsonb NOT NULL DEFAULT '[]';
+
+-- A row a replica could not take, reported again, is counted, not repeated.
+CREATE UNIQUE INDEX set_aside_untaken_once ON sync.set_aside (replica, codec, key)
+WHERE kind = 'untaken';
+
+-- Files an upload from `replica` (the one the route authenticated). Returns 'filed', 'answered
+-- again' (an upload id filed before), 'kept' (a message that could not be decoded, set aside
+-- whole) or 'dropped' (a replica that known() does not know). An ERROR means nothing was filed:
+-- send the same message again later (55000: it speaks a newer protocol than this server).
+CREATE FUNCTION sync.receive(replica uuid, message bytea) RETURNS text
+AS 'MODULE_PATHNAME', 'magic_sync_receive'
+LANGUAGE C VOLATILE
+SET search_path = pg_catalog, pg_temp;
+
+-- The filed message with its header, as the relay puts it in the outbox: payload
+-- {"upload": uuid, "kept": [{"t": table, "k": key, "why": reason}, ...]}.
+CREATE FUNCTION sync.encode_filed(replica uuid, gen bigint, seq bigint, payload jsonb) RETURNS bytea
+AS 'MODULE_PATHNAME', 'magic_sync_encode_filed' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+-- The senders' hooks as qualified function names (NULL: the default), and whether the replica
+-- is live, which is what the default known() asks.
+CREATE FUNCTION sync.receive_setup(replica uuid, OUT known text, OUT filing text, OUT live boolean)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    SELECT (SELECT format('%I.%I', n.nspname, p.proname) FROM pg_proc p
+            JOIN pg_namespace n ON n.oid = p.pronamespace WHERE p.oid = s.known),
+           (SELECT format('%I.%I', n.nspname, p.proname) FROM pg_proc p
+            JOIN pg_namespace n ON n.oid = p.pronamespace WHERE p.oid = s.filing),
+           EXISTS (SELECT FROM sync.replica r WHERE r.id = receive_setup.replica AND r.live)
+    INTO known, filing, live
+    FROM (VALUES (1)) AS one(x) LEFT JOIN sync.sender_rule s ON true;
+END
+$$;
+
+-- The codecs of `tables` (names as on the wire), one row per column filing may write: key
+-- columns first in key order. may_file: a record's travelling columns, a both's replica_columns.
+-- Generated columns are never written.
+CREATE FUNCTION sync.receive_codecs(tables text[])
+RETURNS TABLE (table_name text, relation text, kind text, column_name text, is_key boolean,
+               may_file boolean, is_stamp boolean)
+LANGUAGE plpgsql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY
+    SELECT c.table_name, format('%I.%I', n.nspname, t.relname), c.kind, a.attname::text,
+           a.attname = ANY (c.key_columns),
+           CASE c.kind WHEN 'record' THEN c.columns IS NULL OR a.attname = ANY (c.columns)
+                       WHEN 'both' THEN a.attname = ANY (c.replica_columns)
+                       ELSE false END,
+           a.attname = ANY (c.stamp)
+    FROM sync.codec c
+    JOIN pg_class t ON t.oid = c.relation
+    JOIN pg_namespace n ON n.oid = t.relnamespace
+    JOIN pg_attribute a ON a.attrelid = c.relation AND a.attnum > 0 AND NOT a.attisdropped
+                       AND a.attgenerated = ''
+    WHERE c.table_name = ANY (tables)
+    ORDER BY c.table_name, coalesce(array_position(c.key_columns, a.attname), 2147483647), a.attnum;
+END
+$$;
+
+-- Records that `replica` sent upload `upload`, first: a second receive of the same id waits here
+-- until the first commits, and then finds it. Returns NULL for a new upload, else the kept list
+-- it was answered with.
+CREATE FUNCTION sync.upload_begin(replica uuid, upload uuid) RETURNS jsonb
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    INSERT INTO sync.upload (replica, id) VALUES (upload_begin.replica, upload_begin.upload)
+    ON CONFLICT (replica, id) DO NOTHING;
+    IF FOUND THEN
+        RETURN NULL;
+    END IF;
+    -- A new statement: it sees the row the first receive committed.
+    RETURN (SELECT u.kept FROM sync.upload u
+            WHERE u.replica = upload_begin.replica AND u.id = upload_begin.upload);
+END
+$$;
+
+-- After the rows: sets aside the kept rows that carry a body, remembers and answers the kept list
+-- (t, k, why), and takes what the upload says of the replica: `applied` (confirmed by the next
+-- pass), `untaken` (set aside, per replica and row) and `holds` (kept for verification).
+CREATE FUNCTION sync.upload_end(replica uuid, upload uuid, kept jsonb, applied bigint,
+                                untaken jsonb, holds jsonb) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+DECLARE
+    answer jsonb := CASE WHEN kept = '[]' THEN kept ELSE
+                        (SELECT jsonb_agg(jsonb_build_object('t', e->'t', 'k', e->'k', 'why', e->'why')
+                                          ORDER BY i)
+                         FROM jsonb_array_elements(kept) WITH ORDINALITY AS x(e, i)) END;
+    last_sent bigint;
+BEGIN
+    IF kept <> '[]' THEN
+        INSERT INTO sync.set_aside (kind, replica, codec, key, body, reason)
+        SELECT 'upload', upload_end.replica, c.id, e->'k', convert_to(e->>'body', 'UTF8'), e->>'reason'
+        FROM jsonb_array_elements(kept) WITH ORDINALITY AS x(e, i)
+        LEFT JOIN sync.codec c ON c.table_name = e->>'t'
+        WHERE e ? 'body'
+        ORDER BY i;
+        UPDATE sync.upload u SET kept = answer
+        WHERE u.replica = upload_end.replica AND u.id = upload_end.upload AND u.kept <> answer;
+    END IF;
+    INSERT INTO sync.answer (replica, kind, payload)
+    VALUES (upload_end.replica, 'filed', jsonb_build_object('upload', upload_end.upload, 'kept', answer));
+
+    IF applied > 0 THEN
+        SELECT r.next_seq - 1 INTO last_sent FROM sync.replica r WHERE r.id = upload_end.replica;
+        IF applied > coalesce(last_sent, 0) THEN
+            RAISE LOG 'magic_sync: replica % says it applied message %, but it has been sent messages only up to %: ignored',
+                      upload_end.replica, applied, coalesce(last_sent, 0);
+        ELSE
+            INSERT INTO sync.confirmation (replica, applied) VALUES (upload_end.replica, applied);
+        END IF;
+    END IF;
+
+    IF untaken <> '[]' THEN
+        INSERT INTO sync.set_aside AS s (kind, replica, codec, key, body, reason)
+        SELECT DISTINCT ON (c.id, e->'k') 'untaken', upload_end.replica, c.id, e->'k',
+               convert_to(e::text, 'UTF8'), format('message %s: %s', e->>'seq', e->>'why')
+        FROM jsonb_array_elements(untaken) e
+        LEFT JOIN sync.codec c ON c.table_name = e->>'t'
+        ORDER BY c.id, e->'k', (e->>'seq')::bigint DESC
+        ON CONFLICT (replica, codec, key) WHERE kind = 'untaken' DO UPDATE
+            SET tries = s.tries + 1, last_try_at = now(), body = excluded.body,
+                reason = excluded.reason;
+    END IF;
+
+    IF holds <> '{}' THEN
+        INSERT INTO sync.holding AS h (replica, scope, through, fp, n, ranges, reported_at)
+        SELECT upload_end.replica, e.key, (e.value->>'through')::bigint,
+               decode(e.value->>'fp', 'hex'), (e.value->>'n')::bigint, e.value->'ranges', now()
+        FROM jsonb_each(holds) e
+        ON CONFLICT (replica, scope) DO UPDATE
+            SET through = excluded.through, fp = excluded.fp, n = excluded.n,
+                ranges = excluded.ranges, reported_at = excluded.reported_at;
+    END IF;
+END
+$$;
+
+-- A message that could not be decoded, kept as it came.
+CREATE FUNCTION sync.keep_upload(replica uuid, message bytea, reason text) RETURNS void
+LANGUAGE sql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    INSERT INTO sync.set_aside (kind, replica, body, reason)
+    VALUES ('upload', keep_upload.replica, keep_upload.message, keep_upload.reason)
+$$;
+
+-- The receiver calls sync.receive and, through it, the helpers; nothing else.
+REVOKE ALL ON FUNCTION sync.receive(uuid, bytea), sync.encode_filed(uuid, bigint, bigint, jsonb),
+    sync.receive_setup(uuid), sync.receive_codecs(text[]), sync.upload_begin(uuid, uuid),
+    sync.upload_end(uuid, uuid, jsonb, bigint, jsonb, jsonb), sync.keep_upload(uuid, bytea, text)
+    FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sync.receive(uuid, bytea), sync.receive_setup(uuid),
+    sync.receive_codecs(text[]), sync.upload_begin(uuid, uuid),
+    sync.upload_end(uuid, uuid, jsonb, bigint, jsonb, jsonb), sync.keep_upload(uuid, bytea, text)
+    TO sync_receiver;
