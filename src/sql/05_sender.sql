@@ -1,5 +1,8 @@
 -- The sender's functions (DESIGN §5) -------------------------------------------------------------
 
+-- Finds each replica's head message without walking what was sent and is not confirmed yet.
+CREATE INDEX outbox_unsent ON sync.outbox (replica, seq) WHERE sent_at IS NULL;
+
 -- Leases the head message (lowest unsent seq) of up to `n` live replicas that are not in backoff
 -- and whose head is not leased, oldest first. A replica whose head is leased or locked by another
 -- sender is skipped, never served its second message: one message at a time per replica, in order.
@@ -17,20 +20,22 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     RETURN QUERY
-    WITH leased AS (
-        SELECT o.replica, o.seq
+    WITH heads AS MATERIALIZED (
+        -- Computed once per replica, whatever the planner's statistics say.
+        SELECT r.id AS replica,
+               (SELECT h.seq FROM sync.outbox h
+                WHERE h.replica = r.id AND h.sent_at IS NULL
+                ORDER BY h.seq LIMIT 1) AS seq
         FROM sync.replica r
-        CROSS JOIN LATERAL (
-            SELECT h.seq FROM sync.outbox h
-            WHERE h.replica = r.id AND h.sent_at IS NULL
-            ORDER BY h.seq LIMIT 1
-        ) head
-        JOIN sync.outbox o ON o.replica = r.id AND o.seq = head.seq
-        WHERE r.live
-          AND (r.backoff_until IS NULL OR r.backoff_until <= now())
-          -- Checked again on the locked row version, so a head that another sender leased or
-          -- sent since this statement's snapshot is skipped.
-          AND o.sent_at IS NULL
+        WHERE r.live AND (r.backoff_until IS NULL OR r.backoff_until <= now())
+    ),
+    leased AS (
+        SELECT o.replica, o.seq
+        FROM heads
+        JOIN sync.outbox o ON o.replica = heads.replica AND o.seq = heads.seq
+        -- Checked again on the locked row version, so a head that another sender leased or
+        -- sent since this statement's snapshot is skipped.
+        WHERE o.sent_at IS NULL
           AND (o.lease_until IS NULL OR o.lease_until <= now())
         ORDER BY o.created_at, o.replica
         LIMIT n

@@ -1,0 +1,123 @@
+#include "options.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <map>
+
+namespace magic_sync::sender {
+
+const char* const kUsage =
+    R"(usage: magic-sync-sender --db CONNINFO --transport http|nats|exec [options]
+
+Delivers the outbox of every replica (sync.next / sync.sent / sync.failed): concurrently across
+replicas, one message at a time per replica, in order. Holds no state: kill it at any moment.
+
+  --db CONNINFO          libpq connection string (a role granted sync_sender)
+  --transport NAME       http, nats or exec
+  --concurrency N        messages in flight at once, each to another replica (default 64)
+  --once                 deliver what can be delivered now, then exit
+  --report SECONDS       progress line interval (default 10; 0: none)
+  --lease SECONDS        how long a message stays leased to this sender
+                         (default 2 x send timeout + 5; must exceed the send timeout)
+  --send-timeout SECONDS a send taking longer is a transient failure
+                         (default: the server's magic_sync.send_timeout)
+http:
+  --url TEMPLATE         POST target, {replica} replaced by the replica's id; header message-id
+nats (JetStream):
+  --nats-url URL         default nats://127.0.0.1:4222
+  --nats-prefix PREFIX   publish to PREFIX.<replica> (default magic_sync)
+  --nats-stream NAME     the stream to create with --nats-create-stream (default magic_sync)
+  --nats-create-stream   create the stream (file storage, subjects PREFIX.>) if it is missing
+exec:
+  --exec COMMAND         run per message with /bin/sh -c: the bytes on stdin, REPLICA and
+                         MESSAGE_ID in the environment; exit 0 taken, 75 transient, else refused
+  --help                 this text
+)";
+
+namespace {
+
+double parse_seconds(const std::string& option, const std::string& text, bool zero_allowed) {
+    char* end = nullptr;
+    const double value = std::strtod(text.c_str(), &end);
+    if (text.empty() || *end != '\0' || !std::isfinite(value) || value < 0 ||
+        (!zero_allowed && value == 0))
+        throw UsageError(option + " needs a " + (zero_allowed ? "" : "positive ") +
+                         "number of seconds, not '" + text + "'");
+    return value;
+}
+
+int parse_count(const std::string& option, const std::string& text) {
+    char* end = nullptr;
+    const long value = std::strtol(text.c_str(), &end, 10);
+    if (text.empty() || *end != '\0' || value < 1 || value > 100000)
+        throw UsageError(option + " needs a whole number from 1 to 100000, not '" + text + "'");
+    return static_cast<int>(value);
+}
+
+}  // namespace
+
+Options parse_options(const std::vector<std::string>& arguments) {
+    Options options;
+    using Setter = std::function<void(const std::string&)>;
+    const std::map<std::string, Setter> with_value = {
+        {"--db", [&](const std::string& v) { options.db = v; }},
+        {"--transport", [&](const std::string& v) { options.transport = v; }},
+        {"--concurrency",
+         [&](const std::string& v) { options.concurrency = parse_count("--concurrency", v); }},
+        {"--report",
+         [&](const std::string& v) {
+             options.report_seconds = parse_seconds("--report", v, true);
+         }},
+        {"--lease",
+         [&](const std::string& v) { options.lease_seconds = parse_seconds("--lease", v, false); }},
+        {"--send-timeout",
+         [&](const std::string& v) {
+             options.send_timeout_seconds = parse_seconds("--send-timeout", v, false);
+         }},
+        {"--url", [&](const std::string& v) { options.url = v; }},
+        {"--nats-url", [&](const std::string& v) { options.nats_url = v; }},
+        {"--nats-prefix", [&](const std::string& v) { options.nats_prefix = v; }},
+        {"--nats-stream", [&](const std::string& v) { options.nats_stream = v; }},
+        {"--exec", [&](const std::string& v) { options.exec = v; }},
+    };
+    for (size_t i = 0; i < arguments.size(); ++i) {
+        const std::string& argument = arguments[i];
+        if (argument == "--help" || argument == "-h") {
+            options.help = true;
+            return options;
+        }
+        if (argument == "--once") {
+            options.once = true;
+            continue;
+        }
+        if (argument == "--nats-create-stream") {
+            options.nats_create_stream = true;
+            continue;
+        }
+        const auto setter = with_value.find(argument);
+        if (setter == with_value.end()) throw UsageError("unknown option '" + argument + "'");
+        if (i + 1 == arguments.size()) throw UsageError(argument + " needs a value");
+        setter->second(arguments[++i]);
+    }
+    if (options.db.empty()) throw UsageError("--db CONNINFO is required");
+    if (options.transport == "http") {
+        if (options.url.empty()) throw UsageError("--transport http needs --url TEMPLATE");
+    } else if (options.transport == "nats") {
+        if (options.nats_prefix.empty() ||
+            options.nats_prefix.find_first_of(" *>") != std::string::npos)
+            throw UsageError("--nats-prefix must be a subject without spaces, '*' or '>'");
+    } else if (options.transport == "exec") {
+        if (options.exec.empty()) throw UsageError("--transport exec needs --exec COMMAND");
+    } else {
+        throw UsageError("--transport must be http, nats or exec");
+    }
+    if (options.lease_seconds && options.send_timeout_seconds &&
+        *options.lease_seconds <= *options.send_timeout_seconds)
+        throw UsageError(
+            "--lease must be longer than --send-timeout, or another sender could "
+            "take a message while this one is still sending it");
+    return options;
+}
+
+}  // namespace magic_sync::sender

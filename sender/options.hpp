@@ -1,0 +1,42 @@
+// The command line of magic-sync-sender.
+#pragma once
+
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace magic_sync::sender {
+
+struct Options {
+    std::string db;  // a libpq connection string; never logged (it may hold a password)
+    std::string transport;
+    int concurrency = 64;
+    bool once = false;
+    double report_seconds = 10;
+    std::optional<double> lease_seconds;         // default: from the send timeout
+    std::optional<double> send_timeout_seconds;  // default: magic_sync.send_timeout
+    // http
+    std::string url;
+    // nats
+    std::string nats_url = "nats://127.0.0.1:4222";
+    std::string nats_prefix = "magic_sync";
+    std::string nats_stream = "magic_sync";
+    bool nats_create_stream = false;
+    // exec
+    std::string exec;
+
+    bool help = false;
+};
+
+class UsageError : public std::runtime_error {
+  public:
+    using std::runtime_error::runtime_error;
+};
+
+// Throws UsageError with a message that says what to change.
+Options parse_options(const std::vector<std::string>& arguments);
+
+extern const char* const kUsage;
+
+}  // namespace magic_sync::sender
