@@ -3,6 +3,8 @@
 // sequences the steps and builds the per-codec statements from the catalog.
 #include "pass.hpp"
 
+#include "answers.hpp"
+
 #include <string>
 #include <vector>
 
@@ -628,6 +630,7 @@ PassCounts run_pass(Spi& spi) {
         counts.set_aside += encode_codec(spi, codec, replicas);
     counts.rows_changed = record_changes(spi);
     apply_confirmations(spi);
+    counts.messages += move_answers(spi);
     for (int round = 0; round < settings::window; ++round) {
         int64_t written = write_messages(spi);
         counts.messages += written;
