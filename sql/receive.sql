@@ -202,14 +202,15 @@ SELECT forget();
 
 -- The relay moves answers into the outboxes of live replicas as filed messages, numbered after
 -- what they were sent; answers of a replica that is no longer live are dropped.
-CREATE FUNCTION move_answers() RETURNS bigint AS '$libdir/magic_sync', 'magic_sync_move_answers' LANGUAGE C;
 SELECT sync.receive('00000000-0000-0000-0000-0000000000a1', up('10000000-0000-0000-0000-000000000010', $$[
   {"t":"shop.ghosts","r":{"id":2}}]$$));
+-- An upload with no rows (only applied, untaken, holds) is not answered.
 SELECT sync.receive('00000000-0000-0000-0000-0000000000a1', up('10000000-0000-0000-0000-000000000011', '[]'));
-SELECT sync.receive('00000000-0000-0000-0000-0000000000a2', up('10000000-0000-0000-0000-000000000012', '[]'));
+SELECT sync.receive('00000000-0000-0000-0000-0000000000a2', up('10000000-0000-0000-0000-000000000012', $$[
+  {"t":"shop.ghosts","r":{"id":3}}]$$));
+SELECT count(*) AS answers_waiting FROM sync.answer;
 UPDATE shop.registers SET active = false WHERE label = 'a2';
-SELECT forgotten FROM sync.pass();
-SELECT move_answers() AS moved;
+SELECT forgotten, messages FROM sync.pass();
 SELECT r.label, o.seq, o.gen, o.kind, convert_from(sync.message(o.replica, o.seq), 'UTF8') AS message
 FROM sync.outbox o JOIN shop.registers r ON r.id = o.replica WHERE o.kind = 'filed' ORDER BY 1, 2;
 SELECT r.label, x.next_seq FROM sync.replica x JOIN shop.registers r ON r.id = x.id WHERE x.live;

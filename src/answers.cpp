@@ -52,11 +52,3 @@ MAGIC_SYNC_FUNCTION(magic_sync_encode_filed) {
         throw magic_sync::Error(usage + ": " + e.what(), ERRCODE_INVALID_PARAMETER_VALUE);
     }
 }
-
-// Stand-in entry point for the regress test until run_pass calls move_answers.
-MAGIC_SYNC_FUNCTION(magic_sync_move_answers) {
-    magic_sync::pg::Spi spi;
-    int64_t written = magic_sync::relay::move_answers(spi);
-    spi.finish();
-    return Int64GetDatum(written);
-}

@@ -17,6 +17,7 @@
 #include "pg/settings.hpp"
 #include "pg/spi.hpp"
 #include "pg/values.hpp"
+#include "pg/wake.hpp"
 #include "protocol/canonical.hpp"
 #include "protocol/messages.hpp"
 
@@ -417,10 +418,13 @@ Value seen_before(Spi& spi, const std::string& replica, const std::string& id) {
 
 void finish_upload(Spi& spi, const std::string& replica, const std::string& id,
                    const std::string& kept, const Value& applied, const std::string& untaken,
-                   const std::string& holds) {
+                   const std::string& holds, bool answered) {
     spi.execute(
-        "SELECT sync.upload_end($1::uuid, $2::uuid, $3::jsonb, $4::bigint, $5::jsonb, $6::jsonb)",
-        {replica, id, kept, applied, untaken, holds});
+        "SELECT sync.upload_end($1::uuid, $2::uuid, $3::jsonb, $4::bigint, $5::jsonb, $6::jsonb,"
+        " $7::boolean)",
+        {replica, id, kept, applied, untaken, holds, answered ? "true" : "false"});
+    // The relay moves the answer and applies the confirmation as soon as this commits.
+    pg::wake_relay_at_commit();
 }
 
 // A message that cannot be decoded is kept as it came and, when its id can be read, answered.
@@ -429,7 +433,7 @@ std::string keep_whole(Spi& spi, const std::string& replica, const std::string& 
     std::optional<std::string> id = recover_id(message);
     if (id) {
         if (Value kept = seen_before(spi, replica, *id)) {
-            finish_upload(spi, replica, *id, *kept, std::nullopt, "[]", "{}");
+            finish_upload(spi, replica, *id, *kept, std::nullopt, "[]", "{}", true);
             return "answered again";
         }
     }
@@ -438,7 +442,7 @@ std::string keep_whole(Spi& spi, const std::string& replica, const std::string& 
     if (!id) return "kept";
     std::string note = "[{\"t\":\"\",\"k\":{},\"why\":" + json_string(reason) +
                        ",\"reason\":" + json_string(reason) + "}]";
-    finish_upload(spi, replica, *id, note, std::nullopt, "[]", "{}");
+    finish_upload(spi, replica, *id, note, std::nullopt, "[]", "{}", true);
     return "kept";
 }
 
@@ -499,7 +503,8 @@ std::string receive(Spi& spi, const std::string& replica, const std::string& mes
     }
     Value applied;
     if (upload.applied) applied = std::to_string(*upload.applied);
-    finish_upload(spi, replica, upload.id, kept, applied, untaken_json(upload), holds_json(upload));
+    finish_upload(spi, replica, upload.id, kept, applied, untaken_json(upload), holds_json(upload),
+                  !upload.rows.empty() || kept != "[]");
     return status;
 }
 

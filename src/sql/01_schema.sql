@@ -168,12 +168,17 @@ CREATE TABLE sync.set_aside (
 );
 -- A note or row set aside again is counted, not repeated.
 CREATE UNIQUE INDEX set_aside_once ON sync.set_aside (kind, codec, key) WHERE kind IN ('note', 'row');
+-- A row a replica could not take, reported again, is counted, not repeated.
+CREATE UNIQUE INDEX set_aside_untaken_once ON sync.set_aside (replica, codec, key)
+WHERE kind = 'untaken';
 
 -- Uploads filed, so one sent again is answered, not filed twice.
 CREATE TABLE sync.upload (
     replica uuid NOT NULL,
     id uuid NOT NULL,
     filed_at timestamptz NOT NULL DEFAULT now(),
+    -- The answer given the first time, so an upload sent again is answered the same.
+    kept jsonb NOT NULL DEFAULT '[]',
     PRIMARY KEY (replica, id)
 );
 

@@ -6,13 +6,6 @@
 -- write only what the relay reads later (sync.upload, sync.answer, sync.confirmation,
 -- sync.holding, sync.set_aside) and never update a row the relay pass locks.
 
--- The answer given to an upload the first time, so one sent again is answered the same.
-ALTER TABLE sync.upload ADD COLUMN kept jsonb NOT NULL DEFAULT '[]';
-
--- A row a replica could not take, reported again, is counted, not repeated.
-CREATE UNIQUE INDEX set_aside_untaken_once ON sync.set_aside (replica, codec, key)
-WHERE kind = 'untaken';
-
 -- Files an upload from `replica` (the one the route authenticated). Returns 'filed', 'answered
 -- again' (an upload id filed before), 'kept' (a message that could not be decoded, set aside
 -- whole) or 'dropped' (a replica that known() does not know). An ERROR means nothing was filed:
@@ -95,7 +88,7 @@ $$;
 -- (t, k, why), and takes what the upload says of the replica: `applied` (confirmed by the next
 -- pass), `untaken` (set aside, per replica and row) and `holds` (kept for verification).
 CREATE FUNCTION sync.upload_end(replica uuid, upload uuid, kept jsonb, applied bigint,
-                                untaken jsonb, holds jsonb) RETURNS void
+                                untaken jsonb, holds jsonb, answered boolean) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -117,8 +110,12 @@ BEGIN
         UPDATE sync.upload u SET kept = answer
         WHERE u.replica = upload_end.replica AND u.id = upload_end.upload AND u.kept <> answer;
     END IF;
-    INSERT INTO sync.answer (replica, kind, payload)
-    VALUES (upload_end.replica, 'filed', jsonb_build_object('upload', upload_end.upload, 'kept', answer));
+    -- An upload that carried no rows (only applied, untaken, holds) is not answered: the answer
+    -- would be one more message for the replica to confirm, and nothing to tell it.
+    IF answered THEN
+        INSERT INTO sync.answer (replica, kind, payload)
+        VALUES (upload_end.replica, 'filed', jsonb_build_object('upload', upload_end.upload, 'kept', answer));
+    END IF;
 
     IF applied > 0 THEN
         SELECT r.next_seq - 1 INTO last_sent FROM sync.replica r WHERE r.id = upload_end.replica;
@@ -166,9 +163,9 @@ $$;
 -- The receiver calls sync.receive and, through it, the helpers; nothing else.
 REVOKE ALL ON FUNCTION sync.receive(uuid, bytea), sync.encode_filed(uuid, bigint, bigint, jsonb),
     sync.receive_setup(uuid), sync.receive_codecs(text[]), sync.upload_begin(uuid, uuid),
-    sync.upload_end(uuid, uuid, jsonb, bigint, jsonb, jsonb), sync.keep_upload(uuid, bytea, text)
+    sync.upload_end(uuid, uuid, jsonb, bigint, jsonb, jsonb, boolean), sync.keep_upload(uuid, bytea, text)
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sync.receive(uuid, bytea), sync.receive_setup(uuid),
     sync.receive_codecs(text[]), sync.upload_begin(uuid, uuid),
-    sync.upload_end(uuid, uuid, jsonb, bigint, jsonb, jsonb), sync.keep_upload(uuid, bytea, text)
+    sync.upload_end(uuid, uuid, jsonb, bigint, jsonb, jsonb, boolean), sync.keep_upload(uuid, bytea, text)
     TO sync_receiver;
