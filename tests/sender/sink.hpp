@@ -58,7 +58,9 @@ class HttpSink {
         }
         shutdown(listener_, SHUT_RDWR);
         acceptor_.join();
-        for (auto& thread : connection_threads_) thread.join();
+        std::unique_lock<std::mutex> lock(mutex_);
+        changed_.wait(lock, [this] { return connections_.empty(); });
+        lock.unlock();
         close(listener_);
     }
     HttpSink(const HttpSink&) = delete;
@@ -127,7 +129,9 @@ class HttpSink {
                 return;
             }
             connections_.insert(fd);
-            connection_threads_.emplace_back([this, fd] { serve(fd); });
+            // Detached, so a thread's memory goes when its connection ends; the destructor waits
+            // for connections_ to empty.
+            std::thread([this, fd] { serve(fd); }).detach();
         }
     }
 
@@ -189,6 +193,7 @@ class HttpSink {
         std::lock_guard<std::mutex> lock(mutex_);
         connections_.erase(fd);
         close(fd);
+        changed_.notify_all();
     }
 
     int handle(const std::string& replica, const std::string& message_id, const std::string& body) {
@@ -224,7 +229,6 @@ class HttpSink {
     std::thread acceptor_;
     bool stopping_ = false;
     std::set<int> connections_;
-    std::vector<std::thread> connection_threads_;
     mutable std::mutex mutex_;
     std::condition_variable changed_;
     bool released_ = false;
