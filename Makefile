@@ -101,12 +101,14 @@ build/tests/replica_tests: $(REPLICA_TEST_SRCS) $(TEST_SUPPORT_SRCS) build/lib/l
 	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_INCLUDES) $(PQ_INCLUDES) -Ireplica -Itests -o $@ \
 		$(REPLICA_TEST_SRCS) $(TEST_SUPPORT_SRCS) build/lib/libmagic_sync_replica.a $(GTEST_LIBS) $(REPLICA_LIBS)
 
-# Tests against a real server: the relay worker, poolers, end to end.
+# Tests against a real server: the relay worker, poolers, end to end. Debian builds cpp-httplib
+# as a library with TLS and compression: its header needs the same definitions.
+HTTPLIB = $(shell pkg-config --cflags --libs cpp-httplib 2>/dev/null)
 SERVER_TEST_SRCS := $(wildcard tests/server/*_test.cpp)
 build/tests/server_tests: $(SERVER_TEST_SRCS) $(TEST_SUPPORT_SRCS) $(wildcard tests/server/*.hpp)
 	@mkdir -p $(dir $@)
 	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) -Itests -o $@ $(SERVER_TEST_SRCS) \
-		$(TEST_SUPPORT_SRCS) $(GTEST_LIBS) -lpq
+		$(TEST_SUPPORT_SRCS) $(GTEST_LIBS) -lpq $(HTTPLIB)
 
 PROGRAMS := build/tests/unit_tests
 PROGRAMS += $(if $(SERVER_TEST_SRCS),build/tests/server_tests)
@@ -175,3 +177,76 @@ bench-sender: build/bin/magic-sync-sender build/bench/sender_bench
 bench-receive:
 	$(MAKE) install
 	bench/receive/run.sh
+
+# Fuzzing (tests/fuzz/README.md): libFuzzer targets with their own instrumented compile of the
+# protocol sources in build/fuzz/, and sanitizer builds of the tests in build/asan/; the normal
+# objects are untouched. `make fuzz` runs each target FUZZ_SECONDS, `make fuzz-quick` 30 s.
+FUZZ_CXX ?= clang++
+FUZZ_SANITIZE = -fsanitize=address,undefined -fno-sanitize-recover=all
+FUZZ_FLAGS = -std=c++17 $(WARNINGS) -g -O1 -fno-omit-frame-pointer $(FUZZ_SANITIZE)
+FUZZ_TARGETS := decode canonical upload
+FUZZ_PROTOCOL_OBJS := $(patsubst src/protocol/%.cpp,build/fuzz/protocol/%.o,$(PROTOCOL_SRCS))
+FUZZ_SECONDS ?= 600
+build/fuzz/protocol/%.o: src/protocol/%.cpp $(wildcard src/protocol/*.hpp)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link $(PROTOCOL_BUILD) $(PROTOCOL_INCLUDES) \
+		-c -o $@ $<
+build/fuzz/%: tests/fuzz/%_fuzz.cpp $(wildcard tests/fuzz/*.hpp) $(FUZZ_PROTOCOL_OBJS)
+	@mkdir -p $(dir $@)
+	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer $(PROTOCOL_INCLUDES) -Itests/fuzz -o $@ $< \
+		$(FUZZ_PROTOCOL_OBJS) -lcrypto
+build/fuzz/make_seeds: tests/fuzz/make_seeds.cpp $(PROTOCOL_OBJS)
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_INCLUDES) -o $@ $< $(PROTOCOL_OBJS) -lcrypto
+.PHONY: fuzz fuzz-quick fuzz-build
+fuzz-build: $(addprefix build/fuzz/,$(FUZZ_TARGETS))
+fuzz:
+	scripts/fuzz.sh --seconds $(FUZZ_SECONDS)
+fuzz-quick:
+	scripts/fuzz.sh --seconds 30
+
+# The GoogleTest binaries, the sender and the replica under AddressSanitizer and
+# UndefinedBehaviorSanitizer, in build/asan/ (scripts/sanitize.sh: `make test-asan`).
+ASAN_SANITIZE = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
+ASAN_PROTOCOL_OBJS := $(patsubst src/protocol/%.cpp,build/asan/protocol/%.o,$(PROTOCOL_SRCS))
+ASAN_SENDER_OBJS := $(patsubst sender/%.cpp,build/asan/sender/%.o,$(SENDER_SRCS))
+ASAN_REPLICA_LIB_OBJS := $(patsubst replica/lib/%.cpp,build/asan/replica/lib/%.o,$(REPLICA_LIB_SRCS))
+ASAN_REPLICA_CLI_OBJS := $(patsubst replica/cli/%.cpp,build/asan/replica/cli/%.o,$(REPLICA_CLI_SRCS))
+build/asan/%: SANITIZE = $(ASAN_SANITIZE)
+build/asan/protocol/%.o: src/protocol/%.cpp $(wildcard src/protocol/*.hpp)
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_BUILD) $(PROTOCOL_INCLUDES) -c -o $@ $<
+build/asan/tests/unit_tests: $(UNIT_SRCS) $(ASAN_PROTOCOL_OBJS)
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_INCLUDES) -o $@ $(UNIT_SRCS) $(ASAN_PROTOCOL_OBJS) \
+		$(GTEST_LIBS) -lcrypto
+build/asan/sender/%.o: sender/%.cpp $(wildcard sender/*.hpp src/protocol/*.hpp)
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_INCLUDES) $(PQ_INCLUDES) -Isender -c -o $@ $<
+build/asan/bin/magic-sync-sender: build/asan/sender/main.o $(ASAN_SENDER_OBJS) $(ASAN_PROTOCOL_OBJS)
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) -o $@ $^ $(SENDER_LIBS)
+build/asan/tests/sender_tests: $(SENDER_TEST_SRCS) $(TEST_SUPPORT_SRCS) $(ASAN_SENDER_OBJS) \
+		$(ASAN_PROTOCOL_OBJS)
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_INCLUDES) $(PQ_INCLUDES) -Isender -Itests -o $@ \
+		$(SENDER_TEST_SRCS) $(TEST_SUPPORT_SRCS) $(ASAN_SENDER_OBJS) $(ASAN_PROTOCOL_OBJS) \
+		$(GTEST_LIBS) $(SENDER_LIBS)
+build/asan/replica/%.o: replica/%.cpp $(wildcard replica/*/*.hpp src/protocol/*.hpp)
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_INCLUDES) $(PQ_INCLUDES) -Ireplica -c -o $@ $<
+build/asan/lib/libmagic_sync_replica.a: $(ASAN_REPLICA_LIB_OBJS) $(ASAN_PROTOCOL_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+build/asan/bin/magic-sync-replica: $(ASAN_REPLICA_CLI_OBJS) build/asan/lib/libmagic_sync_replica.a
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) -o $@ $^ $(REPLICA_LIBS)
+build/asan/tests/replica_tests: $(REPLICA_TEST_SRCS) $(TEST_SUPPORT_SRCS) \
+		build/asan/lib/libmagic_sync_replica.a
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_INCLUDES) $(PQ_INCLUDES) -Ireplica -Itests -o $@ \
+		$(REPLICA_TEST_SRCS) $(TEST_SUPPORT_SRCS) build/asan/lib/libmagic_sync_replica.a \
+		$(GTEST_LIBS) $(REPLICA_LIBS)
+.PHONY: test-asan
+test-asan:
+	scripts/sanitize.sh

@@ -37,6 +37,7 @@ class Connection {
         auto status = PQresultStatus(result);
         if (status != PGRES_TUPLES_OK && status != PGRES_COMMAND_OK) {
             std::string error = PQresultErrorMessage(result);
+            if (error.empty()) error = PQerrorMessage(connection_);
             PQclear(result);
             throw std::runtime_error(error);
         }
@@ -60,6 +61,7 @@ class Connection {
         return *rows.front().front();
     }
 
+    bool ok() const { return PQstatus(connection_) == CONNECTION_OK; }
     PGconn* raw() { return connection_; }
 
   private:

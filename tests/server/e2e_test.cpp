@@ -1,0 +1,486 @@
+// End to end with every real part: PostgreSQL with magic_sync preloaded (the relay worker running
+// by itself), magic-sync-sender, and magic-sync-replica processes, over http (through a router of
+// the test's own, which can cut a replica's line) and over NATS JetStream. After every scenario
+// each live replica's content is compared with what the server says it should hold, row by row
+// (table, key and version hash), and the server's state with its tables.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "server/pq.hpp"
+#include "server/process.hpp"
+#include "support/cluster.hpp"
+
+namespace magic_sync::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+const char* const kShop = R"sql(
+    CREATE SCHEMA shop;
+    CREATE TABLE shop.stores (id int PRIMARY KEY, name text NOT NULL);
+    CREATE TABLE shop.registers (id uuid PRIMARY KEY, store_id int NOT NULL REFERENCES shop.stores,
+                                 active boolean NOT NULL DEFAULT true);
+    CREATE TABLE shop.products (id int PRIMARY KEY, name text NOT NULL, price numeric(10, 2) NOT NULL);
+    CREATE TABLE shop.prices (store_id int, product_id int, price numeric(10, 2) NOT NULL,
+                              PRIMARY KEY (store_id, product_id));
+    CREATE TABLE shop.sales (id uuid PRIMARY KEY, register_id uuid NOT NULL, product_id int NOT NULL,
+                             qty int NOT NULL);
+    CREATE TABLE shop.drawers (register_id uuid PRIMARY KEY, counted numeric(10, 2),
+                               closed_at timestamptz, opened_by text);
+    CREATE TABLE shop.shelves (store_id int, product_id int, stock int NOT NULL DEFAULT 0, label text,
+                               PRIMARY KEY (store_id, product_id));
+    SELECT sync.replicas('shop.registers', 'registers', live => 'active');
+    SELECT sync.catalog('shop.products');
+    SELECT sync.catalog('shop.prices', "to" => 'store_id = store_id');
+    SELECT sync.record('shop.sales');
+    SELECT sync.both('shop.drawers', "to" => 'register_id', replica_columns => ARRAY['counted', 'closed_at']);
+    SELECT sync.both('shop.shelves', "to" => 'store_id = store_id', replica_columns => ARRAY['stock']);
+    INSERT INTO shop.stores VALUES (1, 'north'), (2, 'south');
+    INSERT INTO shop.products SELECT i, 'product ' || i, i FROM generate_series(1, 30) i;
+    INSERT INTO shop.prices SELECT s, p, p + s / 10.0 FROM generate_series(1, 2) s, generate_series(1, 10) p;
+    INSERT INTO shop.shelves SELECT s, p, 10, 'shelf ' || p FROM generate_series(1, 2) s, generate_series(1, 5) p;
+)sql";
+
+// What the server says a replica should hold: one line per row, table, canonical key, version.
+const char* const kExpected = R"sql(
+    SELECT coalesce(string_agg(line, E'\n' ORDER BY line), '') FROM (
+        SELECT c.table_name || ' ' || sync.canonical(r.key) || ' ' || encode(r.hash, 'hex') AS line
+        FROM sync.row r
+        JOIN sync.member m ON m.scope = r.scope AND m.replica = $1::uuid
+        JOIN sync.codec c ON c.id = r.codec
+        WHERE NOT r.gone) held
+)sql";
+
+// Rows of the synced tables whose planned version is not their current content (should be none
+// once the relay caught up).
+const char* const kServerDrift = R"sql(
+    SELECT (SELECT count(*) FROM shop.products t FULL JOIN (SELECT r.* FROM sync.row r JOIN sync.codec c
+                ON c.id = r.codec WHERE c.table_name = 'shop.products' AND NOT r.gone) r
+            ON r.key = jsonb_build_object('id', t.id)
+            WHERE r.hash IS DISTINCT FROM sha256(convert_to(sync.canonical(to_jsonb(t)), 'UTF8')))
+         + (SELECT count(*) FROM shop.prices t FULL JOIN (SELECT r.* FROM sync.row r JOIN sync.codec c
+                ON c.id = r.codec WHERE c.table_name = 'shop.prices' AND NOT r.gone) r
+            ON r.key = jsonb_build_object('store_id', t.store_id, 'product_id', t.product_id)
+            WHERE r.hash IS DISTINCT FROM sha256(convert_to(sync.canonical(to_jsonb(t)), 'UTF8')))
+)sql";
+
+std::string nats_server() {
+    for (const char* path : {"/usr/sbin/nats-server", "/usr/bin/nats-server"})
+        if (access(path, X_OK) == 0) return path;
+    throw std::runtime_error("nats-server is not installed (apt-get install nats-server)");
+}
+
+size_t line_count(const std::string& text) {
+    return text.empty() ? 0 : std::count(text.begin(), text.end(), '\n') + 1;
+}
+
+std::string replica_id(int n) {
+    char id[40];
+    snprintf(id, sizeof id, "00000000-0000-0000-0000-%012d", n);
+    return id;
+}
+
+// Receives the sender's POSTs on one port and forwards each to its replica's own port; a cut
+// replica is answered 503 (the line is down).
+class Router {
+  public:
+    Router() : port_(free_port()) {
+        server_.Post(R"(/replicas/([0-9a-f-]+))", [this](const httplib::Request& request,
+                                                         httplib::Response& response) {
+            std::string replica = request.matches[1];
+            int port = 0;
+            {
+                std::lock_guard<std::mutex> lock(mutex_);
+                if (cut_.count(replica) || !ports_.count(replica)) {
+                    response.status = 503;
+                    return;
+                }
+                port = ports_[replica];
+            }
+            httplib::Client client("127.0.0.1", port);
+            client.set_read_timeout(10, 0);
+            httplib::Headers headers{{"message-id", request.get_header_value("message-id")}};
+            auto result = client.Post(request.path.c_str(), headers, request.body,
+                                      "application/octet-stream");
+            response.status = result ? result->status : 503;
+            if (result) response.body = result->body;
+        });
+        if (!server_.bind_to_port("127.0.0.1", port_))
+            throw std::runtime_error("the router cannot listen on its port");
+        thread_ = std::thread([this] { server_.listen_after_bind(); });
+    }
+    ~Router() {
+        server_.stop();
+        thread_.join();
+    }
+    int port() const { return port_; }
+    void route(const std::string& replica, int port) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        ports_[replica] = port;
+    }
+    void cut(const std::string& replica, bool down) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (down)
+            cut_.insert(replica);
+        else
+            cut_.erase(replica);
+    }
+
+  private:
+    int port_;
+    httplib::Server server_;
+    std::thread thread_;
+    std::mutex mutex_;
+    std::map<std::string, int> ports_;
+    std::set<std::string> cut_;
+};
+
+struct Replica {
+    std::string id;
+    std::string db;
+    std::unique_ptr<Process> process;
+};
+
+class EndToEnd : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        cluster_ = std::make_unique<Cluster>(std::vector<std::string>{
+            "magic_sync.database = 'shop'", "magic_sync.idle = 100", "magic_sync.backoff = 200",
+            "magic_sync.backoff_max = 1000", "magic_sync.rows_per_message = 50"});
+        cluster_->create_database("shop");
+        cluster_->sql("shop", kShop);
+        db_ = std::make_unique<Connection>(cluster_->conninfo("shop"));
+        char pattern[] = "/tmp/magic_sync_e2e.XXXXXX";
+        directory_ = mkdtemp(pattern);
+    }
+    void TearDown() override {
+        sender_.reset();
+        replicas_.clear();
+        nats_.reset();
+        db_.reset();
+        cluster_.reset();
+        run("rm -rf " + directory_);
+    }
+
+    // The test's connection to the shop; made again after the server restarted under it.
+    Connection& db() {
+        if (!db_ || !db_->ok()) reconnect();
+        return *db_;
+    }
+
+    // A new register of `store`; its replica process is started by start_replica.
+    Replica& add_register(int n, int store) {
+        db().query("INSERT INTO shop.registers (id, store_id) VALUES ($1::uuid, $2::int)",
+                   {replica_id(n), std::to_string(store)});
+        Replica& replica = replicas_[n];
+        replica.id = replica_id(n);
+        replica.db = directory_ + "/" + replica.id + ".db";
+        return replica;
+    }
+
+    void start_http_replica(int n) {
+        Replica& replica = replicas_[n];
+        int port = free_port();
+        router_->route(replica.id, port);
+        replica.process = std::make_unique<Process>(
+            std::vector<std::string>{"build/bin/magic-sync-replica", "--id", replica.id, "--db",
+                                     replica.db, "serve", "--listen",
+                                     "127.0.0.1:" + std::to_string(port), "--up",
+                                     cluster_->conninfo("shop"), "--upload-every", "0.2"},
+            directory_ + "/" + replica.id + ".log");
+    }
+
+    void start_nats_replica(int n) {
+        Replica& replica = replicas_[n];
+        replica.process = std::make_unique<Process>(
+            std::vector<std::string>{"build/bin/magic-sync-replica", "--id", replica.id, "--db",
+                                     replica.db, "nats", "--url", nats_url_, "--up",
+                                     cluster_->conninfo("shop"), "--upload-every", "0.2"},
+            directory_ + "/" + replica.id + ".log");
+    }
+
+    void start_http_sender() {
+        router_ = router_ ? std::move(router_) : std::make_unique<Router>();
+        sender_ = std::make_unique<Process>(
+            std::vector<std::string>{
+                "build/bin/magic-sync-sender", "--db", cluster_->conninfo("shop"), "--transport",
+                "http", "--url",
+                "http://127.0.0.1:" + std::to_string(router_->port()) + "/replicas/{replica}",
+                "--report", "0", "--send-timeout", "5"},
+            directory_ + "/sender.log");
+    }
+
+    void start_nats() {
+        int port = free_port();
+        nats_url_ = "nats://127.0.0.1:" + std::to_string(port);
+        nats_ = std::make_unique<Process>(
+            std::vector<std::string>{nats_server(), "-js", "-a", "127.0.0.1", "-p",
+                                     std::to_string(port), "-sd", directory_ + "/nats"},
+            directory_ + "/nats.log");
+        ASSERT_TRUE(eventually(
+            [&] {
+                return run("bash -c 'exec 3<>/dev/tcp/127.0.0.1/" + std::to_string(port) +
+                           "' 2>/dev/null") == 0;
+            },
+            10s))
+            << nats_->log();
+    }
+
+    void start_nats_sender() {
+        sender_ = std::make_unique<Process>(
+            std::vector<std::string>{"build/bin/magic-sync-sender", "--db",
+                                     cluster_->conninfo("shop"), "--transport", "nats",
+                                     "--nats-url", nats_url_, "--nats-create-stream", "--report",
+                                     "0", "--send-timeout", "5"},
+            directory_ + "/sender.log");
+    }
+
+    // What the replica holds, in the form of kExpected.
+    std::string held(const Replica& replica) {
+        std::string output;
+        if (run("build/bin/magic-sync-replica --id " + replica.id + " --db " + replica.db +
+                    " show --json 2>/dev/null",
+                &output) != 0)
+            return "(show failed: " + output + ")";
+        std::vector<std::string> lines;
+        try {
+            auto shown = nlohmann::json::parse(output);
+            for (auto& [table, rows] : shown["held"].items())
+                for (auto& row : rows)
+                    lines.push_back(table + " " + row["k"].dump() + " " +
+                                    row["h"].get<std::string>());
+        } catch (const std::exception& e) {
+            return std::string("(unreadable: ") + e.what() + ")";
+        }
+        std::sort(lines.begin(), lines.end());
+        std::string joined;
+        for (size_t i = 0; i < lines.size(); ++i) joined += (i ? "\n" : "") + lines[i];
+        return joined;
+    }
+
+    std::string expected(const Replica& replica) { return db().value(kExpected, {replica.id}); }
+
+    bool live(const Replica& replica) {
+        return db().value("SELECT live FROM sync.replica WHERE id = $1::uuid", {replica.id}) == "t";
+    }
+
+    // Every live replica holds exactly what the server says, and the server's state is its
+    // tables'; `skip` names a replica not to wait for.
+    void converge(const std::string& scenario, int skip = 0) {
+        std::cerr << "converging: " << scenario << std::endl;
+        bool converged = eventually(
+            [&] {
+                try {
+                    if (db().value("SELECT count(*) FROM sync.note") != "0") return false;
+                    if (db().value(kServerDrift) != "0") return false;
+                    for (auto& [n, replica] : replicas_) {
+                        if (n == skip || !live(replica)) continue;
+                        if (held(replica) != expected(replica)) return false;
+                    }
+                    return true;
+                } catch (const std::exception&) {
+                    return false;  // the server is restarting
+                }
+            },
+            60s);
+        if (converged) return;
+        std::string report = "not converged after " + scenario + "\n";
+        for (auto& [n, replica] : replicas_) {
+            if (n == skip) continue;
+            report += "replica " + replica.id + (live(replica) ? "" : " (not live)") +
+                      "\n  expected:\n" + expected(replica) + "\n  held:\n" + held(replica) + "\n";
+        }
+        report += "server drift: " + db().value(kServerDrift) + "\n";
+        report += "sender log:\n" + (sender_ ? sender_->log() : "") + "\n";
+        FAIL() << report << "server log:\n" << cluster_->log();
+    }
+
+    void write_local(int n, const std::string& table, const std::string& json,
+                     const std::string& key = "") {
+        Replica& replica = replicas_[n];
+        std::string output;
+        std::string command = "build/bin/magic-sync-replica --id " + replica.id + " --db " +
+                              replica.db + " write " + table + " '" + json + "'";
+        if (!key.empty()) command += " --key " + key;
+        ASSERT_EQ(run(command, &output), 0) << output;
+    }
+
+    void reconnect() {
+        bool connected = eventually(
+            [&] {
+                try {
+                    db_ = std::make_unique<Connection>(cluster_->conninfo("shop"));
+                    db_->value("SELECT 1");
+                    return true;
+                } catch (const std::exception&) {
+                    return false;
+                }
+            },
+            60s);
+        if (!connected) throw std::runtime_error("the server did not come back");
+    }
+
+    // Waits until the relay runs again after a crash, on a new backend.
+    void await_relay_other_than(const std::string& pid) {
+        ASSERT_TRUE(eventually(
+            [&] {
+                try {
+                    std::string holder = db().value("SELECT sync.relay_lock_holder()");
+                    return !holder.empty() && holder != pid;
+                } catch (const std::exception&) {
+                    return false;
+                }
+            },
+            60s))
+            << cluster_->log();
+    }
+
+    std::unique_ptr<Cluster> cluster_;
+    std::unique_ptr<Connection> db_;
+    std::string directory_;
+    std::unique_ptr<Router> router_;
+    std::unique_ptr<Process> sender_;
+    std::unique_ptr<Process> nats_;
+    std::string nats_url_;
+    std::map<int, Replica> replicas_;
+};
+
+TEST_F(EndToEnd, OverHttpThroughChangesMovesUploadsCutsAndKills) {
+    for (int n : {1, 2, 3}) add_register(n, n <= 2 ? 1 : 2);
+    db().query("INSERT INTO shop.drawers VALUES ($1::uuid, 100.00, NULL, 'ann')", {replica_id(1)});
+    start_http_sender();
+    for (int n : {1, 2, 3}) start_http_replica(n);
+    converge("provisioning: catalog to all, prices to each store, a drawer to its register");
+    // 30 products, 10 prices and 5 shelves of its store, its drawer.
+    EXPECT_EQ(line_count(expected(replicas_[1])), 46);
+    EXPECT_EQ(held(replicas_[3]).find("shop.drawers"), std::string::npos);
+
+    db().query("UPDATE shop.products SET price = price * 2 WHERE id <= 10");
+    db().query("DELETE FROM shop.products WHERE id = 30");
+    db().query("INSERT INTO shop.prices VALUES (2, 11, 5.55)");
+    converge("catalog and store changes");
+
+    add_register(4, 2);
+    start_http_replica(4);
+    converge("a register joining late");
+
+    db().query("UPDATE shop.registers SET active = false WHERE id = $1::uuid", {replica_id(2)});
+    db().query("UPDATE shop.products SET name = 'renamed' WHERE id = 1");
+    converge("a register leaving");
+    db().query("UPDATE shop.registers SET active = true WHERE id = $1::uuid", {replica_id(2)});
+    converge("the register coming back");
+    EXPECT_EQ(db().value("SELECT gen FROM sync.replica WHERE id = $1::uuid", {replica_id(2)}), "2");
+
+    db().query("UPDATE shop.registers SET store_id = 1 WHERE id = $1::uuid", {replica_id(3)});
+    converge("a register moved to another store");
+
+    // Uploads: a sale (record), the register's own drawer and a shelf of its store (both).
+    const std::string sale = "10000000-0000-0000-0000-000000000001";
+    write_local(1, "shop.sales",
+                R"({"id":")" + sale + R"(","register_id":")" + replica_id(1) +
+                    R"(","product_id":3,"qty":2})");
+    write_local(1, "shop.drawers",
+                R"({"register_id":")" + replica_id(1) + R"(","counted":123.45,"opened_by":"eve"})",
+                "register_id");
+    write_local(1, "shop.shelves", R"({"store_id":1,"product_id":2,"stock":7,"label":"no"})",
+                "store_id,product_id");
+    ASSERT_TRUE(eventually([&] {
+        return db().value("SELECT count(*) FROM shop.sales WHERE id = $1::uuid", {sale}) == "1" &&
+               db().value("SELECT counted FROM shop.drawers WHERE register_id = $1::uuid",
+                          {replica_id(1)}) == "123.45" &&
+               db().value("SELECT stock FROM shop.shelves WHERE store_id = 1 AND product_id = 2") ==
+                   "7";
+    })) << replicas_[1].process->log();
+    // Only the replica's columns were taken.
+    EXPECT_EQ(db().value("SELECT opened_by FROM shop.drawers WHERE register_id = $1::uuid",
+                         {replica_id(1)}),
+              "ann");
+    EXPECT_EQ(db().value("SELECT label FROM shop.shelves WHERE store_id = 1 AND product_id = 2"),
+              "shelf 2");
+    converge("uploads reaching the server and the other registers of the store");
+
+    // A cut line: register 4 backs off while the others carry on; healed, it catches up.
+    router_->cut(replica_id(4), true);
+    db().query("UPDATE shop.products SET price = price + 1 WHERE id BETWEEN 11 AND 20");
+    converge("changes while register 4's line is cut", 4);
+    EXPECT_TRUE(eventually([&] {
+        return db().value("SELECT last_error IS NOT NULL FROM sync.replica WHERE id = $1::uuid",
+                          {replica_id(4)}) == "t";
+    }));
+    router_->cut(replica_id(4), false);
+    converge("the line healed");
+
+    // kill -9 of the sender in the middle of traffic, then a new one.
+    db().query("UPDATE shop.products SET price = price + 0.01");
+    sender_->stop(SIGKILL);
+    start_http_sender();
+    converge("kill -9 of the sender");
+
+    // kill -9 of a replica in the middle of traffic, then restarted on the same file.
+    db().query("UPDATE shop.prices SET price = price + 0.02");
+    replicas_[1].process->stop(SIGKILL);
+    replicas_[1].process->start();
+    converge("kill -9 of a replica");
+
+    // kill -9 of the relay's backend: the postmaster restarts, the worker comes back.
+    db().query("UPDATE shop.products SET price = price + 0.03");
+    std::string relay = db().value("SELECT sync.relay_lock_holder()");
+    ASSERT_FALSE(relay.empty());
+    kill(std::stoi(relay), SIGKILL);
+    await_relay_other_than(relay);
+    converge("kill -9 of the relay's backend");
+
+    // An immediate restart of PostgreSQL itself in the middle of traffic.
+    db().query("UPDATE shop.products SET price = price + 0.04");
+    relay = db().value("SELECT sync.relay_lock_holder()");
+    cluster_->stop("immediate");
+    cluster_->start();
+    await_relay_other_than(relay);
+    db().query("UPDATE shop.products SET name = name || '.' WHERE id <= 5");
+    converge("an immediate restart of PostgreSQL");
+
+    // Nothing was filed twice.
+    EXPECT_EQ(db().value("SELECT count(*) FROM shop.sales"), "1");
+    EXPECT_EQ(db().value("SELECT count(*) FROM sync.upload WHERE kept <> '[]'"), "0");
+}
+
+TEST_F(EndToEnd, OverNatsJetStream) {
+    start_nats();
+    for (int n : {1, 2}) add_register(n, n);
+    start_nats_sender();
+    for (int n : {1, 2}) start_nats_replica(n);
+    converge("provisioning over NATS");
+    EXPECT_EQ(line_count(held(replicas_[2])), 45);
+    db().query("UPDATE shop.products SET price = price * 3 WHERE id <= 15");
+    db().query("INSERT INTO shop.prices VALUES (1, 12, 1.23)");
+    converge("changes over NATS");
+    write_local(2, "shop.shelves", R"({"store_id":2,"product_id":4,"stock":3})",
+                "store_id,product_id");
+    ASSERT_TRUE(eventually([&] {
+        return db().value("SELECT stock FROM shop.shelves WHERE store_id = 2 AND product_id = 4") ==
+               "3";
+    }));
+    converge("an upload over NATS");
+    db().query("UPDATE shop.products SET price = price + 1");
+    sender_->stop(SIGKILL);
+    start_nats_sender();
+    replicas_[1].process->stop(SIGKILL);
+    replicas_[1].process->start();
+    converge("kill -9 of the sender and of a replica over NATS");
+}
+
+}  // namespace
+}  // namespace magic_sync::test
