@@ -27,7 +27,8 @@ SELECT p.proname FROM pg_proc p
 WHERE p.pronamespace = 'sync'::regnamespace
   AND NOT EXISTS (SELECT FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')
   AND p.provolatile <> 'i'  -- immutable wire and fingerprint functions read no catalog
-  AND p.prokind <> 'p';     -- a procedure with SET cannot commit: sync.relay() qualifies its names
+  AND p.prokind <> 'p'      -- a procedure with SET cannot commit: sync.relay() qualifies its names
+  AND p.oid <> 'sync.capture()'::regprocedure;  -- qualifies its names: a SET would cost every write
 
 -- The extension cannot be moved to another schema.
 ALTER EXTENSION magic_sync SET SCHEMA public;

@@ -64,7 +64,7 @@ SELECT sync.failed('00000000-0000-0000-0000-00000000000b', 1, true, 'timeout') A
 SELECT backoff, last_error, refusals FROM sync.replica WHERE id = '00000000-0000-0000-0000-00000000000b';
 
 -- After the backoff the replica's head goes again, under the same id; once it is taken the
--- backoff and the error are cleared (sent returns true: the replica recovered).
+-- backoff, the error and the run of refusals are cleared (sent returns true: it recovered).
 UPDATE sync.replica SET backoff_until = now() - interval '1 second'
 WHERE id = '00000000-0000-0000-0000-00000000000b';
 SELECT replica, seq, message_id FROM sync.next(10, '1 minute');

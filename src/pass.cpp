@@ -4,6 +4,7 @@
 #include "pass.hpp"
 
 #include "answers.hpp"
+#include "repair.hpp"
 
 #include <string>
 #include <vector>
@@ -67,6 +68,13 @@ void clear_temp_tables(Spi& spi) {
 }
 
 int64_t count_of(const Value& value) { return value ? std::stoll(*value) : 0; }
+
+// A temporary table is never analyzed by autovacuum: after filling one with many rows, analyze
+// it, so the next statements join it by plan rather than by guess.
+void analyze_if_large(Spi& spi, const char* table, int64_t rows) {
+    constexpr int64_t kLarge = 1000;
+    if (rows > kLarge) spi.execute(std::string("ANALYZE pg_temp.") + table);
+}
 
 // 1. Take up to notes_per_pass notes, de-duplicated.
 int64_t take_notes(Spi& spi) {
@@ -429,6 +437,7 @@ int64_t record_changes(Spi& spi) {
         " LEFT JOIN sync.row r ON r.codec = p.codec AND r.key = p.key AND NOT r.gone"
         " WHERE r.scope IS DISTINCT FROM s.id OR r.hash IS DISTINCT FROM p.hash"));
     if (changed == 0) return 0;
+    analyze_if_large(spi, "magic_sync_change", changed);
     spi.execute(
         "UPDATE sync.row r SET gone = true, seq = c.tomb_seq, hash = NULL, body = NULL"
         " FROM pg_temp.magic_sync_change c WHERE c.tomb_seq IS NOT NULL"
@@ -488,11 +497,13 @@ void build_chunks(Spi& spi) {
         "  - sync.chunk_size(n.scope_name, n.sent, n.head) - 1 AS budget"
         "  FROM pg_temp.magic_sync_need n WHERE n.chunk IS NULL) w"
         " LEFT JOIN LATERAL (SELECT x.seq, x.codec, x.key, c.table_name,"
-        "  sync.canonical(x.key) AS ktext, x.body, encode(x.hash, 'hex') AS hash,"
-        "  row_number() OVER (ORDER BY x.seq) AS position"
-        "  FROM sync.row x JOIN sync.codec c ON c.id = x.codec"
-        "  WHERE x.scope = w.scope AND x.seq > w.from_seq AND x.seq <= w.head"
-        "  AND (w.from_seq > 0 OR NOT x.gone) ORDER BY x.seq LIMIT $1::int) r ON true",
+        "  sync.canonical(x.key) AS ktext, x.body, encode(x.hash, 'hex') AS hash, x.position"
+        "  FROM (SELECT y.seq, y.codec, y.key, y.body, y.hash,"
+        "   row_number() OVER (ORDER BY y.seq) AS position"
+        "   FROM (SELECT seq, codec, key, body, hash FROM sync.row"
+        "    WHERE scope = w.scope AND seq > w.from_seq AND seq <= w.head"
+        "    AND (w.from_seq > 0 OR NOT gone) ORDER BY seq LIMIT $1::int) y) x"
+        "  JOIN sync.codec c ON c.id = x.codec) r ON true",
         {rows_limit, bytes_limit});
     // Cut: rows that fit, in order, until the running size passes the budget. A row too big for
     // any message takes no room: it is withheld.
@@ -617,6 +628,8 @@ PassCounts run_pass(Spi& spi) {
     ReplicaSet replicas = replica_set(spi);
     counts.notes = take_notes(spi);
     expand_whole_codecs(spi, replicas);
+    analyze_if_large(spi, "magic_sync_note",
+                     count_of(spi.scalar("SELECT count(*) FROM pg_temp.magic_sync_note")));
     ReplicaCounts replica_counts = plan_replicas(spi, replicas);
     counts.provisioned = replica_counts.provisioned;
     counts.forgotten = replica_counts.forgotten;
@@ -628,9 +641,12 @@ PassCounts run_pass(Spi& spi) {
     }
     for (const Codec& codec : noted_codecs(spi))
         counts.set_aside += encode_codec(spi, codec, replicas);
+    analyze_if_large(spi, "magic_sync_row",
+                     count_of(spi.scalar("SELECT count(*) FROM pg_temp.magic_sync_row")));
     counts.rows_changed = record_changes(spi);
     apply_confirmations(spi);
     counts.messages += move_answers(spi);
+    counts.messages += plan_repairs(spi);
     for (int round = 0; round < settings::window; ++round) {
         int64_t written = write_messages(spi);
         counts.messages += written;
@@ -640,6 +656,8 @@ PassCounts run_pass(Spi& spi) {
     constexpr int64_t kLargePass = 10000;
     last_pass_was_large = counts.notes > kLargePass || counts.rows_changed > kLargePass ||
                           counts.messages > kLargePass / 10;
+    // The next passes read sync.row by scope and seq: keep its statistics up with a large change.
+    if (counts.rows_changed > kLargePass) spi.execute("ANALYZE sync.row");
     spi.execute(
         "UPDATE sync.relay_state SET last_pass_at = clock_timestamp(), last_pass ="
         " jsonb_build_object('notes', $1::bigint, 'rows_changed', $2::bigint,"

@@ -109,8 +109,8 @@ int main(int argc, char** argv) {
     std::printf("commit-to-outbox latency, worker idle (magic_sync.idle = 200 ms), %zu changes:\n",
                 latencies.size());
     std::printf("  median %.2f ms   p90 %.2f ms   p99 %.2f ms   max %.2f ms   missed %d\n",
-                percentile(latencies, 0.5), percentile(latencies, 0.9),
-                percentile(latencies, 0.99), percentile(latencies, 1.0), missed);
+                percentile(latencies, 0.5), percentile(latencies, 0.9), percentile(latencies, 0.99),
+                percentile(latencies, 1.0), missed);
     std::printf("  goal: median under 10 ms: %s\n",
                 percentile(latencies, 0.5) < 10.0 ? "met" : "NOT met");
     return 0;

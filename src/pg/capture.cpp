@@ -7,12 +7,15 @@
 extern "C" {
 #include "postgres.h"
 
+#include "catalog/pg_proc.h"
 #include "commands/trigger.h"
 #include "executor/spi.h"
 #include "lib/stringinfo.h"
+#include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/hsearch.h"
 #include "utils/memutils.h"
+#include "utils/syscache.h"
 }
 
 #include "pg/bridge.hpp"
@@ -27,9 +30,10 @@ struct CachedPlan {
 
 HTAB* plans = nullptr;
 
-// jsonb_build_object('a', <alias>."a", 'b', <alias>."b") for the key columns.
+// pg_catalog.jsonb_build_object('a', <alias>."a", ...) for the key columns. Every name in these
+// statements is qualified: they run as the extension's owner under the writer's search_path.
 void append_key(StringInfo sql, const Trigger* trigger, const char* alias) {
-    appendStringInfoString(sql, "jsonb_build_object(");
+    appendStringInfoString(sql, "pg_catalog.jsonb_build_object(");
     for (int i = 1; i < trigger->tgnargs; ++i) {
         const char* column = trigger->tgargs[i];
         appendStringInfo(sql, "%s%s, %s.%s", i > 1 ? ", " : "", quote_literal_cstr(column), alias,
@@ -46,12 +50,13 @@ void append_update_select(StringInfo sql, const Trigger* trigger) {
     append_key(sql, trigger, "o");
     appendStringInfoString(sql, " ELSE ");
     append_key(sql, trigger, "n");
-    appendStringInfoString(sql, " END FROM magic_sync_old o FULL JOIN magic_sync_new n ON (");
-    for (int i = 1; i < trigger->tgnargs; ++i) {
-        const char* column = quote_identifier(trigger->tgargs[i]);
-        appendStringInfo(sql, "%so.%s = n.%s", i > 1 ? " AND " : "", column, column);
-    }
-    appendStringInfoString(sql, ") WHERE o::text IS DISTINCT FROM n::text");
+    appendStringInfoString(sql, " END FROM magic_sync_old o FULL JOIN magic_sync_new n ON ");
+    append_key(sql, trigger, "o");
+    appendStringInfoString(sql, " OPERATOR(pg_catalog.=) ");
+    append_key(sql, trigger, "n");
+    appendStringInfoString(sql,
+                           " WHERE o IS NULL OR n IS NULL OR"
+                           " o::pg_catalog.text OPERATOR(pg_catalog.<>) n::pg_catalog.text");
 }
 
 SPIPlanPtr plan_for(const TriggerData* data) {
@@ -104,6 +109,20 @@ SPIPlanPtr plan_for(const TriggerData* data) {
     return plan;
 }
 
+// The owner of sync.capture(), looked up once per call site.
+Oid owner_of(FunctionCallInfo fcinfo) {
+    if (fcinfo->flinfo->fn_extra == nullptr) {
+        HeapTuple proc = SearchSysCache1(PROCOID, ObjectIdGetDatum(fcinfo->flinfo->fn_oid));
+        if (!HeapTupleIsValid(proc))
+            elog(ERROR, "magic_sync capture: function %u not found", fcinfo->flinfo->fn_oid);
+        auto* owner = static_cast<Oid*>(MemoryContextAlloc(fcinfo->flinfo->fn_mcxt, sizeof(Oid)));
+        *owner = reinterpret_cast<Form_pg_proc>(GETSTRUCT(proc))->proowner;
+        ReleaseSysCache(proc);
+        fcinfo->flinfo->fn_extra = owner;
+    }
+    return *static_cast<Oid*>(fcinfo->flinfo->fn_extra);
+}
+
 // C-style on purpose: it runs inside pg::guard(), where no C++ object may live.
 void capture(FunctionCallInfo fcinfo) {
     if (!CALLED_AS_TRIGGER(fcinfo))
@@ -123,6 +142,14 @@ void capture(FunctionCallInfo fcinfo) {
                             errmsg("sync.capture() needs the trigger's transition tables")));
         if (tuplestore_tuple_count(rows) == 0) return;
     }
+    // Whoever writes a synced table notes its changes without any privilege on sync.note: the
+    // notes are written as the function's owner (cheaper than SECURITY DEFINER, which would save
+    // and restore settings on every call). An error's abort restores the writer.
+    Oid writer = InvalidOid;
+    int security_context = 0;
+    GetUserIdAndSecContext(&writer, &security_context);
+    SetUserIdAndSecContext(owner_of(fcinfo), security_context | SECURITY_LOCAL_USERID_CHANGE |
+                                                 SECURITY_RESTRICTED_OPERATION);
     if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "magic_sync capture: SPI_connect failed");
     if (SPI_register_trigger_data(data) != SPI_OK_TD_REGISTER)
         elog(ERROR, "magic_sync capture: could not register the transition tables");
@@ -130,6 +157,7 @@ void capture(FunctionCallInfo fcinfo) {
     if (result != SPI_OK_INSERT)
         elog(ERROR, "magic_sync capture: writing notes failed: %s", SPI_result_code_string(result));
     SPI_finish();
+    SetUserIdAndSecContext(writer, security_context);
     magic_sync::pg::wake_relay_at_commit();
 }
 

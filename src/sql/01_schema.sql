@@ -78,7 +78,9 @@ CREATE TABLE sync.row (
     codec int NOT NULL,
     key jsonb NOT NULL,
     k bytea NOT NULL,
-    scope bigint NOT NULL REFERENCES sync.scope,
+    -- No foreign key: the pass creates every scope it files rows in, and a check per row would
+    -- cost more than the insert.
+    scope bigint NOT NULL,
     seq bigint NOT NULL,
     hash bytea,
     body text,
@@ -107,6 +109,8 @@ CREATE TABLE sync.replica (
     last_error text,
     refusals int NOT NULL DEFAULT 0
 );
+-- Replicas whose next message must carry a reset or a drop.
+CREATE INDEX replica_pending ON sync.replica (id) WHERE reset_pending OR cardinality(pending_drops) > 0;
 
 -- A replica's cursor in each of its scopes: sent through, and confirmed through.
 CREATE TABLE sync.member (
@@ -116,6 +120,8 @@ CREATE TABLE sync.member (
     confirmed bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (replica, scope)
 );
+-- The members behind their scope's head, found without reading the others.
+CREATE INDEX member_behind ON sync.member (scope, sent);
 
 -- An encoded run of one scope's rows, shared by every replica that needs the same run.
 CREATE TABLE sync.chunk (

@@ -70,8 +70,11 @@ BEGIN
     WHERE o.replica = sent.replica AND o.seq = sent.seq AND o.sent_at IS NULL;
     SELECT r.backoff IS NOT NULL INTO was_backing_off
     FROM sync.replica r WHERE r.id = sent.replica FOR UPDATE;
-    UPDATE sync.replica r SET backoff = NULL, backoff_until = NULL, last_error = NULL
-    WHERE r.id = sent.replica AND r.backoff IS NOT NULL;
+    -- A delivery ends a run of refusals too: the alarm counts refusals in a row.
+    UPDATE sync.replica r SET backoff = NULL, backoff_until = NULL, last_error = NULL, refusals = 0
+    WHERE r.id = sent.replica AND (r.backoff IS NOT NULL OR r.refusals > 0);
+    -- The relay refills the replica's window as soon as this commits.
+    PERFORM sync.wake();
     RETURN coalesce(was_backing_off, false);
 END
 $$;
