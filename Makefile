@@ -253,3 +253,14 @@ build/asan/tests/replica_tests: $(REPLICA_TEST_SRCS) $(TEST_SUPPORT_SRCS) \
 .PHONY: test-asan
 test-asan:
 	scripts/sanitize.sh
+
+# End to end (issue 8): commit-to-applied latency and rows/s delivered to 100 replicas over http.
+build/bench/e2e: bench/e2e/e2e_bench.cpp $(TEST_SUPPORT_SRCS) $(wildcard tests/server/*.hpp)
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) -Itests -o $@ bench/e2e/e2e_bench.cpp \
+		$(TEST_SUPPORT_SRCS) -lpq $(HTTPLIB) -lpthread
+
+.PHONY: bench-e2e
+bench-e2e: build/bench/e2e build/bin/magic-sync-sender build/bin/magic-sync-replica
+	$(MAKE) install
+	build/bench/e2e 100 50

@@ -21,6 +21,7 @@
 
 #include "server/pq.hpp"
 #include "server/process.hpp"
+#include "server/router.hpp"
 #include "support/cluster.hpp"
 
 namespace magic_sync::test {
@@ -92,61 +93,6 @@ std::string replica_id(int n) {
     snprintf(id, sizeof id, "00000000-0000-0000-0000-%012d", n);
     return id;
 }
-
-// Receives the sender's POSTs on one port and forwards each to its replica's own port; a cut
-// replica is answered 503 (the line is down).
-class Router {
-  public:
-    Router() : port_(free_port()) {
-        server_.Post(R"(/replicas/([0-9a-f-]+))", [this](const httplib::Request& request,
-                                                         httplib::Response& response) {
-            std::string replica = request.matches[1];
-            int port = 0;
-            {
-                std::lock_guard<std::mutex> lock(mutex_);
-                if (cut_.count(replica) || !ports_.count(replica)) {
-                    response.status = 503;
-                    return;
-                }
-                port = ports_[replica];
-            }
-            httplib::Client client("127.0.0.1", port);
-            client.set_read_timeout(10, 0);
-            httplib::Headers headers{{"message-id", request.get_header_value("message-id")}};
-            auto result = client.Post(request.path.c_str(), headers, request.body,
-                                      "application/octet-stream");
-            response.status = result ? result->status : 503;
-            if (result) response.body = result->body;
-        });
-        if (!server_.bind_to_port("127.0.0.1", port_))
-            throw std::runtime_error("the router cannot listen on its port");
-        thread_ = std::thread([this] { server_.listen_after_bind(); });
-    }
-    ~Router() {
-        server_.stop();
-        thread_.join();
-    }
-    int port() const { return port_; }
-    void route(const std::string& replica, int port) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        ports_[replica] = port;
-    }
-    void cut(const std::string& replica, bool down) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (down)
-            cut_.insert(replica);
-        else
-            cut_.erase(replica);
-    }
-
-  private:
-    int port_;
-    httplib::Server server_;
-    std::thread thread_;
-    std::mutex mutex_;
-    std::map<std::string, int> ports_;
-    std::set<std::string> cut_;
-};
 
 struct Replica {
     std::string id;

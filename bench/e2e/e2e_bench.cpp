@@ -1,0 +1,193 @@
+// End to end on this machine, every real part: the relay worker, magic-sync-sender over http, and
+// magic-sync-replica processes (each answers 2xx only after its SQLite commit).
+//   1. commit-to-applied latency: a row committed at the head office until a replica took the
+//      message carrying it, with the worker idle, and under a steady write load;
+//   2. rows/s delivered: one statement changing many catalog rows, fanned out to 100 replicas,
+//      until every replica took all of them.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "server/pq.hpp"
+#include "server/process.hpp"
+#include "server/router.hpp"
+#include "support/cluster.hpp"
+
+namespace {
+
+using namespace magic_sync::test;
+using Clock = std::chrono::steady_clock;
+
+std::string replica_id(int n) {
+    char id[40];
+    snprintf(id, sizeof id, "00000000-0000-0000-0000-%012d", n);
+    return id;
+}
+
+double percentile(std::vector<double> values, double p) {
+    std::sort(values.begin(), values.end());
+    return values[static_cast<size_t>(p * (values.size() - 1) + 0.5)];
+}
+
+struct Rig {
+    explicit Rig(int replicas) {
+        cluster = std::make_unique<Cluster>(std::vector<std::string>{
+            "magic_sync.database = 'shop'", "magic_sync.window = 64", "max_connections = 200"});
+        cluster->create_database("shop");
+        cluster->sql("shop", R"sql(
+            CREATE TABLE registers (id uuid PRIMARY KEY, active boolean NOT NULL DEFAULT true);
+            CREATE TABLE products (id int PRIMARY KEY, name text NOT NULL, price numeric(10, 2));
+            SELECT sync.replicas('registers', 'registers', live => 'active');
+            SELECT sync.catalog('products');
+            INSERT INTO products SELECT i, 'product ' || i, i FROM generate_series(1, 10000) i;
+        )sql");
+        char pattern[] = "/tmp/magic_sync_bench.XXXXXX";
+        directory = mkdtemp(pattern);
+        router.observe([this](const std::string&, const std::string& message) {
+            std::lock_guard<std::mutex> lock(mutex);
+            ++taken;
+            for (auto& [marker, seen] : waiting)
+                if (!seen && message.find(marker) != std::string::npos) seen = true;
+            changed.notify_all();
+        });
+        db = std::make_unique<Connection>(cluster->conninfo("shop"));
+        for (int n = 1; n <= replicas; ++n) {
+            std::string id = replica_id(n);
+            db->query("INSERT INTO registers (id) VALUES ($1::uuid)", {id});
+            int port = free_port();
+            router.route(id, port);
+            processes.push_back(std::make_unique<Process>(
+                std::vector<std::string>{"build/bin/magic-sync-replica", "--id", id, "--db",
+                                         directory + "/" + id + ".db", "serve", "--listen",
+                                         "127.0.0.1:" + std::to_string(port)},
+                directory + "/" + id + ".log"));
+        }
+        processes.push_back(std::make_unique<Process>(
+            std::vector<std::string>{
+                "build/bin/magic-sync-sender", "--db", cluster->conninfo("shop"), "--transport",
+                "http", "--url",
+                "http://127.0.0.1:" + std::to_string(router.port()) + "/replicas/{replica}",
+                "--report", "0", "--concurrency", "64"},
+            directory + "/sender.log"));
+        drained(std::chrono::minutes(10));
+    }
+    ~Rig() {
+        processes.clear();
+        db.reset();
+        cluster.reset();
+        run("rm -rf " + directory);
+    }
+
+    // Every replica took everything: nothing noted, no cursor behind, nothing unsent.
+    bool drained(std::chrono::milliseconds timeout) {
+        return eventually(
+            [&] {
+                return db->value(
+                           "SELECT (SELECT count(*) FROM sync.note) +"
+                           " (SELECT count(*) FROM sync.member m JOIN sync.scope s"
+                           "  ON s.id = m.scope WHERE m.sent < s.head) +"
+                           " (SELECT count(*) FROM sync.outbox WHERE sent_at IS NULL)") == "0";
+            },
+            timeout);
+    }
+
+    // Commits a change carrying `marker` and waits until a replica took a message with it.
+    double latency_ms(Connection& writer, int product, const std::string& marker) {
+        {
+            std::lock_guard<std::mutex> lock(mutex);
+            waiting[marker] = false;
+        }
+        writer.query("UPDATE products SET name = $1 WHERE id = $2::int",
+                     {marker, std::to_string(product)});
+        auto committed = Clock::now();
+        std::unique_lock<std::mutex> lock(mutex);
+        bool seen =
+            changed.wait_for(lock, std::chrono::seconds(10), [&] { return waiting[marker]; });
+        waiting.erase(marker);
+        return seen ? std::chrono::duration<double, std::milli>(Clock::now() - committed).count()
+                    : -1;
+    }
+
+    std::unique_ptr<Cluster> cluster;
+    std::unique_ptr<Connection> db;
+    std::string directory;
+    Router router;
+    std::vector<std::unique_ptr<Process>> processes;
+    std::mutex mutex;
+    std::condition_variable changed;
+    std::map<std::string, bool> waiting;
+    long taken = 0;
+};
+
+void latency(Rig& rig, const char* label, int samples) {
+    Connection writer(rig.cluster->conninfo("shop"));
+    std::vector<double> values;
+    int missed = 0;
+    for (int i = 0; i < samples; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(150));
+        double ms = rig.latency_ms(writer, 1 + i % 100,
+                                   "marker-" + std::string(label) + "-" + std::to_string(i));
+        if (ms < 0)
+            ++missed;
+        else
+            values.push_back(ms);
+    }
+    if (values.empty()) {
+        std::printf("  %-34s no change arrived\n", label);
+        return;
+    }
+    std::printf("  %-34s p50 %7.2f ms   p99 %7.2f ms   (%zu changes, %d missed)\n", label,
+                percentile(values, 0.5), percentile(values, 0.99), values.size(), missed);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    int replicas = argc > 1 ? std::stoi(argv[1]) : 100;
+    int samples = argc > 2 ? std::stoi(argv[2]) : 50;
+    std::printf("end to end over http, relay worker + sender + replica processes, %d replicas\n",
+                replicas);
+    {
+        Rig one(1);
+        std::printf("commit-to-applied latency, one replica:\n");
+        latency(one, "worker idle", samples);
+        std::atomic<bool> stop{false};
+        std::thread load([&] {
+            Connection writer(one.cluster->conninfo("shop"));
+            int i = 0;
+            while (!stop) {
+                writer.query("UPDATE products SET price = price + 0.01 WHERE id = $1::int",
+                             {std::to_string(200 + i++ % 5000)});
+                std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            }
+        });
+        latency(one, "under load (~200 writes/s)", samples);
+        stop = true;
+        load.join();
+    }
+    Rig many(replicas);
+    const int rows = 2000;
+    {
+        std::lock_guard<std::mutex> lock(many.mutex);
+        many.taken = 0;
+    }
+    auto start = Clock::now();
+    many.db->query("UPDATE products SET price = price + 1 WHERE id <= " + std::to_string(rows));
+    if (!many.drained(std::chrono::minutes(10))) {
+        std::printf("the fan-out did not drain\n");
+        return 1;
+    }
+    double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    std::printf(
+        "fan-out: %d rows changed in one statement to %d replicas: %.1f s,"
+        " %.0f rows/s delivered (%ld messages)\n",
+        rows, replicas, seconds, rows * replicas / seconds, many.taken);
+    return 0;
+}
