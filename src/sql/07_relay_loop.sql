@@ -28,6 +28,10 @@ AS $$
 DECLARE
     notes bigint;
     rows_again bigint;
+    kept record;
+    refiled bigint := 0;
+    still_kept bigint := 0;
+    outcome text;
 BEGIN
     PERFORM sync.relay_lock();
     INSERT INTO sync.note (codec, key) SELECT s.codec, s.key FROM sync.set_aside s WHERE s.kind = 'note';
@@ -47,6 +51,42 @@ BEGIN
         level := 'LOG';
         line := format('retrying what was set aside: %s notes planned again, rows sent again in %s scopes',
                        notes, rows_again);
+        RETURN NEXT;
+    END IF;
+
+    -- Uploads kept because they could not be filed are filed again: a kept row as a new upload of
+    -- that one row, a kept message as it came. What fails again is kept again, its tries counted.
+    -- They are filed as the relay's role (magic_sync.role): make it one the row policies apply to.
+    FOR kept IN
+        DELETE FROM sync.set_aside s WHERE s.kind = 'upload' AND s.replica IS NOT NULL
+        RETURNING s.*
+    LOOP
+        outcome := sync.receive(kept.replica,
+            CASE WHEN kept.codec IS NULL THEN kept.body
+                 -- A kept row's body is the row as uploaded: {"t": table, "r": row}.
+                 ELSE convert_to(jsonb_build_object('v', 1, 'id', gen_random_uuid(), 'rows',
+                          jsonb_build_array(convert_from(kept.body, 'UTF8')::jsonb))::text,
+                                 'UTF8') END);
+        IF outcome = 'dropped' THEN
+            -- Its replica is not known any more: nothing was filed, so it stays kept.
+            INSERT INTO sync.set_aside (kind, replica, codec, key, body, reason, first_at, tries, last_try_at)
+            VALUES ('upload', kept.replica, kept.codec, kept.key, kept.body, kept.reason, kept.first_at,
+                    kept.tries + 1, now());
+            still_kept := still_kept + 1;
+            CONTINUE;
+        END IF;
+        UPDATE sync.set_aside s SET tries = kept.tries + 1, first_at = kept.first_at
+        WHERE s.kind = 'upload' AND s.replica = kept.replica AND s.codec IS NOT DISTINCT FROM kept.codec
+          AND s.key IS NOT DISTINCT FROM kept.key AND s.first_at = now();
+        IF FOUND OR outcome = 'kept' THEN
+            still_kept := still_kept + 1;
+        ELSE
+            refiled := refiled + 1;
+        END IF;
+    END LOOP;
+    IF refiled + still_kept > 0 THEN
+        level := 'LOG';
+        line := format('retrying kept uploads: %s filed now, %s kept again', refiled, still_kept);
         RETURN NEXT;
     END IF;
 END
