@@ -43,20 +43,18 @@ void append_key(StringInfo sql, const Trigger* trigger, const char* alias) {
 }
 
 // An UPDATE notes the old key of a row whose key changed, the new key of every row whose
-// content changed, and nothing for a row it left as it was.
+// content changed, and nothing for a row it left as it was. Each side's keys are built once; they
+// are matched as jsonb, whose equality needs no operator of the key's type.
 void append_update_select(StringInfo sql, const Trigger* trigger) {
-    const char* first_key = quote_identifier(trigger->tgargs[1]);
-    appendStringInfo(sql, "CASE WHEN n.%s IS NULL THEN ", first_key);
+    appendStringInfoString(sql, "CASE WHEN n.k IS NULL THEN o.k ELSE n.k END FROM (SELECT ");
     append_key(sql, trigger, "o");
-    appendStringInfoString(sql, " ELSE ");
-    append_key(sql, trigger, "n");
-    appendStringInfoString(sql, " END FROM magic_sync_old o FULL JOIN magic_sync_new n ON ");
-    append_key(sql, trigger, "o");
-    appendStringInfoString(sql, " OPERATOR(pg_catalog.=) ");
+    appendStringInfoString(
+        sql, " AS k, o::pg_catalog.text AS t FROM magic_sync_old o) o FULL JOIN (SELECT ");
     append_key(sql, trigger, "n");
     appendStringInfoString(sql,
-                           " WHERE o IS NULL OR n IS NULL OR"
-                           " o::pg_catalog.text OPERATOR(pg_catalog.<>) n::pg_catalog.text");
+                           " AS k, n::pg_catalog.text AS t FROM magic_sync_new n) n"
+                           " ON o.k OPERATOR(pg_catalog.=) n.k"
+                           " WHERE o.k IS NULL OR n.k IS NULL OR o.t OPERATOR(pg_catalog.<>) n.t");
 }
 
 SPIPlanPtr plan_for(const TriggerData* data) {
