@@ -1,0 +1,363 @@
+// Drift repair end to end (DESIGN §7), with every real part: PostgreSQL with the relay worker,
+// magic-sync-sender over http (through a router of the test's own) and magic-sync-replica
+// processes. Drift is injected into a replica's SQLite file behind the engine's back (the process
+// stopped, the file edited with the sqlite3 CLI, the process started again): rows deleted, rows
+// altered, foreign rows added. The replica's running fingerprint is set to what its rows now
+// hash to (as a replica that drifted honestly reports), so it advertises the drift; the server
+// must find it and repair it by range, and every replica's content is compared row by row after.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "server/pq.hpp"
+#include "server/process.hpp"
+#include "support/cluster.hpp"
+
+namespace magic_sync::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Items to every register, 10,000 of them; a small table that one register refuses.
+const char* const kShop = R"sql(
+    CREATE SCHEMA shop;
+    CREATE TABLE shop.registers (id uuid PRIMARY KEY, active boolean NOT NULL DEFAULT true);
+    CREATE TABLE shop.items (id int PRIMARY KEY, name text NOT NULL, price int NOT NULL);
+    CREATE TABLE shop.fragile (id int PRIMARY KEY, label text NOT NULL);
+    SELECT sync.replicas('shop.registers', 'registers', live => 'active');
+    SELECT sync.catalog('shop.items');
+    SELECT sync.catalog('shop.fragile');
+    INSERT INTO shop.items SELECT i, 'item ' || i, i % 97 FROM generate_series(1, 10000) i;
+)sql";
+
+// What the server says a replica should hold: one line per row, table, canonical key, version.
+const char* const kExpected = R"sql(
+    SELECT coalesce(string_agg(line, E'\n' ORDER BY line), '') FROM (
+        SELECT c.table_name || ' ' || sync.canonical(r.key) || ' ' || encode(r.hash, 'hex') AS line
+        FROM sync.row r
+        JOIN sync.member m ON m.scope = r.scope AND m.replica = $1::uuid
+        JOIN sync.codec c ON c.id = r.codec
+        WHERE NOT r.gone) held
+)sql";
+
+std::string replica_id(int n) {
+    char id[40];
+    snprintf(id, sizeof id, "00000000-0000-0000-0000-%012d", n);
+    return id;
+}
+
+// Receives the sender's POSTs on one port and forwards each to its replica's own port.
+class RepairRouter {
+  public:
+    RepairRouter() : port_(free_port()) {
+        server_.Post(R"(/replicas/([0-9a-f-]+))", [this](const httplib::Request& request,
+                                                         httplib::Response& response) {
+            std::string replica = request.matches[1];
+            int port = 0;
+            {
+                std::lock_guard<std::mutex> lock(mutex_);
+                if (!ports_.count(replica)) {
+                    response.status = 503;
+                    return;
+                }
+                port = ports_[replica];
+            }
+            httplib::Client client("127.0.0.1", port);
+            client.set_read_timeout(10, 0);
+            httplib::Headers headers{{"message-id", request.get_header_value("message-id")}};
+            auto result = client.Post(request.path.c_str(), headers, request.body,
+                                      "application/octet-stream");
+            response.status = result ? result->status : 503;
+            if (result) response.body = result->body;
+        });
+        if (!server_.bind_to_port("127.0.0.1", port_))
+            throw std::runtime_error("the router cannot listen on its port");
+        thread_ = std::thread([this] { server_.listen_after_bind(); });
+    }
+    ~RepairRouter() {
+        server_.stop();
+        thread_.join();
+    }
+    int port() const { return port_; }
+    void route(const std::string& replica, int port) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        ports_[replica] = port;
+    }
+
+  private:
+    int port_;
+    httplib::Server server_;
+    std::thread thread_;
+    std::mutex mutex_;
+    std::map<std::string, int> ports_;
+};
+
+struct Register {
+    std::string id;
+    std::string db;
+    std::unique_ptr<Process> process;
+};
+
+class Repair : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        cluster_ = std::make_unique<Cluster>(std::vector<std::string>{
+            "magic_sync.database = 'shop'", "magic_sync.idle = 100", "magic_sync.backoff = 200",
+            "magic_sync.backoff_max = 1000", "log_min_messages = log"});
+        cluster_->create_database("shop");
+        cluster_->sql("shop", kShop);
+        db_ = std::make_unique<Connection>(cluster_->conninfo("shop"));
+        char pattern[] = "/tmp/magic_sync_repair.XXXXXX";
+        directory_ = mkdtemp(pattern);
+        router_ = std::make_unique<RepairRouter>();
+        sender_ = std::make_unique<Process>(
+            std::vector<std::string>{
+                "build/bin/magic-sync-sender", "--db", cluster_->conninfo("shop"), "--transport",
+                "http", "--url",
+                "http://127.0.0.1:" + std::to_string(router_->port()) + "/replicas/{replica}",
+                "--report", "0", "--send-timeout", "5"},
+            directory_ + "/sender.log");
+    }
+    void TearDown() override {
+        sender_.reset();
+        registers_.clear();
+        router_.reset();
+        db_.reset();
+        cluster_.reset();
+        run("rm -rf " + directory_);
+    }
+
+    Connection& db() { return *db_; }
+
+    Register& add_register(int n, const std::vector<std::string>& faults = {}) {
+        db().query("INSERT INTO shop.registers (id) VALUES ($1::uuid)", {replica_id(n)});
+        Register& r = registers_[n];
+        r.id = replica_id(n);
+        r.db = directory_ + "/" + r.id + ".db";
+        int port = free_port();
+        router_->route(r.id, port);
+        std::vector<std::string> arguments{"build/bin/magic-sync-replica", "--id", r.id, "--db",
+                                           r.db};
+        for (const std::string& table : faults) {
+            arguments.push_back("--refuse-table");
+            arguments.push_back(table);
+        }
+        for (const char* a : {"serve", "--listen"}) arguments.push_back(a);
+        arguments.push_back("127.0.0.1:" + std::to_string(port));
+        arguments.push_back("--up");
+        arguments.push_back(cluster_->conninfo("shop"));
+        arguments.push_back("--upload-every");
+        arguments.push_back("0.2");
+        r.process = std::make_unique<Process>(arguments, directory_ + "/" + r.id + ".log");
+        return r;
+    }
+
+    std::string replica_cli(const Register& r) {
+        return "build/bin/magic-sync-replica --id " + r.id + " --db " + r.db;
+    }
+
+    // What the replica holds, in the form of kExpected.
+    std::string held(const Register& r) {
+        std::string output;
+        if (run(replica_cli(r) + " show --json 2>/dev/null", &output) != 0)
+            return "(show failed: " + output + ")";
+        std::vector<std::string> lines;
+        try {
+            auto shown = nlohmann::json::parse(output);
+            for (auto& [table, rows] : shown["held"].items())
+                for (auto& row : rows)
+                    lines.push_back(table + " " + row["k"].dump() + " " +
+                                    row["h"].get<std::string>());
+        } catch (const std::exception& e) {
+            return std::string("(unreadable: ") + e.what() + ")";
+        }
+        std::sort(lines.begin(), lines.end());
+        std::string joined;
+        for (size_t i = 0; i < lines.size(); ++i) joined += (i ? "\n" : "") + lines[i];
+        return joined;
+    }
+
+    std::string expected(const Register& r) { return db().value(kExpected, {r.id}); }
+
+    std::string sync_state(const Register& r) {
+        return db().value("SELECT sync FROM sync.status WHERE replica = $1::uuid", {r.id});
+    }
+
+    int64_t next_seq(const Register& r) {
+        return std::stoll(
+            db().value("SELECT next_seq FROM sync.replica WHERE id = $1::uuid", {r.id}));
+    }
+
+    // Every register holds exactly what the server says, row by row, and is shown in sync.
+    void converge(const std::string& scenario, std::chrono::milliseconds timeout = 60s) {
+        std::cerr << "converging: " << scenario << std::endl;
+        bool converged = eventually(
+            [&] {
+                for (auto& [n, r] : registers_) {
+                    if (held(r) != expected(r)) return false;
+                    if (sync_state(r) != "in sync") return false;
+                }
+                return true;
+            },
+            timeout);
+        if (converged) {
+            for (auto& [n, r] : registers_)
+                EXPECT_EQ(db().value("SELECT bool_and(ok)::text FROM sync.verify($1::uuid)",
+                                     {r.id}),
+                          "true");
+            return;
+        }
+        std::string report = "not converged: " + scenario + "\n";
+        for (auto& [n, r] : registers_) {
+            std::string h = held(r), e = expected(r);
+            report += "register " + r.id + ": " + sync_state(r) + ", holds " +
+                      std::to_string(std::count(h.begin(), h.end(), '\n')) + " lines, expected " +
+                      std::to_string(std::count(e.begin(), e.end(), '\n')) + "\n" +
+                      r.process->log().substr(0, 4000) + "\n";
+        }
+        report += "repairs: " +
+                  db().value("SELECT string_agg(row_to_json(p)::text, E'\\n') FROM sync.repair p") +
+                  "\n";
+        FAIL() << report << "server log:\n" << cluster_->log().substr(0, 20000);
+    }
+
+    // Stops the register, edits its file, sets its running fingerprints to what its rows hash
+    // to now, starts it again.
+    void drift(Register& r, const std::string& statements) {
+        r.process->stop();
+        const std::string script = directory_ + "/drift.sql";
+        std::ofstream(script) << statements;
+        std::string output;
+        ASSERT_EQ(run("sqlite3 " + r.db + " < " + script + " 2>&1", &output), 0) << output;
+        run(replica_cli(r) + " holds --verify 2>&1", &output);
+        static const std::regex differs(
+            R"re((\S+) through=\d+ n=\d+ fp=[0-9a-f]{64} DIFFERS from the stored rows: n=(\d+) fp=([0-9a-f]{64}))re");
+        std::string fix;
+        for (std::sregex_iterator it(output.begin(), output.end(), differs), end; it != end; ++it)
+            fix += "UPDATE scopes SET n = " + (*it)[2].str() + ", fp = X'" + (*it)[3].str() +
+                   "' WHERE scope = '" + (*it)[1].str() + "';\n";
+        ASSERT_FALSE(fix.empty()) << "the drift changed no fingerprint: " << output;
+        std::ofstream(script) << fix;
+        ASSERT_EQ(run("sqlite3 " + r.db + " < " + script + " 2>&1", &output), 0) << output;
+        r.process->start();
+    }
+
+    std::unique_ptr<Cluster> cluster_;
+    std::unique_ptr<Connection> db_;
+    std::string directory_;
+    std::unique_ptr<RepairRouter> router_;
+    std::unique_ptr<Process> sender_;
+    std::map<int, Register> registers_;
+};
+
+std::string tail(const std::string& text) {
+    return text.size() > 6000 ? text.substr(text.size() - 6000) : text;
+}
+
+// Rows of shop.items in the replica's file, picked by k so that they spread over the key space.
+std::string pick(const std::string& order, int count) {
+    return "SELECT rowid FROM rows WHERE tbl = 'shop.items' ORDER BY " + order + " LIMIT " +
+           std::to_string(count);
+}
+
+TEST_F(Repair, DriftFoundAndRepairedByRange) {
+    add_register(1);
+    Register& drifted = add_register(2);
+    converge("provisioning 10,000 items");
+
+    // One row deleted: found and repaired in at most ceil(log16 n) + 2 messages.
+    int64_t before = next_seq(drifted);
+    drift(drifted, "DELETE FROM rows WHERE rowid IN (" + pick("k", 1) + ");");
+    EXPECT_NE(held(drifted), expected(drifted));
+    converge("one row deleted behind the replica's back");
+    EXPECT_LE(next_seq(drifted) - before, 6);
+
+    // One row altered (its body and its version).
+    before = next_seq(drifted);
+    drift(drifted,
+          "UPDATE rows SET body = json_set(body, '$.name', 'tampered'), v = randomblob(32)"
+          " WHERE rowid IN (" + pick("k DESC", 1) + ");");
+    converge("one row altered behind the replica's back");
+    EXPECT_LE(next_seq(drifted) - before, 6);
+
+    // One foreign row added.
+    drift(drifted,
+          "INSERT INTO rows (tbl, key, scope, k, v, body) VALUES ('shop.items', '{\"id\":900001}',"
+          " 'all', randomblob(32), randomblob(32), '{\"id\":900001,\"name\":\"foreign\",\"price\":1}');");
+    converge("one foreign row added behind the replica's back");
+
+    // 100 differences of every kind at once.
+    drift(drifted,
+          "DELETE FROM rows WHERE rowid IN (" + pick("substr(k, 2)", 34) + ");"
+          "UPDATE rows SET body = json_set(body, '$.name', 'tampered'), v = randomblob(32)"
+          " WHERE rowid IN (" + pick("substr(k, 3)", 33) + ");"
+          "WITH RECURSIVE i(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM i WHERE n < 33)"
+          " INSERT INTO rows (tbl, key, scope, k, v, body) SELECT 'shop.items',"
+          " '{\"id\":' || (900100 + n) || '}', 'all', randomblob(32), randomblob(32),"
+          " '{\"id\":' || (900100 + n) || ',\"name\":\"foreign\",\"price\":1}' FROM i;");
+    converge("100 differences: rows deleted, altered and added");
+
+    // A change while a replica is being repaired: the repair starts over at the new head.
+    drift(drifted, "DELETE FROM rows WHERE rowid IN (" + pick("substr(k, 4)", 5) + ");");
+    db().query("UPDATE shop.items SET price = price + 1 WHERE id <= 50");
+    converge("drift and a change to the scope at once");
+    EXPECT_EQ(db().value("SELECT count(*) FROM sync.repair"), "0");
+}
+
+TEST_F(Repair, ReplicaThatCannotTakeARowTripsTheBreaker) {
+    db().query("DELETE FROM shop.items WHERE id > 300");
+    db().query("INSERT INTO shop.fragile VALUES (1, 'one'), (2, 'two'), (3, 'three')");
+    Register& healthy = add_register(1);
+    Register& refusing = add_register(2, {"shop.fragile"});
+    ASSERT_TRUE(eventually([&] { return sync_state(refusing) == "storm"; }, 60s))
+        << "state: " << sync_state(refusing) << "\n"
+        << db().value("SELECT string_agg(row_to_json(p)::text, E'\\n') FROM sync.repair p")
+        << "\n"
+        << db().value("SELECT string_agg(format('%s %s %s %s', seq, kind, sent_at, tries), E'\\n') FROM sync.outbox WHERE replica = $1::uuid", {refusing.id})
+        << "\nmembers: " << db().value("SELECT string_agg(format('%s %s sent=%s confirmed=%s head=%s fp=%s n=%s', m.replica, sync.scope_name(s.match, s.value, s.partition), m.sent, m.confirmed, s.head, encode(s.fp, 'hex'), s.n), E'\\n') FROM sync.member m JOIN sync.scope s ON s.id = m.scope")
+        << "\nholdings: " << db().value("SELECT string_agg(format('%s %s through=%s fp=%s n=%s', replica, scope, through, encode(fp, 'hex'), n), E'\\n') FROM sync.holding")
+        << "\nactivity: " << db().value("SELECT string_agg(format('%s %s %s %s', pid, state, wait_event, left(query, 200)), E'\\n') FROM pg_stat_activity WHERE backend_type <> 'client backend'")
+        << "\ncandidates: " << db().value("SELECT string_agg(format('%s %s %s', m.replica, m.scope, p.phase), E'\\n') FROM sync.member m JOIN sync.replica r ON r.id = m.replica AND r.live JOIN sync.scope s ON s.id = m.scope JOIN sync.holding h ON h.replica = m.replica AND h.scope = sync.scope_name(s.match, s.value, s.partition) LEFT JOIN sync.repair p ON p.replica = m.replica AND p.scope = m.scope WHERE m.sent = s.head AND m.confirmed >= s.head AND h.through = s.head AND CASE WHEN p.replica IS NULL THEN h.fp <> s.fp OR h.n <> s.n ELSE (p.storm_until IS NULL OR p.storm_until <= now()) END")
+        << "\nlib: " << db().value("SELECT string_agg(p.proname, ',') FROM pg_proc p WHERE p.proname IN ('verify', 'repair_storm')")
+        << "\nlast pass: " << db().value("SELECT format('%s %s', last_pass_at, last_pass) FROM sync.relay_state")
+        << "\nreplica log:\n" << tail(refusing.process->log()) << "\nsender log:\n" << tail(sender_->log())
+        << cluster_->log().substr(cluster_->log().size() > 20000 ? cluster_->log().size() - 20000 : 0);
+    // Logged once, naming the scope and its tables.
+    std::string log = cluster_->log();
+    EXPECT_NE(log.find("repair storm: replica " + refusing.id + " scope \"all\""),
+              std::string::npos)
+        << log;
+    EXPECT_NE(log.find("shop.fragile"), std::string::npos);
+    // Nothing more is sent to it while the breaker holds: no endless loop.
+    int64_t seq = next_seq(refusing);
+    std::this_thread::sleep_for(3s);
+    EXPECT_EQ(next_seq(refusing), seq);
+    EXPECT_EQ(sync_state(refusing), "storm");
+    size_t storms = 0;
+    for (size_t at = cluster_->log().find("repair storm"); at != std::string::npos;
+         at = cluster_->log().find("repair storm", at + 1))
+        ++storms;
+    EXPECT_EQ(storms, 1u);
+    // The healthy one is in sync and holds what it should.
+    EXPECT_EQ(held(healthy), expected(healthy));
+    EXPECT_EQ(sync_state(healthy), "in sync");
+    EXPECT_NE(held(refusing), expected(refusing));
+}
+
+}  // namespace
+}  // namespace magic_sync::test
