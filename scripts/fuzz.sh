@@ -110,8 +110,8 @@ for i in "${!pids[@]}"; do
     target=${names[$i]}
     wait "${pids[$i]}" 2>/dev/null || true
     status=$(cat "$log_dir/$target.status" 2>/dev/null || echo 1)
-    runs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+)/\1/p' "$log_dir/$target.log")
-    cov=$(grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+' "$log_dir/$target.log" | tail -1)
+    runs=$(sed -nE 's/^stat::number_of_executed_units: *([0-9]+)/\1/p' "$log_dir/$target.log" || true)
+    cov=$(grep -oE 'cov: [0-9]+ ft: [0-9]+ corp: [0-9]+' "$log_dir/$target.log" | tail -1 || true)
     if [ "$status" -eq 0 ]; then
         echo "fuzz: $target ok: ${runs:-?} inputs, $cov"
         continue

@@ -74,6 +74,15 @@ run_gtest() { # name binary [env...]
 
 echo "sanitize: building into build/asan/ (AddressSanitizer, UndefinedBehaviorSanitizer)"
 start=$SECONDS
+# Everything at once first, so that all cores compile; each suite's build below then only says
+# whether its part built.
+all=(build/asan/tests/unit_tests)
+compgen -G "tests/replica/*_test.cpp" >/dev/null &&
+    all+=(build/asan/tests/replica_tests build/asan/bin/magic-sync-replica build/tests/replica_tests)
+[ -f sender/main.cpp ] && compgen -G "tests/sender/*_test.cpp" >/dev/null &&
+    all+=(build/asan/tests/sender_tests build/asan/bin/magic-sync-sender)
+make -s -k -j"$jobs" "${all[@]}" >/dev/null 2>&1
+echo "sanitize: built in $((SECONDS - start)) s"
 if [ -z "${skip[unit]:-}" ]; then
     if build build/asan/tests/unit_tests; then
         run_gtest unit build/asan/tests/unit_tests
