@@ -114,7 +114,7 @@ if [ -z "${skip[valgrind]:-}" ] && compgen -G "tests/replica/*_test.cpp" >/dev/n
     if build build/tests/replica_tests; then
         vstart=$SECONDS
         vfilter=${filter[valgrind]:-ReplicaTest.*}
-        valgrind --error-exitcode=1 --leak-check=full --errors-for-leak-kinds=definite \
+        valgrind --error-exitcode=1 --leak-check=full \
             --quiet build/tests/replica_tests --gtest_brief=1 --gtest_filter="$vfilter" \
             >"$work/valgrind.log" 2>&1
         status=$?
