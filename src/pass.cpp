@@ -465,13 +465,14 @@ int64_t record_changes(Spi& spi) {
 }
 
 // Confirmations left by sync.receive(): messages a replica applied leave its outbox and confirm
-// the cursors they carried.
+// the cursors they carried, whether or not the sender has recorded them as sent yet (a replica
+// may apply and confirm a message before its sender's sync.sent() commits).
 void apply_confirmations(Spi& spi) {
     spi.execute(
         "WITH c AS (DELETE FROM sync.confirmation RETURNING replica, applied),"
         " latest AS (SELECT replica, max(applied) AS applied FROM c GROUP BY replica),"
         " done AS (DELETE FROM sync.outbox o USING latest l WHERE o.replica = l.replica"
-        "  AND o.seq <= l.applied AND o.sent_at IS NOT NULL RETURNING o.replica, o.advances),"
+        "  AND o.seq <= l.applied RETURNING o.replica, o.advances),"
         " advanced AS (SELECT d.replica, a.key::bigint AS scope, max(a.value::bigint) AS through"
         "  FROM done d, jsonb_each_text(coalesce(d.advances, '{}')) a GROUP BY 1, 2)"
         " UPDATE sync.member m SET confirmed = greatest(m.confirmed, a.through)"

@@ -24,9 +24,9 @@ namespace {
 using pg::Spi;
 using pg::Value;
 
-constexpr int kStormRounds = 8;      // more rounds than this within storm_window: a storm
-constexpr int kStormBackoffS = 30;   // × attempts
-constexpr size_t kDigits = 64;       // hex digits of k
+constexpr int kStormRounds = 8;     // more rounds than this within storm_window: a storm
+constexpr int kStormBackoffS = 30;  // × attempts
+constexpr size_t kDigits = 64;      // hex digits of k
 const char kHexDigits[] = "0123456789abcdef";
 
 int digit_of(char c) { return c <= '9' ? c - '0' : c - 'a' + 10; }
@@ -242,11 +242,12 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
     }
     // The server's fingerprints of the asked ranges: one scan of the scope's rows.
     std::map<std::string, std::pair<std::string, int64_t>> server;
-    for (const auto& row : spi.query(
-             "SELECT left(encode(k, 'hex'), $2::int), encode(sync.fp_sum(sha256(k || hash)), 'hex'),"
-             " count(*) FROM sync.row WHERE scope = $1::bigint AND NOT gone"
-             " AND left(encode(k, 'hex'), $2::int) = ANY ($3::text[]) GROUP BY 1",
-             {target.scope, std::to_string(level), text_array(target.asked)}))
+    for (const auto& row :
+         spi.query("SELECT left(encode(k, 'hex'), $2::int), encode(sync.fp_sum(sha256(k || hash)), "
+                   "'hex'),"
+                   " count(*) FROM sync.row WHERE scope = $1::bigint AND NOT gone"
+                   " AND left(encode(k, 'hex'), $2::int) = ANY ($3::text[]) GROUP BY 1",
+                   {target.scope, std::to_string(level), text_array(target.asked)}))
         server[row[0].value()] = {row[1].value(), count_of(row[2])};
     const std::string zero(kDigits, '0');
     std::vector<std::string> leaves;
@@ -277,19 +278,19 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
     int64_t rows_sent = 0;
     if (!leaves.empty()) {
         std::map<std::string, std::vector<LeafRow>> rows;
-        for (const auto& row : spi.query(
-                 "SELECT left(encode(r.k, 'hex'), $2::int), encode(r.k, 'hex'), c.table_name,"
-                 " sync.canonical(r.key), r.body, encode(r.hash, 'hex')"
-                 " FROM sync.row r JOIN sync.codec c ON c.id = r.codec"
-                 " WHERE r.scope = $1::bigint AND NOT r.gone"
-                 " AND left(encode(r.k, 'hex'), $2::int) = ANY ($3::text[]) ORDER BY r.k",
-                 {target.scope, std::to_string(level), text_array(leaves)})) {
+        for (const auto& row :
+             spi.query("SELECT left(encode(r.k, 'hex'), $2::int), encode(r.k, 'hex'), c.table_name,"
+                       " sync.canonical(r.key), r.body, encode(r.hash, 'hex')"
+                       " FROM sync.row r JOIN sync.codec c ON c.id = r.codec"
+                       " WHERE r.scope = $1::bigint AND NOT r.gone"
+                       " AND left(encode(r.k, 'hex'), $2::int) = ANY ($3::text[]) ORDER BY r.k",
+                       {target.scope, std::to_string(level), text_array(leaves)})) {
             LeafRow leaf;
             leaf.k = row[1].value();
             leaf.row.table = row[2].value();
             leaf.row.key = row[3].value();
-            leaf.row.body = protocol::RowBody{row[4].value(),
-                                              protocol::digest_from_hex(row[5].value())};
+            leaf.row.body =
+                protocol::RowBody{row[4].value(), protocol::digest_from_hex(row[5].value())};
             rows[row[0].value()].push_back(std::move(leaf));
         }
         for (const std::string& prefix : leaves) {

@@ -39,7 +39,7 @@ double percentile(std::vector<double> values, double p) {
 struct Rig {
     explicit Rig(int replicas) {
         cluster = std::make_unique<Cluster>(std::vector<std::string>{
-            "magic_sync.database = 'shop'", "magic_sync.window = 64", "max_connections = 200"});
+            "magic_sync.database = 'shop'", "max_connections = 200"});
         cluster->create_database("shop");
         cluster->sql("shop", R"sql(
             CREATE TABLE registers (id uuid PRIMARY KEY, active boolean NOT NULL DEFAULT true);

@@ -84,6 +84,8 @@ BEGIN
 END
 $$;
 
+-- sync.status (one row per replica) is defined with the repair state, in 08_repair.sql.
+
 -- Health of the relay, one row: the notes backlog, the lock holder, the last pass, what is set
 -- aside. Friendly to psql and to a Prometheus SQL exporter (numbers, no units in text).
 CREATE VIEW sync.health AS
@@ -99,21 +101,3 @@ SELECT (SELECT count(*) FROM sync.note) AS notes_backlog,
        (SELECT count(*) FROM sync.set_aside WHERE kind = 'upload') AS set_aside_uploads,
        (SELECT count(*) FROM sync.set_aside WHERE kind = 'untaken') AS set_aside_untaken
 FROM sync.relay_state st;
-
--- One row per replica: live, generation, outbox depth and age, what is unconfirmed, backoff, the
--- last error, what is set aside for it.
-CREATE VIEW sync.status AS
-SELECT r.id AS replica,
-       r.live,
-       r.gen,
-       count(o.seq) FILTER (WHERE o.sent_at IS NULL) AS outbox,
-       extract(epoch FROM now() - min(o.created_at) FILTER (WHERE o.sent_at IS NULL))
-           AS oldest_unsent_seconds,
-       extract(epoch FROM now() - min(o.sent_at)) AS unconfirmed_seconds,
-       CASE WHEN r.backoff_until > now() THEN extract(epoch FROM r.backoff_until - now()) END
-           AS backoff_seconds,
-       r.last_error,
-       (SELECT count(*) FROM sync.set_aside s WHERE s.replica = r.id) AS set_aside
-FROM sync.replica r
-LEFT JOIN sync.outbox o ON o.replica = r.id
-GROUP BY r.id;

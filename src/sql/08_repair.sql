@@ -95,9 +95,11 @@ BEGIN
 END
 $$;
 
--- Per replica: in sync (every scope it is a member of reported at its head with the server's
--- fingerprint), repairing, storm (the breaker tripped and it has not converged since), unknown.
-CREATE OR REPLACE VIEW sync.status AS
+-- One row per replica: live, generation, outbox depth and age, what is unconfirmed, backoff, the
+-- last error, what is set aside for it, and whether it is in sync (every scope it is a member of
+-- reported at its head with the server's fingerprint), repairing, in a storm (the breaker
+-- tripped and it has not converged since), or unknown.
+CREATE VIEW sync.status AS
 SELECT r.id AS replica,
        r.live,
        r.gen,

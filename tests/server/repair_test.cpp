@@ -26,6 +26,7 @@
 
 #include "server/pq.hpp"
 #include "server/process.hpp"
+#include "server/router.hpp"
 #include "support/cluster.hpp"
 
 namespace magic_sync::test {
@@ -61,52 +62,6 @@ std::string replica_id(int n) {
     return id;
 }
 
-// Receives the sender's POSTs on one port and forwards each to its replica's own port.
-class RepairRouter {
-  public:
-    RepairRouter() : port_(free_port()) {
-        server_.Post(R"(/replicas/([0-9a-f-]+))", [this](const httplib::Request& request,
-                                                         httplib::Response& response) {
-            std::string replica = request.matches[1];
-            int port = 0;
-            {
-                std::lock_guard<std::mutex> lock(mutex_);
-                if (!ports_.count(replica)) {
-                    response.status = 503;
-                    return;
-                }
-                port = ports_[replica];
-            }
-            httplib::Client client("127.0.0.1", port);
-            client.set_read_timeout(10, 0);
-            httplib::Headers headers{{"message-id", request.get_header_value("message-id")}};
-            auto result = client.Post(request.path.c_str(), headers, request.body,
-                                      "application/octet-stream");
-            response.status = result ? result->status : 503;
-            if (result) response.body = result->body;
-        });
-        if (!server_.bind_to_port("127.0.0.1", port_))
-            throw std::runtime_error("the router cannot listen on its port");
-        thread_ = std::thread([this] { server_.listen_after_bind(); });
-    }
-    ~RepairRouter() {
-        server_.stop();
-        thread_.join();
-    }
-    int port() const { return port_; }
-    void route(const std::string& replica, int port) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        ports_[replica] = port;
-    }
-
-  private:
-    int port_;
-    httplib::Server server_;
-    std::thread thread_;
-    std::mutex mutex_;
-    std::map<std::string, int> ports_;
-};
-
 struct Register {
     std::string id;
     std::string db;
@@ -124,7 +79,7 @@ class Repair : public ::testing::Test {
         db_ = std::make_unique<Connection>(cluster_->conninfo("shop"));
         char pattern[] = "/tmp/magic_sync_repair.XXXXXX";
         directory_ = mkdtemp(pattern);
-        router_ = std::make_unique<RepairRouter>();
+        router_ = std::make_unique<Router>();
         sender_ = std::make_unique<Process>(
             std::vector<std::string>{
                 "build/bin/magic-sync-sender", "--db", cluster_->conninfo("shop"), "--transport",
@@ -217,9 +172,9 @@ class Repair : public ::testing::Test {
             timeout);
         if (converged) {
             for (auto& [n, r] : registers_)
-                EXPECT_EQ(db().value("SELECT bool_and(ok)::text FROM sync.verify($1::uuid)",
-                                     {r.id}),
-                          "true");
+                EXPECT_EQ(
+                    db().value("SELECT bool_and(ok)::text FROM sync.verify($1::uuid)", {r.id}),
+                    "true");
             return;
         }
         std::string report = "not converged: " + scenario + "\n";
@@ -260,7 +215,7 @@ class Repair : public ::testing::Test {
     std::unique_ptr<Cluster> cluster_;
     std::unique_ptr<Connection> db_;
     std::string directory_;
-    std::unique_ptr<RepairRouter> router_;
+    std::unique_ptr<Router> router_;
     std::unique_ptr<Process> sender_;
     std::map<int, Register> registers_;
 };
@@ -291,25 +246,30 @@ TEST_F(Repair, DriftFoundAndRepairedByRange) {
     before = next_seq(drifted);
     drift(drifted,
           "UPDATE rows SET body = json_set(body, '$.name', 'tampered'), v = randomblob(32)"
-          " WHERE rowid IN (" + pick("k DESC", 1) + ");");
+          " WHERE rowid IN (" +
+              pick("k DESC", 1) + ");");
     converge("one row altered behind the replica's back");
     EXPECT_LE(next_seq(drifted) - before, 6);
 
     // One foreign row added.
     drift(drifted,
           "INSERT INTO rows (tbl, key, scope, k, v, body) VALUES ('shop.items', '{\"id\":900001}',"
-          " 'all', randomblob(32), randomblob(32), '{\"id\":900001,\"name\":\"foreign\",\"price\":1}');");
+          " 'all', randomblob(32), randomblob(32), "
+          "'{\"id\":900001,\"name\":\"foreign\",\"price\":1}');");
     converge("one foreign row added behind the replica's back");
 
     // 100 differences of every kind at once.
     drift(drifted,
-          "DELETE FROM rows WHERE rowid IN (" + pick("substr(k, 2)", 34) + ");"
-          "UPDATE rows SET body = json_set(body, '$.name', 'tampered'), v = randomblob(32)"
-          " WHERE rowid IN (" + pick("substr(k, 3)", 33) + ");"
-          "WITH RECURSIVE i(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM i WHERE n < 33)"
-          " INSERT INTO rows (tbl, key, scope, k, v, body) SELECT 'shop.items',"
-          " '{\"id\":' || (900100 + n) || '}', 'all', randomblob(32), randomblob(32),"
-          " '{\"id\":' || (900100 + n) || ',\"name\":\"foreign\",\"price\":1}' FROM i;");
+          "DELETE FROM rows WHERE rowid IN (" + pick("substr(k, 2)", 34) +
+              ");"
+              "UPDATE rows SET body = json_set(body, '$.name', 'tampered'), v = randomblob(32)"
+              " WHERE rowid IN (" +
+              pick("substr(k, 3)", 33) +
+              ");"
+              "WITH RECURSIVE i(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM i WHERE n < 33)"
+              " INSERT INTO rows (tbl, key, scope, k, v, body) SELECT 'shop.items',"
+              " '{\"id\":' || (900100 + n) || '}', 'all', randomblob(32), randomblob(32),"
+              " '{\"id\":' || (900100 + n) || ',\"name\":\"foreign\",\"price\":1}' FROM i;");
     converge("100 differences: rows deleted, altered and added");
 
     // A change while a replica is being repaired: the repair starts over at the new head.
@@ -326,17 +286,45 @@ TEST_F(Repair, ReplicaThatCannotTakeARowTripsTheBreaker) {
     Register& refusing = add_register(2, {"shop.fragile"});
     ASSERT_TRUE(eventually([&] { return sync_state(refusing) == "storm"; }, 60s))
         << "state: " << sync_state(refusing) << "\n"
-        << db().value("SELECT string_agg(row_to_json(p)::text, E'\\n') FROM sync.repair p")
-        << "\n"
-        << db().value("SELECT string_agg(format('%s %s %s %s', seq, kind, sent_at, tries), E'\\n') FROM sync.outbox WHERE replica = $1::uuid", {refusing.id})
-        << "\nmembers: " << db().value("SELECT string_agg(format('%s %s sent=%s confirmed=%s head=%s fp=%s n=%s', m.replica, sync.scope_name(s.match, s.value, s.partition), m.sent, m.confirmed, s.head, encode(s.fp, 'hex'), s.n), E'\\n') FROM sync.member m JOIN sync.scope s ON s.id = m.scope")
-        << "\nholdings: " << db().value("SELECT string_agg(format('%s %s through=%s fp=%s n=%s', replica, scope, through, encode(fp, 'hex'), n), E'\\n') FROM sync.holding")
-        << "\nactivity: " << db().value("SELECT string_agg(format('%s %s %s %s', pid, state, wait_event, left(query, 200)), E'\\n') FROM pg_stat_activity WHERE backend_type <> 'client backend'")
-        << "\ncandidates: " << db().value("SELECT string_agg(format('%s %s %s', m.replica, m.scope, p.phase), E'\\n') FROM sync.member m JOIN sync.replica r ON r.id = m.replica AND r.live JOIN sync.scope s ON s.id = m.scope JOIN sync.holding h ON h.replica = m.replica AND h.scope = sync.scope_name(s.match, s.value, s.partition) LEFT JOIN sync.repair p ON p.replica = m.replica AND p.scope = m.scope WHERE m.sent = s.head AND m.confirmed >= s.head AND h.through = s.head AND CASE WHEN p.replica IS NULL THEN h.fp <> s.fp OR h.n <> s.n ELSE (p.storm_until IS NULL OR p.storm_until <= now()) END")
-        << "\nlib: " << db().value("SELECT string_agg(p.proname, ',') FROM pg_proc p WHERE p.proname IN ('verify', 'repair_storm')")
-        << "\nlast pass: " << db().value("SELECT format('%s %s', last_pass_at, last_pass) FROM sync.relay_state")
-        << "\nreplica log:\n" << tail(refusing.process->log()) << "\nsender log:\n" << tail(sender_->log())
-        << cluster_->log().substr(cluster_->log().size() > 20000 ? cluster_->log().size() - 20000 : 0);
+        << db().value("SELECT string_agg(row_to_json(p)::text, E'\\n') FROM sync.repair p") << "\n"
+        << db().value(
+               "SELECT string_agg(format('%s %s %s %s', seq, kind, sent_at, tries), E'\\n') FROM "
+               "sync.outbox WHERE replica = $1::uuid",
+               {refusing.id})
+        << "\nmembers: "
+        << db().value(
+               "SELECT string_agg(format('%s %s sent=%s confirmed=%s head=%s fp=%s n=%s', "
+               "m.replica, sync.scope_name(s.match, s.value, s.partition), m.sent, m.confirmed, "
+               "s.head, encode(s.fp, 'hex'), s.n), E'\\n') FROM sync.member m JOIN sync.scope s ON "
+               "s.id = m.scope")
+        << "\nholdings: "
+        << db().value(
+               "SELECT string_agg(format('%s %s through=%s fp=%s n=%s', replica, scope, through, "
+               "encode(fp, 'hex'), n), E'\\n') FROM sync.holding")
+        << "\nactivity: "
+        << db().value(
+               "SELECT string_agg(format('%s %s %s %s', pid, state, wait_event, left(query, 200)), "
+               "E'\\n') FROM pg_stat_activity WHERE backend_type <> 'client backend'")
+        << "\ncandidates: "
+        << db().value(
+               "SELECT string_agg(format('%s %s %s', m.replica, m.scope, p.phase), E'\\n') FROM "
+               "sync.member m JOIN sync.replica r ON r.id = m.replica AND r.live JOIN sync.scope s "
+               "ON s.id = m.scope JOIN sync.holding h ON h.replica = m.replica AND h.scope = "
+               "sync.scope_name(s.match, s.value, s.partition) LEFT JOIN sync.repair p ON "
+               "p.replica = m.replica AND p.scope = m.scope WHERE m.sent = s.head AND m.confirmed "
+               ">= s.head AND h.through = s.head AND CASE WHEN p.replica IS NULL THEN h.fp <> s.fp "
+               "OR h.n <> s.n ELSE (p.storm_until IS NULL OR p.storm_until <= now()) END")
+        << "\nlib: "
+        << db().value(
+               "SELECT string_agg(p.proname, ',') FROM pg_proc p WHERE p.proname IN ('verify', "
+               "'repair_storm')")
+        << "\nlast pass: "
+        << db().value("SELECT format('%s %s', last_pass_at, last_pass) FROM sync.relay_state")
+        << "\nreplica log:\n"
+        << tail(refusing.process->log()) << "\nsender log:\n"
+        << tail(sender_->log())
+        << cluster_->log().substr(cluster_->log().size() > 20000 ? cluster_->log().size() - 20000
+                                                                 : 0);
     // Logged once, naming the scope and its tables.
     std::string log = cluster_->log();
     EXPECT_NE(log.find("repair storm: replica " + refusing.id + " scope \"all\""),
