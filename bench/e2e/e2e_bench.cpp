@@ -38,8 +38,8 @@ double percentile(std::vector<double> values, double p) {
 
 struct Rig {
     explicit Rig(int replicas) {
-        cluster = std::make_unique<Cluster>(std::vector<std::string>{
-            "magic_sync.database = 'shop'", "max_connections = 200"});
+        cluster = std::make_unique<Cluster>(
+            std::vector<std::string>{"magic_sync.database = 'shop'", "max_connections = 200"});
         cluster->create_database("shop");
         cluster->sql("shop", R"sql(
             CREATE TABLE registers (id uuid PRIMARY KEY, active boolean NOT NULL DEFAULT true);
