@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "server/holdings.hpp"
 #include "server/pq.hpp"
 #include "server/process.hpp"
 #include "server/router.hpp"
@@ -24,12 +25,6 @@ namespace {
 
 using namespace magic_sync::test;
 using Clock = std::chrono::steady_clock;
-
-std::string replica_id(int n) {
-    char id[40];
-    snprintf(id, sizeof id, "00000000-0000-0000-0000-%012d", n);
-    return id;
-}
 
 double percentile(std::vector<double> values, double p) {
     std::sort(values.begin(), values.end());

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "server/holdings.hpp"
 #include "server/pq.hpp"
 #include "server/process.hpp"
 #include "server/router.hpp"
@@ -55,16 +56,6 @@ const char* const kShop = R"sql(
     INSERT INTO shop.shelves SELECT s, p, 10, 'shelf ' || p FROM generate_series(1, 2) s, generate_series(1, 5) p;
 )sql";
 
-// What the server says a replica should hold: one line per row, table, canonical key, version.
-const char* const kExpected = R"sql(
-    SELECT coalesce(string_agg(line, E'\n' ORDER BY line), '') FROM (
-        SELECT c.table_name || ' ' || sync.canonical(r.key) || ' ' || encode(r.hash, 'hex') AS line
-        FROM sync.row r
-        JOIN sync.member m ON m.scope = r.scope AND m.replica = $1::uuid
-        JOIN sync.codec c ON c.id = r.codec
-        WHERE NOT r.gone) held
-)sql";
-
 // Rows of the synced tables whose planned version is not their current content (should be none
 // once the relay caught up).
 const char* const kServerDrift = R"sql(
@@ -88,17 +79,7 @@ size_t line_count(const std::string& text) {
     return text.empty() ? 0 : std::count(text.begin(), text.end(), '\n') + 1;
 }
 
-std::string replica_id(int n) {
-    char id[40];
-    snprintf(id, sizeof id, "00000000-0000-0000-0000-%012d", n);
-    return id;
-}
-
-struct Replica {
-    std::string id;
-    std::string db;
-    std::unique_ptr<Process> process;
-};
+using Replica = ReplicaProcess;
 
 class EndToEnd : public ::testing::Test {
   protected:
@@ -194,30 +175,14 @@ class EndToEnd : public ::testing::Test {
             directory_ + "/sender.log");
     }
 
-    // What the replica holds, in the form of kExpected.
+    // What the replica holds, in the form of kExpectedHoldings.
     std::string held(const Replica& replica) {
-        std::string output;
-        if (run("build/bin/magic-sync-replica --id " + replica.id + " --db " + replica.db +
-                    " show --json 2>/dev/null",
-                &output) != 0)
-            return "(show failed: " + output + ")";
-        std::vector<std::string> lines;
-        try {
-            auto shown = nlohmann::json::parse(output);
-            for (auto& [table, rows] : shown["held"].items())
-                for (auto& row : rows)
-                    lines.push_back(table + " " + row["k"].dump() + " " +
-                                    row["h"].get<std::string>());
-        } catch (const std::exception& e) {
-            return std::string("(unreadable: ") + e.what() + ")";
-        }
-        std::sort(lines.begin(), lines.end());
-        std::string joined;
-        for (size_t i = 0; i < lines.size(); ++i) joined += (i ? "\n" : "") + lines[i];
-        return joined;
+        return held_by("build/bin/magic-sync-replica --id " + replica.id + " --db " + replica.db);
     }
 
-    std::string expected(const Replica& replica) { return db().value(kExpected, {replica.id}); }
+    std::string expected(const Replica& replica) {
+        return db().value(kExpectedHoldings, {replica.id});
+    }
 
     bool live(const Replica& replica) {
         return db().value("SELECT live FROM sync.replica WHERE id = $1::uuid", {replica.id}) == "t";

@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "server/holdings.hpp"
 #include "server/pq.hpp"
 #include "server/process.hpp"
 #include "server/router.hpp"
@@ -46,27 +47,7 @@ const char* const kShop = R"sql(
     INSERT INTO shop.items SELECT i, 'item ' || i, i % 97 FROM generate_series(1, 10000) i;
 )sql";
 
-// What the server says a replica should hold: one line per row, table, canonical key, version.
-const char* const kExpected = R"sql(
-    SELECT coalesce(string_agg(line, E'\n' ORDER BY line), '') FROM (
-        SELECT c.table_name || ' ' || sync.canonical(r.key) || ' ' || encode(r.hash, 'hex') AS line
-        FROM sync.row r
-        JOIN sync.member m ON m.scope = r.scope AND m.replica = $1::uuid
-        JOIN sync.codec c ON c.id = r.codec
-        WHERE NOT r.gone) held
-)sql";
-
-std::string replica_id(int n) {
-    char id[40];
-    snprintf(id, sizeof id, "00000000-0000-0000-0000-%012d", n);
-    return id;
-}
-
-struct Register {
-    std::string id;
-    std::string db;
-    std::unique_ptr<Process> process;
-};
+using Register = ReplicaProcess;
 
 class Repair : public ::testing::Test {
   protected:
@@ -126,28 +107,10 @@ class Repair : public ::testing::Test {
         return "build/bin/magic-sync-replica --id " + r.id + " --db " + r.db;
     }
 
-    // What the replica holds, in the form of kExpected.
-    std::string held(const Register& r) {
-        std::string output;
-        if (run(replica_cli(r) + " show --json 2>/dev/null", &output) != 0)
-            return "(show failed: " + output + ")";
-        std::vector<std::string> lines;
-        try {
-            auto shown = nlohmann::json::parse(output);
-            for (auto& [table, rows] : shown["held"].items())
-                for (auto& row : rows)
-                    lines.push_back(table + " " + row["k"].dump() + " " +
-                                    row["h"].get<std::string>());
-        } catch (const std::exception& e) {
-            return std::string("(unreadable: ") + e.what() + ")";
-        }
-        std::sort(lines.begin(), lines.end());
-        std::string joined;
-        for (size_t i = 0; i < lines.size(); ++i) joined += (i ? "\n" : "") + lines[i];
-        return joined;
-    }
+    // What the replica holds, in the form of kExpectedHoldings.
+    std::string held(const Register& r) { return held_by(replica_cli(r)); }
 
-    std::string expected(const Register& r) { return db().value(kExpected, {r.id}); }
+    std::string expected(const Register& r) { return db().value(kExpectedHoldings, {r.id}); }
 
     std::string sync_state(const Register& r) {
         return db().value("SELECT sync FROM sync.status WHERE replica = $1::uuid", {r.id});

@@ -1,0 +1,62 @@
+// Comparing a replica with the server, row by row, for the server tests: what the server says a
+// replica should hold and what the reference replica's SQLite file holds, both as sorted lines
+// "table canonical-key version-hash".
+#pragma once
+
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "server/process.hpp"
+#include "support/cluster.hpp"
+
+namespace magic_sync::test {
+
+// What the server says replica $1 should hold.
+inline const char* const kExpectedHoldings = R"sql(
+    SELECT coalesce(string_agg(line, E'\n' ORDER BY line), '') FROM (
+        SELECT c.table_name || ' ' || sync.canonical(r.key) || ' ' || encode(r.hash, 'hex') AS line
+        FROM sync.row r
+        JOIN sync.member m ON m.scope = r.scope AND m.replica = $1::uuid
+        JOIN sync.codec c ON c.id = r.codec
+        WHERE NOT r.gone) held
+)sql";
+
+// The replica with number n: 00000000-0000-0000-0000-00000000000n (decimal digits).
+inline std::string replica_id(int n) {
+    char id[40];
+    snprintf(id, sizeof id, "00000000-0000-0000-0000-%012d", n);
+    return id;
+}
+
+// A reference replica: its id, its SQLite file, its process when running.
+struct ReplicaProcess {
+    std::string id;
+    std::string db;
+    std::unique_ptr<Process> process;
+};
+
+// What the replica's file holds, in the form of kExpectedHoldings (`cli` is the replica program
+// with its --id, --db and any options).
+inline std::string held_by(const std::string& cli) {
+    std::string output;
+    if (run(cli + " show --json 2>/dev/null", &output) != 0) return "(show failed: " + output + ")";
+    std::vector<std::string> lines;
+    try {
+        auto shown = nlohmann::json::parse(output);
+        for (auto& [table, rows] : shown["held"].items())
+            for (auto& row : rows)
+                lines.push_back(table + " " + row["k"].dump() + " " + row["h"].get<std::string>());
+    } catch (const std::exception& e) {
+        return std::string("(unreadable: ") + e.what() + ")";
+    }
+    std::sort(lines.begin(), lines.end());
+    std::string joined;
+    for (size_t i = 0; i < lines.size(); ++i) joined += (i ? "\n" : "") + lines[i];
+    return joined;
+}
+
+}  // namespace magic_sync::test
