@@ -32,6 +32,8 @@ override with_llvm = no
 
 PGXS := $(shell $(PG_CONFIG) --pgxs)
 include $(PGXS)
+# Replace the library by rename, never in place: clusters that run while we install keep working.
+INSTALL_SHLIB = $(CURDIR)/scripts/install-shlib.sh $(INSTALL_SHLIB_OPTS)
 
 # Everything below is ours: the pure C++ protocol library and the programs and tests built on it,
 # compiled without PostgreSQL's headers (the barrier makes including postgres.h an error).
