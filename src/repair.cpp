@@ -339,9 +339,7 @@ int64_t plan_repairs(Spi& spi) {
         " AND h.replica = p.replica AND h.scope = sync.scope_name(s.match, s.value, s.partition)"
         " AND m.sent = s.head AND m.confirmed >= s.head AND h.through = s.head"
         " AND h.fp = s.fp AND h.n = s.n AND (p.waiting IS NULL OR NOT EXISTS"
-        "  (SELECT FROM sync.outbox o WHERE o.replica = p.replica AND o.seq = p.waiting)"
-        "  OR EXISTS (SELECT FROM sync.repair_acks a WHERE a.replica = p.replica"
-        "  AND a.applied >= p.waiting))");
+        "  (SELECT FROM sync.outbox o WHERE o.replica = p.replica AND o.seq = p.waiting))");
 
     // What can move: a report at the head that differs with no repair yet, or a repair whose
     // last message the replica confirmed and whose breaker is not holding it back. Reports of
@@ -359,9 +357,7 @@ int64_t plan_repairs(Spi& spi) {
         " AND CASE WHEN p.replica IS NULL THEN h.fp <> s.fp OR h.n <> s.n"
         "  ELSE (p.storm_until IS NULL OR p.storm_until <= now())"
         "  AND (p.waiting IS NULL OR NOT EXISTS (SELECT FROM sync.outbox o"
-        "   WHERE o.replica = p.replica AND o.seq = p.waiting)"
-        "   OR EXISTS (SELECT FROM sync.repair_acks a WHERE a.replica = p.replica"
-        "   AND a.applied >= p.waiting)) END"
+        "   WHERE o.replica = p.replica AND o.seq = p.waiting)) END"
         " ORDER BY m.replica, m.scope");
     int64_t written = 0;
     for (const auto& row : rows) {

@@ -27,28 +27,6 @@ CREATE TABLE sync.repair (
     PRIMARY KEY (replica, scope)
 );
 
--- The last message each replica said it applied, as sync.receive records it: a repair waits for
--- its message to be applied, and the outbox row of a message applied before the sender marked it
--- sent can outlive the confirmation that the pass took.
-CREATE TABLE sync.repair_acks (
-    replica uuid PRIMARY KEY,
-    applied bigint NOT NULL
-);
-
-CREATE FUNCTION sync.repair_ack() RETURNS trigger
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    INSERT INTO sync.repair_acks AS a (replica, applied) VALUES (NEW.replica, NEW.applied)
-    ON CONFLICT (replica) DO UPDATE SET applied = greatest(a.applied, excluded.applied);
-    RETURN NULL;
-END
-$$;
-
-CREATE TRIGGER repair_acks AFTER INSERT ON sync.confirmation
-FOR EACH ROW EXECUTE FUNCTION sync.repair_ack();
-
 -- What the server's rows of a scope fingerprint to, from scratch: Σ SHA-256(k ‖ v), count.
 CREATE FUNCTION sync.scope_fingerprint(scope bigint, OUT fp bytea, OUT n bigint)
 LANGUAGE sql STABLE
