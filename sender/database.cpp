@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <memory>
+#include <set>
 
 namespace magic_sync::sender {
 
@@ -22,12 +23,35 @@ int64_t big_endian_int64(const char* bytes) {
     return static_cast<int64_t>(value);
 }
 
-// Every value that comes from outside is a bound parameter; these are the statements.
-constexpr const char* kSent = "SELECT sync.sent($1::uuid, $2::bigint)";
-constexpr const char* kFailed = "SELECT sync.failed($1::uuid, $2::bigint, $3::boolean, $4::text)";
+// Every value that comes from outside is a bound parameter; these are the statements, prepared
+// once per connection.
+struct Statement {
+    const char* name;
+    const char* text;
+};
+constexpr Statement kSent{
+    "magic_sync_sent", "SELECT recovered::text FROM sync.sent($1::uuid[], $2::bigint[]) recovered"};
+constexpr Statement kFailed{"magic_sync_failed",
+                            "SELECT sync.failed($1::uuid, $2::bigint, $3::boolean, $4::text)"};
 // Binary results: the bytes arrive as they are, and seq as 8 bytes.
-constexpr const char* kNext =
-    "SELECT replica::text, seq, message_id, message FROM sync.next($1::int, $2::interval)";
+constexpr Statement kNext{
+    "magic_sync_next",
+    "SELECT replica::text, seq, message_id, message FROM sync.next($1::int, $2::interval)"};
+constexpr Statement kNextAmong{"magic_sync_next_among",
+                               "SELECT replica::text, seq, message_id, message "
+                               "FROM sync.next($1::int, $2::interval, $3::uuid[])"};
+constexpr Statement kStatements[] = {kSent, kFailed, kNext, kNextAmong};
+
+// An array literal of values that came from the database (uuids, numbers): nothing to quote.
+template <typename Value, typename Text>
+std::string array_literal(const std::vector<Value>& values, Text text) {
+    std::string literal = "{";
+    for (const Value& value : values) {
+        if (literal.size() > 1) literal += ',';
+        literal += text(value);
+    }
+    return literal + "}";
+}
 
 }  // namespace
 
@@ -60,6 +84,12 @@ void Database::connect() {
     }
     Result listen(PQexec(connection_, "LISTEN magic_sync"), PQclear);
     if (PQresultStatus(listen.get()) != PGRES_COMMAND_OK) fail("LISTEN magic_sync failed");
+    for (const Statement& statement : kStatements) {
+        Result prepared(PQprepare(connection_, statement.name, statement.text, 0, nullptr),
+                        PQclear);
+        if (PQresultStatus(prepared.get()) != PGRES_COMMAND_OK)
+            fail(std::string("cannot prepare ") + statement.name);
+    }
 }
 
 int Database::socket() const { return connection_ == nullptr ? -1 : PQsocket(connection_); }
@@ -70,72 +100,100 @@ std::string Database::describe() const {
            PQport(connection_) + "/" + PQdb(connection_);
 }
 
-Exchange Database::exchange(const std::vector<Settlement>& settlements, int want,
+Exchange Database::exchange(const std::vector<Settlement>& settlements, const Wants& wants,
                             double lease_seconds) {
     if (connection_ == nullptr) throw DatabaseError("not connected");
-    // A pipeline: everything up to the sync point is one implicit transaction, so either all of
-    // it is applied or none of it, and it costs one round trip.
-    if (PQenterPipelineMode(connection_) != 1) fail("cannot enter pipeline mode");
-    for (const Settlement& settlement : settlements) {
-        const std::string seq = std::to_string(settlement.seq);
-        const bool taken = settlement.outcome.verdict == Verdict::taken;
-        const char* retry = settlement.outcome.verdict == Verdict::transient ? "true" : "false";
-        const char* values[] = {settlement.replica.c_str(), seq.c_str(), retry,
-                                settlement.outcome.error.c_str()};
-        if (PQsendQueryParams(connection_, taken ? kSent : kFailed, taken ? 2 : 4, nullptr, values,
-                              nullptr, nullptr, 0) != 1)
-            fail("cannot send the outcomes");
-    }
-    const std::string count = std::to_string(want);
+    std::vector<const Settlement*> taken;
+    std::vector<const Settlement*> failed;
+    for (const Settlement& settlement : settlements)
+        (settlement.outcome.verdict == Verdict::taken ? taken : failed).push_back(&settlement);
+    const auto replica_of = [](const Settlement* settlement) { return settlement->replica; };
+    const std::string taken_replicas = array_literal(taken, replica_of);
+    const std::string taken_seqs = array_literal(
+        taken, [](const Settlement* settlement) { return std::to_string(settlement->seq); });
     const std::string lease = std::to_string(lease_seconds) + " seconds";
-    if (want > 0) {
-        const char* values[] = {count.c_str(), lease.c_str()};
-        if (PQsendQueryParams(connection_, kNext, 2, nullptr, values, nullptr, nullptr, 1) != 1)
-            fail("cannot ask for messages");
+    const bool ask_among = wants.among_taken > 0 && !taken.empty();
+
+    // A pipeline: everything up to the sync point is one implicit transaction, so either all of
+    // it is applied or none of it, and it costs one round trip. Every delivery taken is recorded
+    // by one statement, and the next messages of their replicas are leased by one more.
+    if (PQenterPipelineMode(connection_) != 1) fail("cannot enter pipeline mode");
+    const auto send = [&](const Statement& statement, std::vector<const char*> values, int binary) {
+        if (PQsendQueryPrepared(connection_, statement.name, static_cast<int>(values.size()),
+                                values.data(), nullptr, nullptr, binary) != 1)
+            fail("cannot send the exchange");
+    };
+    if (!taken.empty()) send(kSent, {taken_replicas.c_str(), taken_seqs.c_str()}, 0);
+    std::vector<std::string> failed_seqs;
+    for (const Settlement* settlement : failed)
+        failed_seqs.push_back(std::to_string(settlement->seq));
+    for (size_t i = 0; i < failed.size(); ++i) {
+        const bool retry = failed[i]->outcome.verdict == Verdict::transient;
+        send(kFailed,
+             {failed[i]->replica.c_str(), failed_seqs[i].c_str(), retry ? "true" : "false",
+              failed[i]->outcome.error.c_str()},
+             0);
     }
+    const std::string among_count = std::to_string(wants.among_taken);
+    const std::string any_count = std::to_string(wants.any);
+    if (ask_among)
+        send(kNextAmong, {among_count.c_str(), lease.c_str(), taken_replicas.c_str()}, 1);
+    if (wants.any > 0) send(kNext, {any_count.c_str(), lease.c_str()}, 1);
     if (PQpipelineSync(connection_) != 1) fail("cannot send the exchange");
 
     Exchange exchange;
     std::string error;
-    auto take_result = [&](bool is_next) {
+    // Each query's result, or nothing after an error; each query's results end with a null.
+    const auto take_result = [&](const auto& use) {
         Result result(PQgetResult(connection_), PQclear);
         if (result == nullptr) fail("the connection ended during the exchange");
         const ExecStatusType status = PQresultStatus(result.get());
         if (status == PGRES_FATAL_ERROR && error.empty())
             error = first_line(PQresultErrorMessage(result.get()));
-        if (status == PGRES_TUPLES_OK && error.empty()) {
-            if (!is_next) {
-                const bool changed = std::strcmp(PQgetvalue(result.get(), 0, 0), "t") == 0;
-                const bool was_sent =
-                    exchange.changes.size() < settlements.size() &&
-                    settlements[exchange.changes.size()].outcome.verdict == Verdict::taken;
-                exchange.changes.push_back(!changed   ? ReplicaChange::none
-                                           : was_sent ? ReplicaChange::recovered
-                                                      : ReplicaChange::backing_off);
-            } else {
-                for (int row = 0; row < PQntuples(result.get()); ++row) {
-                    Delivery delivery;
-                    delivery.replica.assign(PQgetvalue(result.get(), row, 0),
-                                            PQgetlength(result.get(), row, 0));
-                    delivery.seq = big_endian_int64(PQgetvalue(result.get(), row, 1));
-                    delivery.message_id.assign(PQgetvalue(result.get(), row, 2),
-                                               PQgetlength(result.get(), row, 2));
-                    delivery.bytes.assign(PQgetvalue(result.get(), row, 3),
-                                          PQgetlength(result.get(), row, 3));
-                    exchange.leased.push_back(std::move(delivery));
-                }
-            }
-        }
-        // Each query's results end with a null.
+        if (status == PGRES_TUPLES_OK && error.empty()) use(result.get());
         Result end(PQgetResult(connection_), PQclear);
     };
-    for (size_t i = 0; i < settlements.size(); ++i) take_result(false);
-    if (want > 0) take_result(true);
+    const auto take_leased = [&](size_t* count) {
+        take_result([&](PGresult* result) {
+            for (int row = 0; row < PQntuples(result); ++row) {
+                Delivery delivery;
+                delivery.replica.assign(PQgetvalue(result, row, 0), PQgetlength(result, row, 0));
+                delivery.seq = big_endian_int64(PQgetvalue(result, row, 1));
+                delivery.message_id.assign(PQgetvalue(result, row, 2), PQgetlength(result, row, 2));
+                delivery.bytes.assign(PQgetvalue(result, row, 3), PQgetlength(result, row, 3));
+                exchange.leased.push_back(std::move(delivery));
+            }
+            *count = static_cast<size_t>(PQntuples(result));
+        });
+    };
+    std::set<std::string> recovered;
+    if (!taken.empty()) {
+        take_result([&](PGresult* result) {
+            for (int row = 0; row < PQntuples(result); ++row)
+                recovered.insert(PQgetvalue(result, row, 0));
+        });
+    }
+    std::set<std::string> backing_off;
+    for (const Settlement* settlement : failed) {
+        take_result([&](PGresult* result) {
+            if (std::strcmp(PQgetvalue(result, 0, 0), "t") == 0)
+                backing_off.insert(settlement->replica);
+        });
+    }
+    if (ask_among) take_leased(&exchange.leased_among_taken);
+    if (wants.any > 0) take_leased(&exchange.leased_any);
     Result sync(PQgetResult(connection_), PQclear);
     if (sync == nullptr || PQresultStatus(sync.get()) != PGRES_PIPELINE_SYNC)
         fail("the exchange did not complete");
     if (PQexitPipelineMode(connection_) != 1) fail("cannot leave pipeline mode");
     if (!error.empty()) throw DatabaseError(error);
+    for (const Settlement& settlement : settlements) {
+        const bool was_taken = settlement.outcome.verdict == Verdict::taken;
+        const auto& changed = was_taken ? recovered : backing_off;
+        exchange.changes.push_back(changed.count(settlement.replica) == 0 ? ReplicaChange::none
+                                   : was_taken                            ? ReplicaChange::recovered
+                                               : ReplicaChange::backing_off);
+    }
     return exchange;
 }
 

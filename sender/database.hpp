@@ -28,9 +28,18 @@ struct Settlement {
 // What recording a settlement changed for its replica.
 enum class ReplicaChange { none, backing_off, recovered };
 
+// How many messages an exchange leases: the next ones of the replicas whose deliveries it
+// records as taken (looking at those replicas only), and the head messages of any replicas.
+struct Wants {
+    int among_taken = 0;
+    int any = 0;
+};
+
 struct Exchange {
     std::vector<ReplicaChange> changes;  // one per settlement, in order
     std::vector<Delivery> leased;        // timeouts not set
+    size_t leased_among_taken = 0;
+    size_t leased_any = 0;
 };
 
 struct Backlog {
@@ -54,9 +63,10 @@ class Database {
     // "user@host:port/dbname": what the log may show (never the password).
     std::string describe() const;
 
-    // Records the settlements and leases up to `want` head messages for `lease_seconds`, in one
+    // Records the settlements and leases what `wants` asks for `lease_seconds`, in one
     // transaction and one round trip.
-    Exchange exchange(const std::vector<Settlement>& settlements, int want, double lease_seconds);
+    Exchange exchange(const std::vector<Settlement>& settlements, const Wants& wants,
+                      double lease_seconds);
     // Reads what arrived on the socket; true when a NOTIFY magic_sync came.
     bool notified();
     // A server setting in its base unit (ms for times), or nothing when it is not defined.

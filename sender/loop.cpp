@@ -141,10 +141,18 @@ void Sender::collect() {
 }
 
 void Sender::exchange(bool stopping, Clock::time_point now) {
-    // Every round trip also asks for work when there is room: it costs nothing more.
-    const int room = options_.concurrency - static_cast<int>(in_flight_.size());
-    const int want = stopping ? 0 : std::max(room, 0);
-    const Exchange result = database_.exchange(unrecorded_, want, lease_seconds_);
+    // Every round trip also asks for work when there is room: first the next messages of the
+    // replicas whose deliveries it records (a look at those replicas only), then, when a look at
+    // every replica is due, the head messages of any others.
+    const int room =
+        stopping ? 0 : std::max(options_.concurrency - static_cast<int>(in_flight_.size()), 0);
+    const int taken = static_cast<int>(std::count_if(
+        unrecorded_.begin(), unrecorded_.end(),
+        [](const Settlement& settlement) { return settlement.outcome.verdict == Verdict::taken; }));
+    Wants wants;
+    wants.among_taken = std::min(room, taken);
+    wants.any = fetch_due_ ? room - wants.among_taken : 0;
+    const Exchange result = database_.exchange(unrecorded_, wants, lease_seconds_);
     for (size_t i = 0; i < unrecorded_.size() && i < result.changes.size(); ++i) {
         const Settlement& settlement = unrecorded_[i];
         if (result.changes[i] == ReplicaChange::recovered) {
@@ -158,9 +166,11 @@ void Sender::exchange(bool stopping, Clock::time_point now) {
         }
     }
     unrecorded_.clear();
-    if (want > 0) {
-        drained_ = result.leased.empty();
-        fetch_due_ = static_cast<int>(result.leased.size()) == want;
+    // A replica with no next message yet leaves room that other replicas may use.
+    if (static_cast<int>(result.leased_among_taken) < wants.among_taken) fetch_due_ = true;
+    if (wants.any > 0) {
+        drained_ = result.leased_any == 0;
+        fetch_due_ = static_cast<int>(result.leased_any) == wants.any;
         next_recheck_ = now + recheck_;
     }
     dispatch(result.leased);

@@ -76,6 +76,21 @@ WHERE id = '00000000-0000-0000-0000-00000000000b';
 SELECT sync.sent('00000000-0000-0000-0000-00000000000b', 1) AS recovered;
 SELECT sync.failed('00000000-0000-0000-0000-0000000000ff', 1, true, 'gone') AS started;
 
+-- In batches, as the sender calls them: sync.next with `among` looks only at those replicas, and
+-- sync.sent with arrays records many messages at once and returns the replicas that recovered.
+SELECT replica, seq, message_id FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000b']::uuid[]);
+SELECT sync.failed('00000000-0000-0000-0000-00000000000b', 2, true, 'HTTP 503') AS started;
+UPDATE sync.replica SET backoff_until = now() - interval '1 second'
+WHERE id = '00000000-0000-0000-0000-00000000000b';
+SELECT replica, seq, message_id FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000b', '00000000-0000-0000-0000-00000000000b']::uuid[]);
+SELECT recovered FROM sync.sent(ARRAY['00000000-0000-0000-0000-00000000000a', '00000000-0000-0000-0000-00000000000b']::uuid[], ARRAY[2, 2]) AS recovered;
+SELECT replica, seq, sent_at IS NOT NULL AS sent, lease_until IS NULL AS unleased FROM sync.outbox
+WHERE seq = 2 AND replica IN ('00000000-0000-0000-0000-00000000000a', '00000000-0000-0000-0000-00000000000b')
+ORDER BY replica;
+SELECT backoff, last_error FROM sync.replica WHERE id = '00000000-0000-0000-0000-00000000000b';
+SELECT * FROM sync.sent(ARRAY['00000000-0000-0000-0000-00000000000a']::uuid[], ARRAY[3, 4]);
+SELECT count(*) AS among_nobody FROM sync.next(10, '1 minute', '{}');
+
 -- n limits how many replicas are leased; bad arguments are refused.
 SELECT count(*) AS leased FROM sync.next(1, '1 minute');
 SELECT * FROM sync.next(0, '1 minute');
