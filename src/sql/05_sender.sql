@@ -136,6 +136,11 @@ DECLARE
 BEGIN
     UPDATE sync.outbox o SET lease_until = NULL
     WHERE o.replica = failed.replica AND o.seq = failed.seq AND o.sent_at IS NULL;
+    IF NOT FOUND THEN
+        -- Recorded sent already (another sender took it after this one's lease ran out and
+        -- delivered it), or gone: a late failure of a delivered message backs nothing off.
+        RETURN false;
+    END IF;
     SELECT r.backoff INTO previous FROM sync.replica r WHERE r.id = failed.replica FOR UPDATE;
     IF NOT FOUND THEN
         RETURN false;  -- forgotten while the message was out
