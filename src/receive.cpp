@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <map>
 #include <optional>
-#include <regex>
 #include <set>
 #include <string>
 #include <string_view>
@@ -20,6 +19,7 @@
 #include "pg/wake.hpp"
 #include "protocol/canonical.hpp"
 #include "protocol/messages.hpp"
+#include "protocol/upload_fields.hpp"
 
 namespace magic_sync::filing {
 
@@ -47,71 +47,10 @@ bool is_transient(int sqlstate) {
     }
 }
 
-std::string json_string(std::string_view text) {
-    std::string out;
-    protocol::append_json_string(out, text);
-    return out;
-}
-
-// The top-level members of a canonical JSON object as written: the key token (quotes included)
-// and the value's text. Canonical text has no whitespace, so a scan for the top level's colons and
-// commas finds them.
-struct Member {
-    std::string_view key;
-    std::string_view value;
-};
-
-size_t past_string(std::string_view text, size_t at) {  // text[at] is the opening quote
-    for (++at; at < text.size(); ++at) {
-        if (text[at] == '\\')
-            ++at;
-        else if (text[at] == '"')
-            return at + 1;
-    }
-    return text.size();
-}
-
-size_t value_end(std::string_view text, size_t at) {
-    int depth = 0;
-    while (at < text.size()) {
-        char c = text[at];
-        if (c == '"') {
-            at = past_string(text, at);
-            continue;
-        }
-        if (c == '{' || c == '[') {
-            ++depth;
-        } else if (c == '}' || c == ']') {
-            if (depth == 0) return at;
-            --depth;
-        } else if (c == ',' && depth == 0) {
-            return at;
-        }
-        ++at;
-    }
-    return at;
-}
-
-std::vector<Member> members_of(std::string_view object) {
-    std::vector<Member> members;
-    if (object.empty() || object.front() != '{') return members;
-    size_t at = 1;
-    while (at < object.size() && object[at] == '"') {
-        size_t key_end = past_string(object, at);
-        size_t end = value_end(object, key_end + 1);
-        members.push_back(
-            {object.substr(at, key_end - at), object.substr(key_end + 1, end - key_end - 1)});
-        at = end + 1;
-    }
-    return members;
-}
-
-std::optional<std::string_view> member(const std::vector<Member>& members,
-                                       std::string_view json_name) {
-    for (const Member& m : members)
-        if (m.key == json_name) return m.value;
-    return std::nullopt;
-}
+using protocol::json_string;
+using protocol::Member;
+using protocol::member;
+using protocol::members_of;
 
 struct Column {
     std::string raw;        // as in the catalog
@@ -126,9 +65,9 @@ struct Codec {
     std::string table;  // as on the wire
     std::string relation;
     std::string kind;
-    std::vector<Column> columns;           // key columns first, in key order
-    std::vector<const Column*> key_order;  // key columns by name: the canonical member order
-    std::string stamps;                    // {"column": value from known, ...}
+    std::vector<Column> columns;         // key columns first, in key order
+    std::vector<std::string> key_order;  // key columns' JSON names: the canonical member order
+    std::string stamps;                  // {"column": value from known, ...}
 };
 
 // The codecs of the tables an upload names, by table, with the columns filing may write.
@@ -174,24 +113,15 @@ std::map<std::string, Codec> load_codecs(Spi& spi, const std::vector<protocol::U
     }
     for (auto& [table, codec] : codecs) {
         codec.stamps = codec.stamps.empty() ? "{}" : codec.stamps + "}";
+        std::vector<const Column*> keys;
         for (const Column& column : codec.columns)
-            if (column.key) codec.key_order.push_back(&column);
+            if (column.key) keys.push_back(&column);
         // Canonical JSON orders members by their bytes, as std::string compares.
-        std::sort(codec.key_order.begin(), codec.key_order.end(),
+        std::sort(keys.begin(), keys.end(),
                   [](const Column* a, const Column* b) { return a->raw < b->raw; });
+        for (const Column* column : keys) codec.key_order.push_back(column->json_name);
     }
     return codecs;
-}
-
-// The key object of an uploaded row, canonical (the row's values are canonical already); a key
-// column the row lacks is null.
-std::string key_of(const Codec& codec, const std::vector<Member>& members) {
-    std::string key = "{";
-    for (const Column* column : codec.key_order) {
-        key += (key.size() > 1 ? "," : "") + column->json_name + ":" +
-               std::string(member(members, column->json_name).value_or("null"));
-    }
-    return key + "}";
 }
 
 // What a row's statement writes: on insert the key, the stamps and the columns the codec takes
@@ -251,8 +181,7 @@ struct Kept {
 
 Kept kept_row(const protocol::UpRow& row, std::string key, const std::string& why,
               const std::string& reason) {
-    return {row.table, std::move(key), why, reason,
-            "{\"t\":" + json_string(row.table) + ",\"r\":" + row.row + "}"};
+    return {row.table, std::move(key), why, reason, protocol::kept_body(row)};
 }
 
 Kept failed_row(const protocol::UpRow& row, std::string key, const pg::PgError& error) {
@@ -332,7 +261,7 @@ std::vector<Kept> file_rows(Spi& spi, const std::vector<protocol::UpRow>& rows,
         }
         const Codec& codec = found->second;
         const std::vector<Member> members = members_of(row.row);
-        std::string key = key_of(codec, members);
+        std::string key = protocol::key_of(codec.key_order, members);
         if (codec.kind == "catalog") {
             flush();
             std::string why = "table " + row.table +
@@ -354,39 +283,6 @@ std::vector<Kept> file_rows(Spi& spi, const std::vector<protocol::UpRow>& rows,
     return kept;
 }
 
-std::string untaken_json(const protocol::Upload& upload) {
-    std::string out = "[";
-    for (const protocol::Untaken& u : upload.untaken) {
-        out += (out.size() > 1 ? ",{\"seq\":" : "{\"seq\":") + std::to_string(u.seq) +
-               ",\"t\":" + json_string(u.table) + ",\"k\":" + u.key +
-               ",\"why\":" + json_string(u.why) + "}";
-    }
-    return out + "]";
-}
-
-// {scope: {"through", "fp", "n", "ranges": [[lo, hi, fp, n], ...]?}}, as on the wire.
-std::string holds_json(const protocol::Upload& upload) {
-    std::string out = "{";
-    for (const auto& [scope, holding] : upload.holds) {
-        out += (out.size() > 1 ? "," : "") + json_string(scope) +
-               ":{\"through\":" + std::to_string(holding.through) + ",\"fp\":\"" +
-               protocol::to_hex(holding.fingerprint.sum) +
-               "\",\"n\":" + std::to_string(holding.fingerprint.count);
-        if (!holding.ranges.empty()) {
-            std::string ranges;
-            for (const protocol::RangeFingerprint& r : holding.ranges) {
-                ranges += (ranges.empty() ? "[\"" : ",[\"") + protocol::to_hex(r.range.lo) +
-                          "\",\"" + (r.range.hi ? protocol::to_hex(*r.range.hi) : "") + "\",\"" +
-                          protocol::to_hex(r.fingerprint.sum) + "\"," +
-                          std::to_string(r.fingerprint.count) + "]";
-            }
-            out += ",\"ranges\":[" + ranges + "]";
-        }
-        out += "}";
-    }
-    return out + "}";
-}
-
 std::string hex_of(std::string_view bytes) {
     static const char digits[] = "0123456789abcdef";
     std::string hex;
@@ -396,18 +292,6 @@ std::string hex_of(std::string_view bytes) {
         hex += digits[c & 0xf];
     }
     return hex;
-}
-
-// The id of an upload that could not be decoded, when it can still be read: every encoder writes
-// "v" and then "id" first, so it survives a message cut short, too deep or too big.
-std::optional<std::string> recover_id(std::string_view message) {
-    static const std::regex start(
-        R"re(^\s*\{\s*(?:"v"\s*:\s*[0-9]+\s*,\s*)?"id"\s*:\s*")re"
-        R"re(([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")re");
-    const std::string head(message.substr(0, 256));
-    std::smatch match;
-    if (std::regex_search(head, match, start)) return match[1].str();
-    return std::nullopt;
 }
 
 // Records the upload id first, so two receives of one upload file it once (the second waits on
@@ -430,7 +314,7 @@ void finish_upload(Spi& spi, const std::string& replica, const std::string& id,
 // A message that cannot be decoded is kept as it came and, when its id can be read, answered.
 std::string keep_whole(Spi& spi, const std::string& replica, const std::string& message,
                        const std::string& reason) {
-    std::optional<std::string> id = recover_id(message);
+    std::optional<std::string> id = protocol::recover_id(message);
     if (id) {
         if (Value kept = seen_before(spi, replica, *id)) {
             finish_upload(spi, replica, *id, *kept, std::nullopt, "[]", "{}", true);
@@ -503,8 +387,8 @@ std::string receive(Spi& spi, const std::string& replica, const std::string& mes
     }
     Value applied;
     if (upload.applied) applied = std::to_string(*upload.applied);
-    finish_upload(spi, replica, upload.id, kept, applied, untaken_json(upload), holds_json(upload),
-                  !upload.rows.empty() || kept != "[]");
+    finish_upload(spi, replica, upload.id, kept, applied, protocol::untaken_json(upload),
+                  protocol::holds_json(upload), !upload.rows.empty() || kept != "[]");
     return status;
 }
 

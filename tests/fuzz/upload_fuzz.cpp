@@ -1,6 +1,6 @@
 // libFuzzer target: the upload path of sync.receive without PostgreSQL. The filer's SQL runs in a
 // backend and is covered by the regress tests; this drives everything the server computes from
-// the bytes before and around it (src/receive.cpp, mirrored in server_mirror.hpp):
+// the bytes before and around it (src/protocol/upload_fields.cpp, which src/receive.cpp calls):
 //   - the id recovered from a message that does not decode never differs from the decoded one,
 //     and is always recovered from an encoded upload;
 //   - every decoded row is canonical, its top-level members scan to exactly the object's members
@@ -8,6 +8,7 @@
 //     and row hashes add to and remove from a fingerprint exactly;
 //   - the kept list, the untaken list and the holds handed to SQL are JSON, holds exactly as on
 //     the wire, and a filed answer naming every row as kept encodes and decodes.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -20,12 +21,11 @@
 #include "protocol/canonical.hpp"
 #include "protocol/fingerprint.hpp"
 #include "protocol/messages.hpp"
-#include "server_mirror.hpp"
+#include "protocol/upload_fields.hpp"
 
 namespace {
 
 namespace protocol = magic_sync::protocol;
-namespace server = magic_sync::fuzz::server;
 using magic_sync::fuzz::check;
 using magic_sync::fuzz::fail;
 using Json = nlohmann::json;
@@ -39,13 +39,13 @@ std::string canonical_or_fail(const std::string& text, const char* property) {
 }
 
 // The row's members by the server's scan, against nlohmann's reading of the same object.
-void check_members(const protocol::UpRow& row, const std::vector<server::Member>& members) {
+void check_members(const protocol::UpRow& row, const std::vector<protocol::Member>& members) {
     Json parsed = Json::parse(row.row, nullptr, false);
     check(parsed.is_object(), "an uploaded row is a JSON object", row.row);
     check(members.size() == parsed.size(), "the member scan finds every member", row.row);
     size_t i = 0;
     for (auto it = parsed.begin(); it != parsed.end(); ++it, ++i) {
-        check(members[i].key == server::json_string(it.key()), "the member scan reads each key",
+        check(members[i].key == protocol::json_string(it.key()), "the member scan reads each key",
               row.row);
         const std::string value(members[i].value);
         check(canonical_or_fail(value, "a scanned member value is JSON") == value,
@@ -55,15 +55,18 @@ void check_members(const protocol::UpRow& row, const std::vector<server::Member>
 }
 
 // Key columns as a codec might have them: "id" (possibly absent from the row: null) and every
-// other member of the row.
-std::vector<std::string> key_columns_for(const protocol::UpRow& row) {
+// other member of the row, as load_codecs hands them to key_of: sorted bytewise, as JSON strings.
+std::vector<std::string> key_names_for(const protocol::UpRow& row) {
     std::vector<std::string> columns{"id"};
     Json parsed = Json::parse(row.row);
     size_t i = 0;
     for (auto it = parsed.begin(); it != parsed.end(); ++it, ++i) {
         if (i % 2 == 0 && it.key() != "id") columns.push_back(it.key());
     }
-    return columns;
+    std::sort(columns.begin(), columns.end());
+    std::vector<std::string> names;
+    for (const std::string& column : columns) names.push_back(protocol::json_string(column));
+    return names;
 }
 
 void check_rows(const protocol::Upload& upload) {
@@ -76,9 +79,9 @@ void check_rows(const protocol::Upload& upload) {
     for (const protocol::UpRow& row : upload.rows) {
         check(canonical_or_fail(row.row, "an uploaded row is JSON") == row.row,
               "an uploaded row is canonical", row.row);
-        const std::vector<server::Member> members = server::members_of(row.row);
+        const std::vector<protocol::Member> members = protocol::members_of(row.row);
         check_members(row, members);
-        const std::string key = server::key_of(key_columns_for(row), members);
+        const std::string key = protocol::key_of(key_names_for(row), members);
         check(canonical_or_fail(key, "the key of a row is JSON") == key,
               "the key of a row is canonical", key);
         const protocol::Digest element =
@@ -88,10 +91,10 @@ void check_rows(const protocol::Upload& upload) {
         // Filing refuses every row: the answer names each, and the set-aside keeps it whole.
         const std::string why = "table " + row.table + " does not sync";
         answer.kept.push_back(protocol::KeyNote{row.table, key, why});
-        kept += (kept.size() > 1 ? ",{\"t\":" : "{\"t\":") + server::json_string(row.table) +
-                ",\"k\":" + key + ",\"why\":" + server::json_string(why) +
-                ",\"reason\":" + server::json_string(why) +
-                ",\"body\":" + server::json_string(server::kept_body(row)) + "}";
+        kept += (kept.size() > 1 ? ",{\"t\":" : "{\"t\":") + protocol::json_string(row.table) +
+                ",\"k\":" + key + ",\"why\":" + protocol::json_string(why) +
+                ",\"reason\":" + protocol::json_string(why) +
+                ",\"body\":" + protocol::json_string(protocol::kept_body(row)) + "}";
     }
     kept += "]";
     canonical_or_fail(kept, "the kept list is JSON");
@@ -111,7 +114,7 @@ void check_rows(const protocol::Upload& upload) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     const std::string_view text(reinterpret_cast<const char*>(data), size);
-    const std::optional<std::string> recovered = server::recover_id(text);
+    const std::optional<std::string> recovered = protocol::recover_id(text);
     protocol::Upload upload;
     try {
         upload = protocol::decode_upload(text);
@@ -120,11 +123,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     check(!recovered || *recovered == upload.id, "the recovered id is the upload's id", text);
     const std::string encoded = protocol::encode(upload);
-    check(server::recover_id(encoded) == upload.id, "an encoded upload's id is recovered", encoded);
+    check(protocol::recover_id(encoded) == upload.id, "an encoded upload's id is recovered",
+          encoded);
 
     check_rows(upload);
 
-    const std::string untaken = server::untaken_json(upload);
+    const std::string untaken = protocol::untaken_json(upload);
     canonical_or_fail(untaken, "the untaken list is JSON");
     for (const protocol::Untaken& u : upload.untaken) {
         check(canonical_or_fail(u.key, "an untaken key is JSON") == u.key,
@@ -132,7 +136,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         protocol::key_hash(u.table, u.key);
     }
 
-    const std::string holds = server::holds_json(upload);
+    const std::string holds = protocol::holds_json(upload);
     canonical_or_fail(holds, "the holds are JSON");
     if (upload.holds.empty()) {
         check(holds == "{}", "no holds are an empty object", holds);
