@@ -330,6 +330,32 @@ std::string keep_whole(Spi& spi, const std::string& replica, const std::string& 
     return "kept";
 }
 
+// PostgreSQL's text and jsonb cannot hold U+0000. An upload that carries one anywhere could not be
+// filed, and not even answered when it is in a key, a table name, an untaken row or a scope name
+// (the answer would not convert to jsonb): it is kept whole instead. `canonical` text writes U+0000
+// as the escape \u0000; a raw string holds the byte itself.
+bool holds_nul(std::string_view text, bool canonical) {
+    for (size_t at = 0; at < text.size(); ++at) {
+        if (text[at] == '\0') return true;
+        if (canonical && text[at] == '\\') {
+            if (text.compare(at + 1, 5, "u0000") == 0) return true;
+            ++at;  // the escaped character
+        }
+    }
+    return false;
+}
+
+bool holds_nul(const protocol::Upload& upload) {
+    for (const protocol::UpRow& row : upload.rows)
+        if (holds_nul(row.table, false) || holds_nul(row.row, true)) return true;
+    for (const protocol::Untaken& u : upload.untaken)
+        if (holds_nul(u.table, false) || holds_nul(u.key, true) || holds_nul(u.why, false))
+            return true;
+    for (const auto& holding : upload.holds)
+        if (holds_nul(holding.first, false)) return true;
+    return false;
+}
+
 void become(Spi& spi, const std::string& role) {
     try {
         spi.execute("SELECT set_config('role', $1, true)", {role});
@@ -375,6 +401,9 @@ std::string receive(Spi& spi, const std::string& replica, const std::string& mes
     } catch (const protocol::DecodeError& e) {
         return keep_whole(spi, replica, message, e.what());
     }
+    if (holds_nul(upload))
+        return keep_whole(spi, replica, message,
+                          "upload: a string holds U+0000 (\\u0000), which PostgreSQL cannot store");
 
     std::string kept;
     std::string status;
