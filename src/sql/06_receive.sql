@@ -10,10 +10,13 @@
 -- again' (an upload id filed before), 'kept' (a message that could not be decoded, set aside
 -- whole) or 'dropped' (a replica that known() does not know). An ERROR means nothing was filed:
 -- send the same message again later (55000: it speaks a newer protocol than this server).
+-- Generic plans for the statements it runs (its own and its helpers'): with custom plans, each
+-- call would plan them afresh, which costs more than filing a small upload.
 CREATE FUNCTION sync.receive(replica uuid, message bytea) RETURNS text
 AS 'MODULE_PATHNAME', 'magic_sync_receive'
 LANGUAGE C VOLATILE
-SET search_path = pg_catalog, pg_temp;
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan;
 
 -- The filed message with its header, as the relay puts it in the outbox: payload
 -- {"upload": uuid, "kept": [{"t": table, "k": key, "why": reason}, ...]}.
