@@ -87,7 +87,17 @@ $$;
 -- sync.status (one row per replica) is defined with the repair state, in 08_repair.sql.
 
 -- Health of the relay, one row: the notes backlog, the lock holder, the last pass, what is set
--- aside. Friendly to psql and to a Prometheus SQL exporter (numbers, no units in text).
+-- aside, and the transaction horizon. Friendly to psql and to a Prometheus SQL exporter (numbers,
+-- no units in text).
+--
+-- The horizon: the oldest transaction id still needed by a session of this database (its xid or
+-- its snapshot's xmin: a session left in `BEGIN; SELECT txid_current();`), a prepared transaction
+-- or a replication slot. While it is held back VACUUM cannot remove the notes the relay took, the
+-- outbox rows it pruned nor the row versions it replaced after it, so passes and the sender walk
+-- more and more dead versions. horizon_held_by says what holds it ('session', 'prepared', 'slot'),
+-- horizon_pid which session, horizon_xmin_age how many transactions old it is, horizon_seconds
+-- since when (the session's transaction start or the prepare; a role that is neither the
+-- session's nor granted pg_read_all_stats sees NULL there).
 CREATE VIEW sync.health AS
 SELECT (SELECT count(*) FROM sync.note) AS notes_backlog,
        (SELECT extract(epoch FROM now() - min(noted_at)) FROM sync.note) AS oldest_note_seconds,
@@ -99,5 +109,27 @@ SELECT (SELECT count(*) FROM sync.note) AS notes_backlog,
        (SELECT count(*) FROM sync.set_aside WHERE kind = 'note') AS set_aside_notes,
        (SELECT count(*) FROM sync.set_aside WHERE kind = 'row') AS set_aside_rows,
        (SELECT count(*) FROM sync.set_aside WHERE kind = 'upload') AS set_aside_uploads,
-       (SELECT count(*) FROM sync.set_aside WHERE kind = 'untaken') AS set_aside_untaken
-FROM sync.relay_state st;
+       (SELECT count(*) FROM sync.set_aside WHERE kind = 'untaken') AS set_aside_untaken,
+       h.held_by AS horizon_held_by,
+       h.pid AS horizon_pid,
+       h.xmin_age AS horizon_xmin_age,
+       h.seconds AS horizon_seconds
+FROM sync.relay_state st
+LEFT JOIN LATERAL (
+    SELECT 'session'::text AS held_by, a.pid,
+           greatest(age(a.backend_xid), age(a.backend_xmin))::bigint AS xmin_age,
+           extract(epoch FROM clock_timestamp() - a.xact_start)::float8 AS seconds
+    FROM pg_catalog.pg_stat_activity a
+    WHERE a.datname = current_database()
+      AND (a.backend_xid IS NOT NULL OR a.backend_xmin IS NOT NULL)
+    UNION ALL
+    SELECT 'prepared', NULL, age(p.transaction)::bigint,
+           extract(epoch FROM clock_timestamp() - p.prepared)::float8
+    FROM pg_catalog.pg_prepared_xacts p
+    WHERE p.database = current_database()
+    UNION ALL
+    SELECT 'slot', NULL, age(s.xmin)::bigint, NULL
+    FROM pg_catalog.pg_replication_slots s
+    WHERE s.xmin IS NOT NULL
+    ORDER BY xmin_age DESC, seconds DESC NULLS LAST
+    LIMIT 1) h ON true;
