@@ -266,3 +266,38 @@ build/bench/e2e: bench/e2e/e2e_bench.cpp $(TEST_SUPPORT_SRCS) $(wildcard tests/s
 bench-e2e: build/bench/e2e build/bin/magic-sync-sender build/bin/magic-sync-replica
 	$(MAKE) install
 	build/bench/e2e 100 50
+
+# Long transactions (issue 10): delivery throughput while a session holds the xmin horizon open
+# (BEGIN; SELECT txid_current();) against the same run without it (bench/README.md).
+LONGTX_SECONDS ?= 120
+build/bench/longtx: bench/longtx/longtx_bench.cpp $(TEST_SUPPORT_SRCS) $(wildcard tests/server/*.hpp)
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) -Itests -o $@ bench/longtx/longtx_bench.cpp \
+		$(TEST_SUPPORT_SRCS) -lpq $(HTTPLIB) -lpthread
+
+.PHONY: bench-longtx soak
+bench-longtx: build/bench/longtx build/bin/magic-sync-sender build/bin/magic-sync-replica
+	$(MAKE) install
+	build/bench/longtx $(LONGTX_SECONDS) 10
+
+# The fault suite of `make test` (tests/server/fault_test.cpp) for SOAK_ROUNDS rounds with
+# SOAK_LOAD_MS of load around each fault, then the long-transaction benchmark (RELIABILITY.md).
+SOAK_ROUNDS ?= 5
+SOAK_LOAD_MS ?= 10000
+soak: build/tests/server_tests build/bench/longtx build/bin/magic-sync-sender build/bin/magic-sync-replica
+	$(MAKE) install
+	MAGIC_SYNC_SOAK_ROUNDS=$(SOAK_ROUNDS) MAGIC_SYNC_SOAK_LOAD_MS=$(SOAK_LOAD_MS) \
+		build/tests/server_tests --gtest_filter='Fault*'
+	build/bench/longtx $(LONGTX_SECONDS) 10
+
+# Drift repair (issue 9): bytes both ways and round trips to repair d differences in 100,000 rows,
+# against provisioning the scope whole (bench/README.md).
+build/bench/repair: bench/repair/repair_bench.cpp $(TEST_SUPPORT_SRCS) $(wildcard tests/server/*.hpp)
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) -Itests -o $@ bench/repair/repair_bench.cpp \
+		$(TEST_SUPPORT_SRCS) -lpq
+
+.PHONY: bench-repair
+bench-repair: build/bench/repair build/bin/magic-sync-replica
+	$(MAKE) install
+	build/bench/repair 100000 1 10 100 1000
