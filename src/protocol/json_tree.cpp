@@ -255,6 +255,12 @@ class TreeBuilder : public nlohmann::json_sax<Json> {
 }  // namespace
 
 JsonNode parse_json_tree(std::string_view text, const Limits& limits, PayloadPlacement placement) {
+    // nlohmann's lexer takes a NUL byte for the end of the input (as in a C string), so a message
+    // followed by a NUL and anything at all would parse as the message alone. JSON has no NUL
+    // outside strings, and none unescaped in them.
+    if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
+        throw DecodeError("invalid JSON: a NUL byte at offset " + std::to_string(nul));
+    }
     TreeBuilder builder(limits, placement);
     Json::sax_parse(text.data(), text.data() + text.size(), &builder);
     return builder.take_result();
