@@ -104,8 +104,9 @@ DECLARE
     last_sent bigint;
 BEGIN
     IF kept <> '[]' THEN
-        INSERT INTO sync.set_aside (kind, replica, codec, key, body, reason)
-        SELECT 'upload', upload_end.replica, c.id, e->'k', convert_to(e->>'body', 'UTF8'), e->>'reason'
+        INSERT INTO sync.set_aside (kind, replica, codec, key, body, reason, filed_as)
+        SELECT 'upload', upload_end.replica, c.id, e->'k', convert_to(e->>'body', 'UTF8'), e->>'reason',
+               session_user
         FROM jsonb_array_elements(kept) WITH ORDINALITY AS x(e, i)
         LEFT JOIN sync.codec c ON c.table_name = e->>'t'
         WHERE e ? 'body'
@@ -159,8 +160,8 @@ CREATE FUNCTION sync.keep_upload(replica uuid, message bytea, reason text) RETUR
 LANGUAGE sql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    INSERT INTO sync.set_aside (kind, replica, body, reason)
-    VALUES ('upload', keep_upload.replica, keep_upload.message, keep_upload.reason)
+    INSERT INTO sync.set_aside (kind, replica, body, reason, filed_as)
+    VALUES ('upload', keep_upload.replica, keep_upload.message, keep_upload.reason, session_user)
 $$;
 
 -- The receiver calls sync.receive and, through it, the helpers; nothing else.

@@ -32,6 +32,8 @@ DECLARE
     refiled bigint := 0;
     still_kept bigint := 0;
     outcome text;
+    relay_role text;
+    last_kept bigint;
 BEGIN
     PERFORM sync.relay_lock();
     INSERT INTO sync.note (codec, key) SELECT s.codec, s.key FROM sync.set_aside s WHERE s.kind = 'note';
@@ -56,22 +58,42 @@ BEGIN
 
     -- Uploads kept because they could not be filed are filed again: a kept row as a new upload of
     -- that one row, a kept message as it came. What fails again is kept again, its tries counted.
-    -- They are filed as the relay's role (magic_sync.role): make it one the row policies apply to.
+    -- They are filed as the login role that sent them (and then as magic_sync.role, if set, as
+    -- sync.receive always does), never as the relay's own role: a row that the route's privileges
+    -- or row policies refused stays refused.
     FOR kept IN
         DELETE FROM sync.set_aside s WHERE s.kind = 'upload' AND s.replica IS NOT NULL
         RETURNING s.*
     LOOP
-        outcome := sync.receive(kept.replica,
-            CASE WHEN kept.codec IS NULL THEN kept.body
-                 -- A kept row's body is the row as uploaded: {"t": table, "r": row}.
-                 ELSE convert_to(jsonb_build_object('v', 1, 'id', gen_random_uuid(), 'rows',
-                          jsonb_build_array(convert_from(kept.body, 'UTF8')::jsonb))::text,
-                                 'UTF8') END);
+        IF kept.filed_as IS NOT NULL AND (to_regrole(kept.filed_as) IS NULL OR NOT has_function_privilege(
+                kept.filed_as, 'sync.receive(uuid, bytea)', 'EXECUTE')) THEN
+            outcome := 'dropped';  -- that role cannot file any more
+        ELSE
+            last_kept := (SELECT coalesce(max(s.id), 0) FROM sync.set_aside s);
+            IF kept.filed_as IS NOT NULL THEN
+                relay_role := current_setting('role');
+                PERFORM set_config('role', kept.filed_as, true);
+            END IF;
+            outcome := sync.receive(kept.replica,
+                CASE WHEN kept.codec IS NULL THEN kept.body
+                     -- A kept row's body is the row as uploaded: {"t": table, "r": row}.
+                     ELSE convert_to(jsonb_build_object('v', 1, 'id', gen_random_uuid(), 'rows',
+                              jsonb_build_array(convert_from(kept.body, 'UTF8')::jsonb))::text,
+                                     'UTF8') END);
+            IF kept.filed_as IS NOT NULL THEN
+                PERFORM set_config('role', relay_role, true);
+                -- What it kept again was kept for that role, not for the relay's session.
+                UPDATE sync.set_aside s SET filed_as = kept.filed_as
+                WHERE s.id > last_kept AND s.kind = 'upload';
+            END IF;
+        END IF;
         IF outcome = 'dropped' THEN
-            -- Its replica is not known any more: nothing was filed, so it stays kept.
-            INSERT INTO sync.set_aside (kind, replica, codec, key, body, reason, first_at, tries, last_try_at)
+            -- Its replica is not known any more, or its role cannot file: nothing was filed, so it
+            -- stays kept.
+            INSERT INTO sync.set_aside (kind, replica, codec, key, body, reason, first_at, tries, last_try_at,
+                                        filed_as)
             VALUES ('upload', kept.replica, kept.codec, kept.key, kept.body, kept.reason, kept.first_at,
-                    kept.tries + 1, now());
+                    kept.tries + 1, now(), kept.filed_as);
             still_kept := still_kept + 1;
             CONTINUE;
         END IF;
