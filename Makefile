@@ -269,7 +269,7 @@ bench-e2e: build/bench/e2e build/bin/magic-sync-sender build/bin/magic-sync-repl
 
 # Long transactions (issue 10): delivery throughput while a session holds the xmin horizon open
 # (BEGIN; SELECT txid_current();) against the same run without it (bench/README.md).
-LONGTX_SECONDS ?= 120
+LONGTX_SECONDS ?= 180
 build/bench/longtx: bench/longtx/longtx_bench.cpp $(TEST_SUPPORT_SRCS) $(wildcard tests/server/*.hpp)
 	@mkdir -p $(dir $@)
 	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) -Itests -o $@ bench/longtx/longtx_bench.cpp \

@@ -19,6 +19,8 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <ctime>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -169,9 +171,54 @@ class Refuser {
     std::thread thread_;
 };
 
+// When the test is stopped from outside (SIGTERM from a timeout, SIGINT), no destructor runs:
+// the handler stops the cluster (SIGQUIT: immediate shutdown) and kills the processes the test
+// started, whose ids are kept here by the test's thread after every start.
+pid_t watched_postmaster = -1;
+pid_t watched[kReplicas + 8];
+
+char watched_directories[2][256];
+
+extern "C" void stop_what_was_started(int signal) {
+    if (watched_postmaster > 0) kill(watched_postmaster, SIGQUIT);
+    for (pid_t pid : watched)
+        if (pid > 0) kill(pid, SIGKILL);
+    // Then the directories, once the postmaster is gone (fork, exec and waitpid are safe here).
+    for (int i = 0; i < 50 && watched_postmaster > 0 && kill(watched_postmaster, 0) == 0; ++i) {
+        struct timespec pause = {0, 100000000};
+        nanosleep(&pause, nullptr);
+    }
+    for (char* directory : watched_directories) {
+        if (directory[0] == 0) continue;
+        pid_t child = fork();
+        if (child == 0) {
+            execl("/bin/rm", "rm", "-rf", directory, static_cast<char*>(nullptr));
+            _exit(127);
+        }
+        if (child > 0) waitpid(child, nullptr, 0);
+    }
+    ::signal(signal, SIG_DFL);
+    raise(signal);
+}
+
 class Fault : public ::testing::Test {
   protected:
+    // Keeps the ids of the postmaster and of every process started, for stop_what_was_started.
+    void watch() {
+        std::ifstream pidfile(cluster_->directory() + "/data/postmaster.pid");
+        pid_t postmaster = -1;
+        if (pidfile >> postmaster) watched_postmaster = postmaster;
+        size_t i = 0;
+        for (auto& [n, replica] : replicas_)
+            if (replica.process) watched[i++] = replica.process->pid();
+        if (sender_) watched[i++] = sender_->pid();
+        snprintf(watched_directories[0], sizeof watched_directories[0], "%s",
+                 cluster_->directory().c_str());
+        snprintf(watched_directories[1], sizeof watched_directories[1], "%s", directory_.c_str());
+    }
+
     void SetUp() override {
+        for (int signal : {SIGTERM, SIGINT, SIGHUP}) ::signal(signal, stop_what_was_started);
         rounds_ = env_int("MAGIC_SYNC_SOAK_ROUNDS", 1);
         load_ms_ = env_int("MAGIC_SYNC_SOAK_LOAD_MS", 1500);
         cluster_ = std::make_unique<Cluster>(std::vector<std::string>{
@@ -185,6 +232,7 @@ class Fault : public ::testing::Test {
         cluster_->sql("shop", kShop);
         char pattern[] = "/tmp/magic_sync_fault.XXXXXX";
         directory_ = mkdtemp(pattern);
+        watch();
         router_ = std::make_unique<Router>();
         router_->observe([this](const std::string& replica, const std::string& message) {
             long gen = 0, seq = 0;
@@ -222,6 +270,7 @@ class Fault : public ::testing::Test {
                 "http://127.0.0.1:" + std::to_string(router_->port()) + "/replicas/{replica}",
                 "--report", "0", "--send-timeout", "5", "--lease", "8"},
             directory_ + "/sender.log");
+        watch();
         writer_ = std::thread([this] { load(); });
     }
 
@@ -235,6 +284,10 @@ class Fault : public ::testing::Test {
         db_.reset();
         cluster_.reset();
         run("rm -rf " + directory_);
+        watched_postmaster = -1;
+        for (pid_t& pid : watched) pid = -1;
+        for (char* directory : watched_directories) directory[0] = 0;
+        for (int signal : {SIGTERM, SIGINT, SIGHUP}) ::signal(signal, SIG_DFL);
     }
 
     // The steady write load: single-row updates of products (to every replica) and of one
@@ -555,6 +608,7 @@ TEST_F(Fault, EveryReplicaConvergesAfterEachFaultUnderLoad) {
             sender_->stop(SIGKILL);
             std::this_thread::sleep_for(500ms);
             sender_->start();
+            watch();
             auto healed = Clock::now();
             keep_loading();
             record("kill -9 of the sender" + r, healed, before, again);
@@ -572,6 +626,7 @@ TEST_F(Fault, EveryReplicaConvergesAfterEachFaultUnderLoad) {
             converge("the others while replica " + std::to_string(n) + " is down", {n});
             long others = others_taken_since(before, {n});
             replicas_[n].process->start();
+            watch();
             auto healed = Clock::now();
             keep_loading();
             record("kill -9 of replica " + std::to_string(n) + r, healed, before, again, {n});
@@ -589,6 +644,7 @@ TEST_F(Fault, EveryReplicaConvergesAfterEachFaultUnderLoad) {
             write_sales(victim(5), 2);  // while the server is down
             std::this_thread::sleep_for(1s);
             cluster_->start();
+            watch();
             await_relay_other_than(pid);
             auto healed = Clock::now();
             keep_loading();
@@ -633,6 +689,7 @@ TEST_F(Fault, EveryReplicaConvergesAfterEachFaultUnderLoad) {
                       std::to_string(kWindow));
             EXPECT_GT(std::stol(value(kRowsBehind, {replica_id(n)})), kWindow * kRowsPerMessage);
             replicas_[n].process->start();
+            watch();
             auto healed = Clock::now();
             keep_loading();
             record("replica " + std::to_string(n) + " away past its window" + r, healed, before,

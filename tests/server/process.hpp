@@ -51,6 +51,9 @@ class Process {
         pid_ = -1;
     }
 
+    // The running process's id, or -1.
+    pid_t pid() const { return pid_; }
+
     bool running() {
         if (pid_ <= 0) return false;
         int status = 0;
