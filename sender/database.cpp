@@ -17,6 +17,23 @@ std::string first_line(const char* text) {
     return line;
 }
 
+// libpq's reason for a connection string it cannot parse quotes the string's own text: a password
+// cut short by a bad %-escape ("invalid percent-encoded token: "hunter2%zz""), the whole URI when
+// an IPv6 bracket is not closed. Logged, such a reason leaves out whatever it quotes.
+std::string unquoted(const std::string& reason) {
+    std::string out;
+    bool quoted = false;
+    for (char c : reason) {
+        if (c == '"') {
+            if (!quoted) out += "\"...\"";
+            quoted = !quoted;
+        } else if (!quoted) {
+            out += c;
+        }
+    }
+    return out;
+}
+
 int64_t big_endian_int64(const char* bytes) {
     uint64_t value = 0;
     for (int i = 0; i < 8; ++i) value = (value << 8) | static_cast<unsigned char>(bytes[i]);
@@ -74,10 +91,21 @@ void Database::fail(const std::string& what) {
 
 void Database::connect() {
     disconnect();
+    char* parse_error = nullptr;
+    PQconninfoOption* parsed = PQconninfoParse(conninfo_.c_str(), &parse_error);
+    if (parsed == nullptr) {
+        const std::string reason =
+            parse_error == nullptr ? "out of memory" : first_line(parse_error);
+        PQfreemem(parse_error);
+        throw DatabaseError(
+            "cannot connect: the connection string does not parse: " + unquoted(reason) +
+            " (what it quotes is not shown: it may be a password)");
+    }
+    PQconninfoFree(parsed);
     connection_ = PQconnectdb(conninfo_.c_str());
     if (connection_ == nullptr) throw DatabaseError("cannot connect: out of memory");
     if (PQstatus(connection_) != CONNECTION_OK) {
-        // libpq's message names host and port, never the password.
+        // The string parsed: libpq's message names host and port, never the password.
         const std::string reason = first_line(PQerrorMessage(connection_));
         disconnect();
         throw DatabaseError("cannot connect: " + reason);
