@@ -239,6 +239,16 @@ WHERE c.upload IS NOT NULL AND NOT EXISTS (
       AND convert_from(sync.message(o.replica, o.seq), 'UTF8')::jsonb->>'upload' = c.upload::text)
 ORDER BY c.n;
 
+-- On its retry timer the relay files again what was kept, as the route that sent it: everything
+-- is kept again for the same reasons (another register's drawer included), but the message that
+-- was over max_upload_bytes, now that the limit is raised, which is filed.
+SET magic_sync.max_upload_bytes = '32MB';
+SELECT * FROM sync.retry_set_aside();
+RESET magic_sync.max_upload_bytes;
+SELECT s.tries, s.filed_as, count(*) AS kept FROM sync.set_aside s GROUP BY 1, 2 ORDER BY 1, 2;
+SELECT short(id) AS id, short(body) AS body FROM shop.notes ORDER BY id;
+SELECT r.label, d.counted FROM shop.drawers d JOIN shop.registers r ON r.id = d.register_id ORDER BY 1;
+
 \c regression
 DROP DATABASE hostile_test;
 DROP ROLE hostile_route;

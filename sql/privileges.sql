@@ -215,6 +215,15 @@ RESET SESSION AUTHORIZATION;
 SELECT * FROM sync.retry_set_aside();
 SELECT kind, key, reason, tries, filed_as FROM sync.set_aside ORDER BY id;
 SELECT * FROM shop.drawers;
+-- Naming the role to be filed again as gets a caller only a role its login may become anyway.
+SET SESSION AUTHORIZATION priv_receiver;
+SELECT sync.keep_upload('00000000-0000-0000-0000-0000000000a1', convert_to('not an upload', 'UTF8'),
+                        'it named the owner', 'priv_owner');
+SELECT sync.keep_upload('00000000-0000-0000-0000-0000000000a1', convert_to('not an upload', 'UTF8'),
+                        'it named a role that does not exist', 'priv_none');
+RESET SESSION AUTHORIZATION;
+SELECT reason, filed_as FROM sync.set_aside WHERE reason LIKE 'it named%' ORDER BY id;
+DELETE FROM sync.set_aside WHERE reason LIKE 'it named%';
 -- A kept upload whose role is gone is not filed by anyone else: it stays kept.
 UPDATE sync.set_aside SET filed_as = 'priv_gone';
 SELECT * FROM sync.retry_set_aside();

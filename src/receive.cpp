@@ -305,7 +305,7 @@ void finish_upload(Spi& spi, const std::string& replica, const std::string& id,
                    const std::string& holds, bool answered) {
     spi.execute(
         "SELECT sync.upload_end($1::uuid, $2::uuid, $3::jsonb, $4::bigint, $5::jsonb, $6::jsonb,"
-        " $7::boolean)",
+        " $7::boolean, current_user)",
         {replica, id, kept, applied, untaken, holds, answered ? "true" : "false"});
     // The relay moves the answer and applies the confirmation as soon as this commits.
     pg::wake_relay_at_commit();
@@ -321,7 +321,7 @@ std::string keep_whole(Spi& spi, const std::string& replica, const std::string& 
             return "answered again";
         }
     }
-    spi.execute("SELECT sync.keep_upload($1::uuid, decode($2, 'hex'), $3)",
+    spi.execute("SELECT sync.keep_upload($1::uuid, decode($2, 'hex'), $3, current_user)",
                 {replica, hex_of(message), reason});
     if (!id) return "kept";
     std::string note = "[{\"t\":\"\",\"k\":{},\"why\":" + json_string(reason) +

@@ -171,8 +171,8 @@ CREATE TABLE sync.set_aside (
     first_at timestamptz NOT NULL DEFAULT now(),
     tries int NOT NULL DEFAULT 1,
     last_try_at timestamptz NOT NULL DEFAULT now(),
-    -- An upload's: the login role whose sync.receive kept it. The retry files it again as that
-    -- role, so what the route's privileges and row policies refused stays refused.
+    -- An upload's: the role whose sync.receive kept it (sync.filer). The retry files it again as
+    -- that role, so what the route's privileges and row policies refused stays refused.
     filed_as name
 );
 -- A note or row set aside again is counted, not repeated.

@@ -87,11 +87,25 @@ BEGIN
 END
 $$;
 
+-- The role an upload is kept for, to be filed again as (sync.set_aside.filed_as): the role that
+-- receive ran as, if the session's login may become it, else the login itself. A caller that
+-- names a role of its own choosing gets no role it could not take anyway.
+CREATE FUNCTION sync.filer(filed_as name) RETURNS name
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT CASE WHEN filed_as IS NULL OR to_regrole(filed_as) IS NULL THEN session_user
+                WHEN pg_has_role(session_user, filed_as, 'MEMBER') THEN filed_as
+                ELSE session_user END
+$$;
+
 -- After the rows: sets aside the kept rows that carry a body, remembers and answers the kept list
 -- (t, k, why), and takes what the upload says of the replica: `applied` (confirmed by the next
 -- pass), `untaken` (set aside, per replica and row) and `holds` (kept for verification).
+-- `filed_as`: the role receive ran as (see sync.filer).
 CREATE FUNCTION sync.upload_end(replica uuid, upload uuid, kept jsonb, applied bigint,
-                                untaken jsonb, holds jsonb, answered boolean) RETURNS void
+                                untaken jsonb, holds jsonb, answered boolean,
+                                filed_as name DEFAULT NULL) RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -106,7 +120,7 @@ BEGIN
     IF kept <> '[]' THEN
         INSERT INTO sync.set_aside (kind, replica, codec, key, body, reason, filed_as)
         SELECT 'upload', upload_end.replica, c.id, e->'k', convert_to(e->>'body', 'UTF8'), e->>'reason',
-               session_user
+               sync.filer(upload_end.filed_as)
         FROM jsonb_array_elements(kept) WITH ORDINALITY AS x(e, i)
         LEFT JOIN sync.codec c ON c.table_name = e->>'t'
         WHERE e ? 'body'
@@ -155,21 +169,25 @@ BEGIN
 END
 $$;
 
--- A message that could not be decoded, kept as it came.
-CREATE FUNCTION sync.keep_upload(replica uuid, message bytea, reason text) RETURNS void
+-- A message that could not be decoded, kept as it came. `filed_as`: as for upload_end.
+CREATE FUNCTION sync.keep_upload(replica uuid, message bytea, reason text, filed_as name DEFAULT NULL)
+RETURNS void
 LANGUAGE sql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
     INSERT INTO sync.set_aside (kind, replica, body, reason, filed_as)
-    VALUES ('upload', keep_upload.replica, keep_upload.message, keep_upload.reason, session_user)
+    VALUES ('upload', keep_upload.replica, keep_upload.message, keep_upload.reason,
+            sync.filer(keep_upload.filed_as))
 $$;
 
 -- The receiver calls sync.receive and, through it, the helpers; nothing else.
 REVOKE ALL ON FUNCTION sync.receive(uuid, bytea), sync.encode_filed(uuid, bigint, bigint, jsonb),
     sync.receive_setup(uuid), sync.receive_codecs(text[]), sync.upload_begin(uuid, uuid),
-    sync.upload_end(uuid, uuid, jsonb, bigint, jsonb, jsonb, boolean), sync.keep_upload(uuid, bytea, text)
+    sync.upload_end(uuid, uuid, jsonb, bigint, jsonb, jsonb, boolean, name),
+    sync.keep_upload(uuid, bytea, text, name), sync.filer(name)
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sync.receive(uuid, bytea), sync.receive_setup(uuid),
     sync.receive_codecs(text[]), sync.upload_begin(uuid, uuid),
-    sync.upload_end(uuid, uuid, jsonb, bigint, jsonb, jsonb, boolean), sync.keep_upload(uuid, bytea, text)
+    sync.upload_end(uuid, uuid, jsonb, bigint, jsonb, jsonb, boolean, name),
+    sync.keep_upload(uuid, bytea, text, name)
     TO sync_receiver;

@@ -58,9 +58,8 @@ BEGIN
 
     -- Uploads kept because they could not be filed are filed again: a kept row as a new upload of
     -- that one row, a kept message as it came. What fails again is kept again, its tries counted.
-    -- They are filed as the login role that sent them (and then as magic_sync.role, if set, as
-    -- sync.receive always does), never as the relay's own role: a row that the route's privileges
-    -- or row policies refused stays refused.
+    -- They are filed as the role that sent them (sync.set_aside.filed_as), never as the relay's
+    -- own: a row that the route's privileges or row policies refused stays refused.
     FOR kept IN
         DELETE FROM sync.set_aside s WHERE s.kind = 'upload' AND s.replica IS NOT NULL
         RETURNING s.*
@@ -70,6 +69,15 @@ BEGIN
             outcome := 'dropped';  -- that role cannot file any more
         ELSE
             last_kept := (SELECT coalesce(max(s.id), 0) FROM sync.set_aside s);
+            IF kept.codec IS NULL THEN
+                -- A message kept whole was recorded under its id, when that could be read, with
+                -- the answer "kept whole": forgotten here, or it would only be answered again.
+                DELETE FROM sync.upload u
+                WHERE u.replica = kept.replica AND jsonb_array_length(u.kept) = 1 AND u.kept->0->>'t' = ''
+                  AND u.id = (regexp_match(encode(substring(kept.body FROM 1 FOR 256), 'escape'),
+                                           '^\s*\{\s*(?:"v"\s*:\s*[0-9]+\s*,\s*)?"id"\s*:\s*"'
+                                           '([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"'))[1]::uuid;
+            END IF;
             IF kept.filed_as IS NOT NULL THEN
                 relay_role := current_setting('role');
                 PERFORM set_config('role', kept.filed_as, true);
@@ -87,9 +95,9 @@ BEGIN
                 WHERE s.id > last_kept AND s.kind = 'upload';
             END IF;
         END IF;
-        IF outcome = 'dropped' THEN
-            -- Its replica is not known any more, or its role cannot file: nothing was filed, so it
-            -- stays kept.
+        IF outcome = 'dropped' OR (kept.codec IS NULL AND outcome = 'answered again') THEN
+            -- Its replica is not known any more, or its role cannot file, or it was answered
+            -- again: nothing was filed, so it stays kept.
             INSERT INTO sync.set_aside (kind, replica, codec, key, body, reason, first_at, tries, last_try_at,
                                         filed_as)
             VALUES ('upload', kept.replica, kept.codec, kept.key, kept.body, kept.reason, kept.first_at,
