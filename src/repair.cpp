@@ -177,6 +177,40 @@ int64_t send_repairs(Spi& spi, const Target& target, const std::string& lo,
     return last;
 }
 
+// Repair messages for the mismatched `leaves` (prefixes of one level, in order) with their server
+// rows: a run of adjacent leaves shares one message covering all of them while it fits the
+// message limits; a leaf too big alone is split by send_repairs. Returns the seq of the last one.
+int64_t send_leaves(Spi& spi, const Target& target, const std::vector<std::string>& leaves,
+                    std::map<std::string, std::vector<LeafRow>>& rows, int64_t& messages) {
+    auto covering = [&](size_t first, size_t last, const std::vector<LeafRow>& run) {
+        protocol::RepairMessage message;
+        message.scope = target.scope_name;
+        message.range = range_of(lo_hex(leaves[first]), hi_hex(leaves[last]));
+        for (const LeafRow& row : run) message.rows.push_back(row.row);
+        return message;
+    };
+    int64_t last = 0;
+    size_t start = 0;
+    while (start < leaves.size()) {
+        std::vector<LeafRow> run = rows[leaves[start]];
+        size_t end = start + 1;
+        if (fits(covering(start, start, run))) {
+            while (end < leaves.size() && hi_hex(leaves[end - 1]) == lo_hex(leaves[end])) {
+                std::vector<LeafRow> longer = run;
+                const std::vector<LeafRow>& next = rows[leaves[end]];
+                longer.insert(longer.end(), next.begin(), next.end());
+                if (!fits(covering(start, end, longer))) break;
+                run = std::move(longer);
+                ++end;
+            }
+        }
+        last = send_repairs(spi, target, lo_hex(leaves[start]), hi_hex(leaves[end - 1]),
+                            leaves[start], run, messages);
+        start = end;
+    }
+    return last;
+}
+
 // Counts a round for the repair; false when it is one too many: the breaker trips instead.
 bool begin_round(Spi& spi, const Target& target) {
     auto rows = spi.query(
@@ -293,12 +327,9 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
                 protocol::RowBody{row[4].value(), protocol::digest_from_hex(row[5].value())};
             rows[row[0].value()].push_back(std::move(leaf));
         }
-        for (const std::string& prefix : leaves) {
-            const std::vector<LeafRow>& in_range = rows[prefix];
-            rows_sent += static_cast<int64_t>(in_range.size());
-            last = send_repairs(spi, target, lo_hex(prefix), hi_hex(prefix), prefix, in_range,
-                                messages);
-        }
+        for (const std::string& prefix : leaves)
+            rows_sent += static_cast<int64_t>(rows[prefix].size());
+        last = send_leaves(spi, target, leaves, rows, messages);
     }
     if (!deeper.empty()) {
         last = send_ranges(spi, target, deeper);
