@@ -4,26 +4,26 @@
 // stopped, the file edited with the sqlite3 CLI, the process started again): rows deleted, rows
 // altered, foreign rows added. The replica's running fingerprint is set to what its rows now
 // hash to (as a replica that drifted honestly reports), so it advertises the drift; the server
-// must find it and repair it by range, and every replica's content is compared row by row after.
+// must find it and repair it by range, and every replica's content is compared row by row after:
+// 1 and 100 differences in 10,000 rows, and 1, 100 and 10,000 in 100,000.
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "server/drift.hpp"
 #include "server/holdings.hpp"
 #include "server/pq.hpp"
 #include "server/process.hpp"
@@ -127,8 +127,8 @@ class Repair : public ::testing::Test {
         bool converged = eventually(
             [&] {
                 for (auto& [n, r] : registers_) {
-                    if (held(r) != expected(r)) return false;
                     if (sync_state(r) != "in sync") return false;
+                    if (held(r) != expected(r)) return false;  // the costly check last
                 }
                 return true;
             },
@@ -154,24 +154,10 @@ class Repair : public ::testing::Test {
         FAIL() << report << "server log:\n" << cluster_->log().substr(0, 20000);
     }
 
-    // Stops the register, edits its file, sets its running fingerprints to what its rows hash
-    // to now, starts it again.
+    // Stops the register, edits its file (tests/server/drift.hpp), starts it again.
     void drift(Register& r, const std::string& statements) {
         r.process->stop();
-        const std::string script = directory_ + "/drift.sql";
-        std::ofstream(script) << statements;
-        std::string output;
-        ASSERT_EQ(run("sqlite3 " + r.db + " < " + script + " 2>&1", &output), 0) << output;
-        run(replica_cli(r) + " holds --verify 2>&1", &output);
-        static const std::regex differs(
-            R"re((\S+) through=\d+ n=\d+ fp=[0-9a-f]{64} DIFFERS from the stored rows: n=(\d+) fp=([0-9a-f]{64}))re");
-        std::string fix;
-        for (std::sregex_iterator it(output.begin(), output.end(), differs), end; it != end; ++it)
-            fix += "UPDATE scopes SET n = " + (*it)[2].str() + ", fp = X'" + (*it)[3].str() +
-                   "' WHERE scope = '" + (*it)[1].str() + "';\n";
-        ASSERT_FALSE(fix.empty()) << "the drift changed no fingerprint: " << output;
-        std::ofstream(script) << fix;
-        ASSERT_EQ(run("sqlite3 " + r.db + " < " + script + " 2>&1", &output), 0) << output;
+        ASSERT_EQ(inject_drift(replica_cli(r), r.db, statements, directory_ + "/drift.sql"), "");
         r.process->start();
     }
 
@@ -239,6 +225,41 @@ TEST_F(Repair, DriftFoundAndRepairedByRange) {
     drift(drifted, "DELETE FROM rows WHERE rowid IN (" + pick("substr(k, 4)", 5) + ");");
     db().query("UPDATE shop.items SET price = price + 1 WHERE id <= 50");
     converge("drift and a change to the scope at once");
+    EXPECT_EQ(db().value("SELECT count(*) FROM sync.repair"), "0");
+}
+
+// 1, 100 and 10,000 differences in a scope of 100,000 rows, one size after the other in the same
+// scope (provisioned once), each found and repaired with every register compared row by row.
+TEST_F(Repair, DriftOfEverySizeInAHundredThousandRows) {
+    db().query(
+        "INSERT INTO shop.items SELECT i, 'item ' || i, i % 97 FROM generate_series(10001, 100000) "
+        "i");
+    add_register(1);
+    Register& drifted = add_register(2);
+    converge("provisioning 100,000 items", 600s);
+    const std::string foreign = R"({"name":"foreign","price":1})";
+    int round = 0;
+
+    // One difference of each kind, each repaired in at most ceil(log16 100,000) + 2 = 7 messages.
+    const std::vector<std::pair<std::string, Drift>> singles{
+        {"one row deleted", Drift{1, 0, 0}},
+        {"one row altered", Drift{0, 1, 0}},
+        {"one foreign row added", Drift{0, 0, 1}}};
+    for (const auto& [scenario, one] : singles) {
+        int64_t before = next_seq(drifted);
+        drift(drifted, drift_statements("shop.items", one, 1000000 * ++round, foreign));
+        EXPECT_NE(held(drifted), expected(drifted));
+        converge(scenario + " of 100,000 behind the replica's back");
+        EXPECT_LE(next_seq(drifted) - before, 7) << scenario;
+    }
+
+    // Many differences of every kind at once.
+    for (int total : {100, 10000}) {
+        drift(drifted, drift_statements("shop.items", drift_of(total), 1000000 * ++round, foreign));
+        EXPECT_NE(held(drifted), expected(drifted));
+        converge(std::to_string(total) + " differences of 100,000: rows deleted, altered, added",
+                 600s);
+    }
     EXPECT_EQ(db().value("SELECT count(*) FROM sync.repair"), "0");
 }
 
