@@ -26,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -467,25 +468,37 @@ class Fault : public ::testing::Test {
     long converge(const std::string& scenario, const std::set<int>& skip = {}) {
         pause_load();
         long rows = 0;
+        // Since when nothing was left to send (the http transport's 2xx comes after the
+        // replica's commit, so every message was applied); the comparison that follows says
+        // whether it was all, and when it fails the wait starts again.
+        std::optional<Clock::time_point> quiet_since;
         bool converged = eventually(
             [&] {
                 try {
-                    if (value(kWorkLeft, {uuid_array(skip)}) != "0") return false;
-                    if (value(kServerDrift) != "0") return false;
-                    if (sales_missing(skip) != 0) return false;
+                    if (value(kWorkLeft, {uuid_array(skip)}) != "0" || value(kServerDrift) != "0" ||
+                        sales_missing(skip) != 0) {
+                        quiet_since.reset();
+                        return false;
+                    }
+                    if (!quiet_since) quiet_since = Clock::now();
                     rows = 0;
                     for (int n = 1; n <= kReplicas; ++n) {
                         if (skip.count(n)) continue;
                         std::string want = expected(n);
-                        if (held(n) != want) return false;
+                        if (held(n) != want) {
+                            quiet_since.reset();
+                            return false;
+                        }
                         rows += line_count(want);
                     }
                     return true;
                 } catch (const std::exception&) {
+                    quiet_since.reset();
                     return false;
                 }
             },
             120s);
+        converged_at_ = quiet_since.value_or(Clock::now());
         if (converged) return rows;
         long lost = 0;
         std::string report = "not converged after " + scenario + "\n";
@@ -518,7 +531,7 @@ class Fault : public ::testing::Test {
         rows_missing_ = 0;
         outcome.others_taken = others_taken_since(before, victims);
         outcome.rows_compared = converge(fault);
-        outcome.converge_seconds = std::chrono::duration<double>(Clock::now() - healed).count();
+        outcome.converge_seconds = std::chrono::duration<double>(converged_at_ - healed).count();
         outcome.duplicates = duplicates();
         outcome.lost = sales_missing() + rows_missing_;
         outcome.redelivered = redelivered() - redelivered_before;
@@ -572,7 +585,8 @@ class Fault : public ::testing::Test {
     std::set<std::string> taken_ids_;
     long redelivered_ = 0;
 
-    long rows_missing_ = 0;  // rows the replicas lacked when a convergence failed
+    Clock::time_point converged_at_;  // when the last convergence was reached
+    long rows_missing_ = 0;           // rows the replicas lacked when a convergence failed
     int sales_written_ = 0;
     std::map<int, std::set<std::string>> sales_;  // by the replica that wrote them
     std::vector<Outcome> outcomes_;
