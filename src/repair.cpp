@@ -274,13 +274,15 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
         if (!answers.count({lo_hex(prefix), hi_hex(prefix).value_or("")}))
             return start_round(spi, target);  // not answered (or answered before): ask again
     }
-    // The server's fingerprints of the asked ranges: one scan of the scope's rows.
+    // The server's fingerprints of the asked ranges: one scan of the scope's rows. The ranges
+    // are matched by a hashed IN, not = ANY: a kept plan is generic, and = ANY of a parameter
+    // compares each row with every range (4,096 ranges of 100,000 rows took 50 s).
     std::map<std::string, std::pair<std::string, int64_t>> server;
     for (const auto& row :
          spi.query("SELECT left(encode(k, 'hex'), $2::int), encode(sync.fp_sum(sha256(k || hash)), "
                    "'hex'),"
                    " count(*) FROM sync.row WHERE scope = $1::bigint AND NOT gone"
-                   " AND left(encode(k, 'hex'), $2::int) = ANY ($3::text[]) GROUP BY 1",
+                   " AND left(encode(k, 'hex'), $2::int) IN (SELECT unnest($3::text[])) GROUP BY 1",
                    {target.scope, std::to_string(level), text_array(target.asked)}))
         server[row[0].value()] = {row[1].value(), count_of(row[2])};
     const std::string zero(kDigits, '0');
@@ -317,7 +319,8 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
                        " sync.canonical(r.key), r.body, encode(r.hash, 'hex')"
                        " FROM sync.row r JOIN sync.codec c ON c.id = r.codec"
                        " WHERE r.scope = $1::bigint AND NOT r.gone"
-                       " AND left(encode(r.k, 'hex'), $2::int) = ANY ($3::text[]) ORDER BY r.k",
+                       " AND left(encode(r.k, 'hex'), $2::int) IN (SELECT unnest($3::text[]))"
+                       " ORDER BY r.k",
                        {target.scope, std::to_string(level), text_array(leaves)})) {
             LeafRow leaf;
             leaf.k = row[1].value();
