@@ -154,10 +154,12 @@ class Repair : public ::testing::Test {
         FAIL() << report << "server log:\n" << cluster_->log().substr(0, 20000);
     }
 
-    // Stops the register, edits its file (tests/server/drift.hpp), starts it again.
+    // Stops the register, edits its file (tests/server/drift.hpp), starts it again. The drift is
+    // seen while the register is stopped: once it runs, a small repair may finish before a look.
     void drift(Register& r, const std::string& statements) {
         r.process->stop();
         ASSERT_EQ(inject_drift(replica_cli(r), r.db, statements, directory_ + "/drift.sql"), "");
+        ASSERT_TRUE(held(r) != expected(r)) << "the drift changed nothing";
         r.process->start();
     }
 
@@ -187,7 +189,6 @@ TEST_F(Repair, DriftFoundAndRepairedByRange) {
     // One row deleted: found and repaired in at most ceil(log16 n) + 2 messages.
     int64_t before = next_seq(drifted);
     drift(drifted, "DELETE FROM rows WHERE rowid IN (" + pick("k", 1) + ");");
-    EXPECT_NE(held(drifted), expected(drifted));
     converge("one row deleted behind the replica's back");
     EXPECT_LE(next_seq(drifted) - before, 6);
 
@@ -248,7 +249,6 @@ TEST_F(Repair, DriftOfEverySizeInAHundredThousandRows) {
     for (const auto& [scenario, one] : singles) {
         int64_t before = next_seq(drifted);
         drift(drifted, drift_statements("shop.items", one, 1000000 * ++round, foreign));
-        EXPECT_NE(held(drifted), expected(drifted));
         converge(scenario + " of 100,000 behind the replica's back");
         EXPECT_LE(next_seq(drifted) - before, 7) << scenario;
     }
@@ -256,7 +256,6 @@ TEST_F(Repair, DriftOfEverySizeInAHundredThousandRows) {
     // Many differences of every kind at once.
     for (int total : {100, 10000}) {
         drift(drifted, drift_statements("shop.items", drift_of(total), 1000000 * ++round, foreign));
-        EXPECT_NE(held(drifted), expected(drifted));
         converge(std::to_string(total) + " differences of 100,000: rows deleted, altered, added",
                  600s);
     }
