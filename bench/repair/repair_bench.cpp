@@ -93,7 +93,7 @@ class Rig {
     }
 
     // Drift of `total` differences behind the replica's back; returns the traffic from its report
-    // (the upload that carries the drifted fingerprint) until it is in sync again.
+    // (the upload that carries the drifted fingerprint) until the server has nothing more to send.
     Traffic repair(int total, int round) {
         std::string error =
             inject_drift(cli_, file_,
@@ -110,7 +110,6 @@ class Rig {
         traffic.down_bytes = rest.down_bytes;
         traffic.uploads += rest.uploads;
         traffic.up_bytes += rest.up_bytes;
-        check();
         return traffic;
     }
 
@@ -220,6 +219,7 @@ int main(int argc, char** argv) {
             Traffic t = rig.repair(d, ++round);
             const double seconds =
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+            rig.check();
             const double share = 100.0 * static_cast<double>(t.down_bytes + t.up_bytes) /
                                  static_cast<double>(whole.down_bytes);
             std::printf("| %s | %s (%ld) | %s (%ld) | %.3f %% | %ld | %.1f s |\n",
