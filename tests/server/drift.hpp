@@ -17,7 +17,6 @@ struct Drift {
     int deleted = 0;  // rows the replica no longer holds
     int altered = 0;  // rows whose body and version changed
     int added = 0;    // foreign rows the server never sent
-    int total() const { return deleted + altered + added; }
 };
 
 // `total` differences split as evenly as can be over the three kinds, deletions first.
