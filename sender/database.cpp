@@ -51,12 +51,12 @@ constexpr Statement kSent{
 constexpr Statement kFailed{"magic_sync_failed",
                             "SELECT sync.failed($1::uuid, $2::bigint, $3::boolean, $4::text)"};
 // Binary results: the bytes arrive as they are, and seq as 8 bytes.
-constexpr Statement kNext{
-    "magic_sync_next",
-    "SELECT replica::text, seq, message_id, message FROM sync.next($1::int, $2::interval)"};
+constexpr Statement kNext{"magic_sync_next",
+                          "SELECT replica::text, seq, message_id, message "
+                          "FROM sync.next($1::int, $2::interval, NULL, $3::int)"};
 constexpr Statement kNextAmong{"magic_sync_next_among",
                                "SELECT replica::text, seq, message_id, message "
-                               "FROM sync.next($1::int, $2::interval, $3::uuid[])"};
+                               "FROM sync.next($1::int, $2::interval, $3::uuid[], $4::int)"};
 constexpr Statement kStatements[] = {kSent, kFailed, kNext, kNextAmong};
 
 // An array literal of values that came from the database (uuids, numbers): nothing to quote.
@@ -72,11 +72,28 @@ std::string array_literal(const std::vector<Value>& values, Text text) {
 
 }  // namespace
 
+// An exchange sent and not read to its end: what each of its results is, in order.
+struct Database::Pending {
+    enum class Step { sent, failed, next_among, next_any };
+    std::vector<Step> steps;
+    size_t step = 0;
+    bool result_read = false;  // the step's result was read: the null that ends it comes next
+    bool done = false;
+    std::vector<std::pair<std::string, bool>> recorded;  // replica, taken
+    std::vector<std::string> failed_replicas;            // of the failed steps, in order
+    size_t failed_read = 0;
+    std::set<std::string> recovered;
+    std::set<std::string> backing_off;
+    std::string error;  // the first statement's error: nothing was applied
+    Exchange exchange;
+};
+
 Database::Database(std::string conninfo) : conninfo_(std::move(conninfo)) {}
 
 Database::~Database() { disconnect(); }
 
 void Database::disconnect() {
+    pending_.reset();
     if (connection_ != nullptr) PQfinish(connection_);
     connection_ = nullptr;
 }
@@ -128,112 +145,140 @@ std::string Database::describe() const {
            PQport(connection_) + "/" + PQdb(connection_);
 }
 
-Exchange Database::exchange(const std::vector<Settlement>& settlements, const Wants& wants,
-                            double lease_seconds) {
+void Database::start_exchange(const std::vector<Settlement>& settlements, const Wants& wants,
+                              double lease_seconds) {
     if (connection_ == nullptr) throw DatabaseError("not connected");
+    if (pending_ != nullptr) throw std::logic_error("an exchange is already pending");
+    auto pending = std::make_unique<Pending>();
     std::vector<const Settlement*> taken;
     std::vector<const Settlement*> failed;
-    for (const Settlement& settlement : settlements)
-        (settlement.outcome.verdict == Verdict::taken ? taken : failed).push_back(&settlement);
+    for (const Settlement& settlement : settlements) {
+        const bool was_taken = settlement.outcome.verdict == Verdict::taken;
+        (was_taken ? taken : failed).push_back(&settlement);
+        pending->recorded.emplace_back(settlement.replica, was_taken);
+    }
     const auto replica_of = [](const Settlement* settlement) { return settlement->replica; };
     const std::string taken_replicas = array_literal(taken, replica_of);
     const std::string taken_seqs = array_literal(
         taken, [](const Settlement* settlement) { return std::to_string(settlement->seq); });
     const std::string lease = std::to_string(lease_seconds) + " seconds";
-    const bool ask_among = wants.among_taken > 0 && !taken.empty();
+    const std::string run = std::to_string(wants.run);
 
     // A pipeline: everything up to the sync point is one implicit transaction, so either all of
     // it is applied or none of it, and it costs one round trip. Every delivery taken is recorded
-    // by one statement, and the next messages of their replicas are leased by one more.
+    // by one statement, and the next runs of their replicas are leased by one more.
     if (PQenterPipelineMode(connection_) != 1) fail("cannot enter pipeline mode");
-    const auto send = [&](const Statement& statement, std::vector<const char*> values, int binary) {
+    const auto send = [&](Pending::Step step, const Statement& statement,
+                          std::vector<const char*> values, int binary) {
         if (PQsendQueryPrepared(connection_, statement.name, static_cast<int>(values.size()),
                                 values.data(), nullptr, nullptr, binary) != 1)
             fail("cannot send the exchange");
+        pending->steps.push_back(step);
     };
-    if (!taken.empty()) send(kSent, {taken_replicas.c_str(), taken_seqs.c_str()}, 0);
-    std::vector<std::string> failed_seqs;
-    for (const Settlement* settlement : failed)
-        failed_seqs.push_back(std::to_string(settlement->seq));
-    for (size_t i = 0; i < failed.size(); ++i) {
-        const bool retry = failed[i]->outcome.verdict == Verdict::transient;
-        send(kFailed,
-             {failed[i]->replica.c_str(), failed_seqs[i].c_str(), retry ? "true" : "false",
-              failed[i]->outcome.error.c_str()},
+    if (!taken.empty())
+        send(Pending::Step::sent, kSent, {taken_replicas.c_str(), taken_seqs.c_str()}, 0);
+    for (const Settlement* settlement : failed) {
+        const bool retry = settlement->outcome.verdict == Verdict::transient;
+        const std::string seq = std::to_string(settlement->seq);
+        send(Pending::Step::failed, kFailed,
+             {settlement->replica.c_str(), seq.c_str(), retry ? "true" : "false",
+              settlement->outcome.error.c_str()},
              0);
+        pending->failed_replicas.push_back(settlement->replica);
     }
     const std::string among_count = std::to_string(wants.among_taken);
     const std::string any_count = std::to_string(wants.any);
-    if (ask_among)
-        send(kNextAmong, {among_count.c_str(), lease.c_str(), taken_replicas.c_str()}, 1);
-    if (wants.any > 0) send(kNext, {any_count.c_str(), lease.c_str()}, 1);
+    if (wants.among_taken > 0 && !taken.empty())
+        send(Pending::Step::next_among, kNextAmong,
+             {among_count.c_str(), lease.c_str(), taken_replicas.c_str(), run.c_str()}, 1);
+    if (wants.any > 0)
+        send(Pending::Step::next_any, kNext, {any_count.c_str(), lease.c_str(), run.c_str()}, 1);
     if (PQpipelineSync(connection_) != 1) fail("cannot send the exchange");
-
-    Exchange exchange;
-    std::string error;
-    // Each query's result, or nothing after an error; each query's results end with a null.
-    const auto take_result = [&](const auto& use) {
-        Result result(PQgetResult(connection_), PQclear);
-        if (result == nullptr) fail("the connection ended during the exchange");
-        const ExecStatusType status = PQresultStatus(result.get());
-        if (status == PGRES_FATAL_ERROR && error.empty())
-            error = first_line(PQresultErrorMessage(result.get()));
-        if (status == PGRES_TUPLES_OK && error.empty()) use(result.get());
-        Result end(PQgetResult(connection_), PQclear);
-    };
-    const auto take_leased = [&](size_t* count) {
-        take_result([&](PGresult* result) {
-            for (int row = 0; row < PQntuples(result); ++row) {
-                Delivery delivery;
-                delivery.replica.assign(PQgetvalue(result, row, 0), PQgetlength(result, row, 0));
-                delivery.seq = big_endian_int64(PQgetvalue(result, row, 1));
-                delivery.message_id.assign(PQgetvalue(result, row, 2), PQgetlength(result, row, 2));
-                delivery.bytes.assign(PQgetvalue(result, row, 3), PQgetlength(result, row, 3));
-                exchange.leased.push_back(std::move(delivery));
-            }
-            *count = static_cast<size_t>(PQntuples(result));
-        });
-    };
-    std::set<std::string> recovered;
-    if (!taken.empty()) {
-        take_result([&](PGresult* result) {
-            for (int row = 0; row < PQntuples(result); ++row)
-                recovered.insert(PQgetvalue(result, row, 0));
-        });
-    }
-    std::set<std::string> backing_off;
-    for (const Settlement* settlement : failed) {
-        take_result([&](PGresult* result) {
-            if (std::strcmp(PQgetvalue(result, 0, 0), "t") == 0)
-                backing_off.insert(settlement->replica);
-        });
-    }
-    if (ask_among) take_leased(&exchange.leased_among_taken);
-    if (wants.any > 0) take_leased(&exchange.leased_any);
-    Result sync(PQgetResult(connection_), PQclear);
-    if (sync == nullptr || PQresultStatus(sync.get()) != PGRES_PIPELINE_SYNC)
-        fail("the exchange did not complete");
-    if (PQexitPipelineMode(connection_) != 1) fail("cannot leave pipeline mode");
-    if (!error.empty()) throw DatabaseError(error);
-    for (const Settlement& settlement : settlements) {
-        const bool was_taken = settlement.outcome.verdict == Verdict::taken;
-        const auto& changed = was_taken ? recovered : backing_off;
-        exchange.changes.push_back(changed.count(settlement.replica) == 0 ? ReplicaChange::none
-                                   : was_taken                            ? ReplicaChange::recovered
-                                               : ReplicaChange::backing_off);
-    }
-    return exchange;
+    pending_ = std::move(pending);
 }
 
-bool Database::notified() {
-    if (connection_ == nullptr) return false;
+bool Database::read_one_result() {
+    if (PQisBusy(connection_)) return false;
+    Pending& pending = *pending_;
+    Result result(PQgetResult(connection_), PQclear);
+    if (pending.step == pending.steps.size()) {
+        if (result == nullptr || PQresultStatus(result.get()) != PGRES_PIPELINE_SYNC)
+            fail("the exchange did not complete");
+        if (PQexitPipelineMode(connection_) != 1) fail("cannot leave pipeline mode");
+        pending.done = true;
+        return false;
+    }
+    if (pending.result_read) {
+        // Each statement's results end with a null.
+        if (result != nullptr) fail("the exchange answered more than it was asked");
+        ++pending.step;
+        pending.result_read = false;
+        return true;
+    }
+    if (result == nullptr) fail("the connection ended during the exchange");
+    pending.result_read = true;
+    const Pending::Step step = pending.steps[pending.step];
+    const ExecStatusType status = PQresultStatus(result.get());
+    if (status == PGRES_FATAL_ERROR && pending.error.empty())
+        pending.error = first_line(PQresultErrorMessage(result.get()));
+    if (status != PGRES_TUPLES_OK || !pending.error.empty()) return true;
+    PGresult* rows = result.get();
+    switch (step) {
+        case Pending::Step::sent:
+            for (int row = 0; row < PQntuples(rows); ++row)
+                pending.recovered.insert(PQgetvalue(rows, row, 0));
+            break;
+        case Pending::Step::failed:
+            if (std::strcmp(PQgetvalue(rows, 0, 0), "t") == 0)
+                pending.backing_off.insert(pending.failed_replicas[pending.failed_read]);
+            ++pending.failed_read;
+            break;
+        case Pending::Step::next_among:
+        case Pending::Step::next_any: {
+            size_t& replicas = step == Pending::Step::next_among
+                                   ? pending.exchange.replicas_among_taken
+                                   : pending.exchange.replicas_any;
+            std::vector<Delivery>& leased = pending.exchange.leased;
+            for (int row = 0; row < PQntuples(rows); ++row) {
+                Delivery delivery;
+                delivery.replica.assign(PQgetvalue(rows, row, 0), PQgetlength(rows, row, 0));
+                delivery.seq = big_endian_int64(PQgetvalue(rows, row, 1));
+                delivery.message_id.assign(PQgetvalue(rows, row, 2), PQgetlength(rows, row, 2));
+                delivery.bytes.assign(PQgetvalue(rows, row, 3), PQgetlength(rows, row, 3));
+                // A replica's run comes in one piece.
+                if (row == 0 || leased.back().replica != delivery.replica) ++replicas;
+                leased.push_back(std::move(delivery));
+            }
+            break;
+        }
+    }
+    return true;
+}
+
+Arrived Database::read() {
+    Arrived arrived;
+    if (connection_ == nullptr) return arrived;
+    // Once per readable socket: what it reads is all there is until the socket is readable again.
     if (PQconsumeInput(connection_) != 1) fail("lost the connection");
-    bool any = false;
+    if (pending_ != nullptr) {
+        while (!pending_->done && read_one_result()) {
+        }
+        if (!pending_->done) return arrived;
+        const std::unique_ptr<Pending> pending = std::move(pending_);
+        if (!pending->error.empty()) throw DatabaseError(pending->error);
+        for (const auto& [replica, taken] : pending->recorded) {
+            const auto& changed = taken ? pending->recovered : pending->backing_off;
+            pending->exchange.changes.push_back(changed.count(replica) == 0 ? ReplicaChange::none
+                                                : taken ? ReplicaChange::recovered
+                                                        : ReplicaChange::backing_off);
+        }
+        arrived.exchange = std::move(pending->exchange);
+    }
     while (PGnotify* notify = PQnotifies(connection_)) {
-        any = true;
+        arrived.notified = true;
         PQfreemem(notify);
     }
-    return any;
+    return arrived;
 }
 
 std::optional<long long> Database::setting(const std::string& name) {

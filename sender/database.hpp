@@ -3,6 +3,7 @@
 
 #include <libpq-fe.h>
 
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -28,18 +29,25 @@ struct Settlement {
 // What recording a settlement changed for its replica.
 enum class ReplicaChange { none, backing_off, recovered };
 
-// How many messages an exchange leases: the next ones of the replicas whose deliveries it
-// records as taken (looking at those replicas only), and the head messages of any replicas.
+// What an exchange leases: runs of up to `run` messages (a replica's head and the ones after it),
+// for `among_taken` of the replicas whose deliveries it records as taken (looking at those
+// replicas only) and for `any` replicas at all.
 struct Wants {
     int among_taken = 0;
     int any = 0;
+    int run = 1;
 };
 
 struct Exchange {
-    std::vector<ReplicaChange> changes;  // one per settlement, in order
-    std::vector<Delivery> leased;        // timeouts not set
-    size_t leased_among_taken = 0;
-    size_t leased_any = 0;
+    std::vector<ReplicaChange> changes;  // one per settlement recorded, in order
+    std::vector<Delivery> leased;        // each replica's run in seq order; timeouts not set
+    size_t replicas_among_taken = 0;     // how many replicas the two leases found a run for
+    size_t replicas_any = 0;
+};
+
+struct Arrived {
+    std::optional<Exchange> exchange;
+    bool notified = false;
 };
 
 struct Backlog {
@@ -63,21 +71,31 @@ class Database {
     // "user@host:port/dbname": what the log may show (never the password).
     std::string describe() const;
 
-    // Records the settlements and leases what `wants` asks for `lease_seconds`, in one
-    // transaction and one round trip.
-    Exchange exchange(const std::vector<Settlement>& settlements, const Wants& wants,
-                      double lease_seconds);
-    // Reads what arrived on the socket; true when a NOTIFY magic_sync came.
-    bool notified();
+    // Sends an exchange: records the settlements and leases what `wants` asks for `lease_seconds`,
+    // in one transaction and one round trip. It runs while the caller goes on; `read` returns it
+    // once its results are in. One at a time.
+    void start_exchange(const std::vector<Settlement>& settlements, const Wants& wants,
+                        double lease_seconds);
+    bool exchange_pending() const { return pending_ != nullptr; }
+    // Reads what arrived on the socket: the pending exchange once all of it has, and whether a
+    // NOTIFY magic_sync came. Call it whenever the socket is readable and after starting an
+    // exchange. Throws DatabaseError when the exchange failed: nothing of it was applied, or the
+    // connection broke and it is not known whether it was (recording a delivery sent twice
+    // changes nothing).
+    Arrived read();
     // A server setting in its base unit (ms for times), or nothing when it is not defined.
     std::optional<long long> setting(const std::string& name);
     Backlog backlog();
 
   private:
+    struct Pending;
     [[noreturn]] void fail(const std::string& what);
+    // Reads one result of the pending exchange; false when it would have to wait for it.
+    bool read_one_result();
 
     std::string conninfo_;
     PGconn* connection_ = nullptr;
+    std::unique_ptr<Pending> pending_;
 };
 
 }  // namespace magic_sync::sender

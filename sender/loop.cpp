@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <iterator>
+#include <set>
 #include <stdexcept>
 #include <utility>
 
@@ -19,6 +21,12 @@ namespace {
 constexpr std::chrono::milliseconds kLongestReconnectWait{30000};
 // Also without a NOTIFY, look for messages whose replica's backoff or lease ran out this often.
 constexpr std::chrono::milliseconds kLongestRecheck{1000};
+// An exchange records the runs of this many replicas at most, the first to end first: runs that
+// end together would otherwise all wait for one long exchange, and then all start again at once.
+constexpr size_t kReplicasPerExchange = 8;
+// A run's next message is sent only while its lease has this much left after the send timeout:
+// the database's clock and this one may differ a little.
+constexpr std::chrono::milliseconds kLeaseMargin{1000};
 
 std::string megabytes(double bytes) {
     char text[32];
@@ -48,10 +56,15 @@ Completions::Completions() : event_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
 Completions::~Completions() { close(event_fd_); }
 
 void Completions::push(Settlement settlement) {
+    bool first;
     {
         std::lock_guard<std::mutex> lock(mutex_);
+        first = settlements_.empty();
         settlements_.push_back(std::move(settlement));
     }
+    // One wake-up for what piles up until the loop takes it: `take` reads the eventfd before it
+    // takes the settlements, so one pushed in between is taken with them.
+    if (!first) return;
     const uint64_t one = 1;
     [[maybe_unused]] const ssize_t written = write(event_fd_, &one, sizeof one);
 }
@@ -91,6 +104,10 @@ bool Sender::configure() {
 
 void Sender::lost_database(const std::string& why, Clock::time_point now) {
     database_.disconnect();
+    // What the lost exchange was recording is recorded again after the reconnect.
+    unrecorded_.insert(unrecorded_.begin(), std::make_move_iterator(recording_.begin()),
+                       std::make_move_iterator(recording_.end()));
+    recording_.clear();
     if (!away_logged_) {
         log_line("database unavailable (" + why +
                  "); retrying with backoff, logged again when it is back");
@@ -102,29 +119,50 @@ void Sender::lost_database(const std::string& why, Clock::time_point now) {
     reconnect_wait_ = std::min(kLongestReconnectWait, reconnect_wait_ * 2);
 }
 
-void Sender::dispatch(std::vector<Delivery> leased) {
+void Sender::dispatch(std::vector<Delivery> leased, Clock::time_point lease_ends) {
+    std::vector<std::string> started;
     for (Delivery& delivery : leased) {
-        delivery.timeout = send_timeout_;
-        in_flight_[delivery.replica] = InFlight{delivery.seq, delivery.bytes.size()};
-        const std::string replica = delivery.replica;
-        const int64_t seq = delivery.seq;
-        Completions* completions = &completions_;
-        transport_->send(std::move(delivery), [completions, replica, seq](Outcome outcome) {
-            completions->push(Settlement{replica, seq, std::move(outcome)});
-        });
+        const auto [entry, fresh] = runs_.try_emplace(delivery.replica);
+        if (fresh) {
+            entry->second.lease_ends = lease_ends;
+            started.push_back(delivery.replica);
+        } else if (entry->second.lease_ends != lease_ends) {
+            // Leased again while a run of it is still out: only when a send outlasted its
+            // timeout and the run's lease ran out. The run out goes on; this lease runs out
+            // unused.
+            continue;
+        }
+        entry->second.waiting.push_back(std::move(delivery));
     }
+    for (const std::string& replica : started) send_next(runs_.at(replica));
 }
 
-void Sender::collect() {
+void Sender::send_next(Run& run) {
+    Delivery delivery = std::move(run.waiting.front());
+    run.waiting.pop_front();
+    delivery.timeout = send_timeout_;
+    run.seq_out = delivery.seq;
+    run.bytes_out = delivery.bytes.size();
+    const std::string replica = delivery.replica;
+    const int64_t seq = delivery.seq;
+    Completions* completions = &completions_;
+    transport_->send(std::move(delivery), [completions, replica, seq](Outcome outcome) {
+        completions->push(Settlement{replica, seq, std::move(outcome)});
+    });
+}
+
+void Sender::collect(Clock::time_point now) {
     for (Settlement& settlement : completions_.take()) {
-        const auto flight = in_flight_.find(settlement.replica);
-        if (flight == in_flight_.end() || flight->second.seq != settlement.seq) continue;
+        const auto entry = runs_.find(settlement.replica);
+        if (entry == runs_.end() || entry->second.seq_out != settlement.seq) continue;
+        Run& run = entry->second;
+        const bool taken = settlement.outcome.verdict == Verdict::taken;
         switch (settlement.outcome.verdict) {
             case Verdict::taken:
                 ++total_.sent;
                 ++since_report_.sent;
-                total_.bytes += static_cast<int64_t>(flight->second.bytes);
-                since_report_.bytes += static_cast<int64_t>(flight->second.bytes);
+                total_.bytes += static_cast<int64_t>(run.bytes_out);
+                since_report_.bytes += static_cast<int64_t>(run.bytes_out);
                 break;
             case Verdict::transient:
                 ++total_.transient;
@@ -135,45 +173,83 @@ void Sender::collect() {
                 ++since_report_.refused;
                 break;
         }
-        in_flight_.erase(flight);
-        unrecorded_.push_back(std::move(settlement));
+        run.ended.push_back(std::move(settlement));
+        if (taken && !stopping_ && !run.waiting.empty() &&
+            now + send_timeout_ + kLeaseMargin < run.lease_ends) {
+            send_next(run);
+            continue;
+        }
+        // The run has ended: all of it taken, one failed, a stop, or too little lease left for
+        // another send. What was not sent is leased again later, from the first of it.
+        unrecorded_.insert(unrecorded_.end(), std::make_move_iterator(run.ended.begin()),
+                           std::make_move_iterator(run.ended.end()));
+        runs_.erase(entry);
     }
 }
 
-void Sender::exchange(bool stopping, Clock::time_point now) {
-    // Every round trip also asks for work when there is room: first the next messages of the
+void Sender::start_exchange(Clock::time_point now) {
+    // Every round trip also asks for work when there is room: first the next runs of the
     // replicas whose deliveries it records (a look at those replicas only), then, when a look at
-    // every replica is due, the head messages of any others.
+    // every replica is due, runs of any others.
     const int room =
-        stopping ? 0 : std::max(options_.concurrency - static_cast<int>(in_flight_.size()), 0);
-    const int taken = static_cast<int>(std::count_if(
-        unrecorded_.begin(), unrecorded_.end(),
-        [](const Settlement& settlement) { return settlement.outcome.verdict == Verdict::taken; }));
-    Wants wants;
-    wants.among_taken = std::min(room, taken);
-    wants.any = fetch_due_ ? room - wants.among_taken : 0;
-    const Exchange result = database_.exchange(unrecorded_, wants, lease_seconds_);
-    for (size_t i = 0; i < unrecorded_.size() && i < result.changes.size(); ++i) {
-        const Settlement& settlement = unrecorded_[i];
+        stopping_ ? 0 : std::max(options_.concurrency - static_cast<int>(runs_.size()), 0);
+    // A replica's run is in unrecorded_ in one piece, in the order the runs ended.
+    std::set<std::string> replicas;
+    std::set<std::string> taken;
+    size_t recorded = 0;
+    for (; recorded < unrecorded_.size(); ++recorded) {
+        const Settlement& settlement = unrecorded_[recorded];
+        if (replicas.insert(settlement.replica).second && replicas.size() > kReplicasPerExchange)
+            break;
+        if (settlement.outcome.verdict == Verdict::taken) taken.insert(settlement.replica);
+    }
+    asked_ = Wants{};
+    asked_.run = options_.run;
+    asked_.among_taken = std::min(room, static_cast<int>(taken.size()));
+    asked_.any = fetch_due_ ? room - asked_.among_taken : 0;
+    if (asked_.any > 0) {
+        fetch_due_ = false;
+        next_recheck_ = now + recheck_;
+    }
+    recording_.assign(std::make_move_iterator(unrecorded_.begin()),
+                      std::make_move_iterator(unrecorded_.begin() + recorded));
+    unrecorded_.erase(unrecorded_.begin(), unrecorded_.begin() + recorded);
+    exchange_started_ = now;
+    database_.start_exchange(recording_, asked_, lease_seconds_);
+}
+
+void Sender::finish_exchange(Exchange result) {
+    std::set<std::string> logged;
+    for (size_t i = 0; i < recording_.size() && i < result.changes.size(); ++i) {
+        const Settlement& settlement = recording_[i];
+        if (result.changes[i] == ReplicaChange::none || !logged.insert(settlement.replica).second)
+            continue;
         if (result.changes[i] == ReplicaChange::recovered) {
             log_line("replica " + settlement.replica + " recovered: message " +
                      std::to_string(settlement.seq) + " was taken");
-        } else if (result.changes[i] == ReplicaChange::backing_off) {
+        } else {
             const bool refused = settlement.outcome.verdict == Verdict::refused;
             log_line("replica " + settlement.replica + " backing off: message " +
                      std::to_string(settlement.seq) + (refused ? " refused: " : " failed: ") +
                      settlement.outcome.error);
         }
     }
-    unrecorded_.clear();
-    // A replica with no next message yet leaves room that other replicas may use.
-    if (static_cast<int>(result.leased_among_taken) < wants.among_taken) fetch_due_ = true;
-    if (wants.any > 0) {
-        drained_ = result.leased_any == 0;
-        fetch_due_ = static_cast<int>(result.leased_any) == wants.any;
-        next_recheck_ = now + recheck_;
+    recording_.clear();
+    // A replica with no next message yet leaves room that other replicas may use; a look at every
+    // replica that filled all the room it had may find more.
+    if (static_cast<int>(result.replicas_among_taken) < asked_.among_taken) fetch_due_ = true;
+    if (asked_.any > 0) {
+        drained_ = result.replicas_any == 0;
+        if (static_cast<int>(result.replicas_any) == asked_.any) fetch_due_ = true;
     }
-    dispatch(result.leased);
+    const auto lease =
+        std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(lease_seconds_));
+    dispatch(std::move(result.leased), exchange_started_ + lease);
+}
+
+void Sender::arrived(Arrived arrived) {
+    if (arrived.notified) fetch_due_ = true;
+    if (arrived.exchange) finish_exchange(std::move(*arrived.exchange));
 }
 
 void Sender::report(Clock::time_point now) {
@@ -183,7 +259,7 @@ void Sender::report(Clock::time_point now) {
                        megabytes(since_report_.bytes / (seconds > 0 ? seconds : 1)) + "/s), " +
                        std::to_string(since_report_.transient) + " transient, " +
                        std::to_string(since_report_.refused) + " refused, " +
-                       std::to_string(in_flight_.size()) + " in flight";
+                       std::to_string(runs_.size()) + " in flight";
     if (database_.connected()) {
         try {
             const Backlog backlog = database_.backlog();
@@ -209,12 +285,20 @@ std::string Sender::summary() const {
 }
 
 int Sender::run(int signal_fd) {
-    bool stopping = false;
     Clock::time_point stop_deadline;
     last_report_ = Clock::now();
     next_connect_ = last_report_;
     const auto report_every = std::chrono::duration_cast<Clock::duration>(
         std::chrono::duration<double>(options_.report_seconds));
+    // --once ends on a database error; otherwise the sender reconnects with backoff.
+    const auto database_error = [&](const DatabaseError& error, Clock::time_point now) {
+        if (options_.once) {
+            log_line(error.what());
+            return false;
+        }
+        lost_database(error.what(), now);
+        return true;
+    };
 
     while (true) {
         Clock::time_point now = Clock::now();
@@ -229,52 +313,53 @@ int Sender::run(int signal_fd) {
                         " s: " + database_.describe());
                 } else {
                     log_line("connected to " + database_.describe() + "; " +
-                             std::to_string(options_.concurrency) + " in flight at most, lease " +
+                             std::to_string(options_.concurrency) +
+                             " replicas in flight at most, runs of " +
+                             std::to_string(options_.run) + ", lease " +
                              per_second(lease_seconds_, 1) + " s, send timeout " +
                              std::to_string(send_timeout_.count()) + " ms");
                 }
                 away_logged_ = false;
                 fetch_due_ = true;
             } catch (const DatabaseError& error) {
-                if (options_.once) {
-                    log_line(error.what());
-                    return 1;
-                }
-                lost_database(error.what(), now);
+                if (!database_error(error, now)) return 1;
             }
         }
-        const bool can_take =
-            !stopping && static_cast<int>(in_flight_.size()) < options_.concurrency;
-        if (database_.connected() && (!unrecorded_.empty() || (fetch_due_ && can_take))) {
+        const bool can_take = !stopping_ && static_cast<int>(runs_.size()) < options_.concurrency;
+        if (database_.connected() && !database_.exchange_pending() &&
+            (!unrecorded_.empty() || (fetch_due_ && can_take))) {
             try {
-                exchange(stopping, now);
+                start_exchange(now);
+                // Sending may have read what was arriving; the socket would not say so again.
+                arrived(database_.read());
             } catch (const DatabaseError& error) {
-                if (options_.once) {
-                    log_line(error.what());
-                    return 1;
-                }
-                lost_database(error.what(), now);
+                if (!database_error(error, now)) return 1;
             }
         }
-        if (options_.once && drained_ && in_flight_.empty() && unrecorded_.empty()) {
+        const bool idle = runs_.empty() && unrecorded_.empty() && !database_.exchange_pending();
+        if (options_.once && drained_ && !fetch_due_ && idle) {
             log_line("done: " + summary());
             return 0;
         }
-        if (stopping && in_flight_.empty() && (unrecorded_.empty() || !database_.connected())) {
+        if (stopping_ && runs_.empty() && !database_.exchange_pending() &&
+            (unrecorded_.empty() || !database_.connected())) {
             log_line("stopped: " + summary());
             return 0;
         }
-        if (stopping && now >= stop_deadline) {
-            log_line("stopped: " + summary() + "; abandoned " + std::to_string(in_flight_.size()) +
+        if (stopping_ && now >= stop_deadline) {
+            log_line("stopped: " + summary() + "; abandoned " + std::to_string(runs_.size()) +
                      " sends in flight (their leases expire)");
             return 0;
         }
 
         std::vector<Clock::time_point> wake_at;
         if (!database_.connected()) wake_at.push_back(next_connect_);
-        if (database_.connected() && can_take) wake_at.push_back(fetch_due_ ? now : next_recheck_);
-        if (options_.report_seconds > 0) wake_at.push_back(last_report_ + report_every);
-        if (stopping) wake_at.push_back(stop_deadline);
+        if (database_.connected() && can_take && !database_.exchange_pending())
+            wake_at.push_back(fetch_due_ ? now : next_recheck_);
+        // The progress line asks the database for the backlog: not while an exchange is out.
+        if (options_.report_seconds > 0 && !database_.exchange_pending())
+            wake_at.push_back(last_report_ + report_every);
+        if (stopping_) wake_at.push_back(stop_deadline);
         const int timeout =
             wake_at.empty()
                 ? -1
@@ -288,33 +373,31 @@ int Sender::run(int signal_fd) {
             throw std::runtime_error("poll failed");
         now = Clock::now();
 
-        if (fds[0].revents & POLLIN) collect();
+        if (fds[0].revents & POLLIN) collect(now);
         if (fds[1].revents & POLLIN) {
             signalfd_siginfo info{};
             [[maybe_unused]] const ssize_t n = read(signal_fd, &info, sizeof info);
-            if (stopping) {
-                log_line("stopped again: abandoning " + std::to_string(in_flight_.size()) +
+            if (stopping_) {
+                log_line("stopped again: abandoning " + std::to_string(runs_.size()) +
                          " sends in flight (their leases expire); " + summary());
                 return 0;
             }
-            stopping = true;
+            stopping_ = true;
             stop_deadline = now + send_timeout_ + std::chrono::seconds(1);
             log_line("stopping: taking no more messages, finishing " +
-                     std::to_string(in_flight_.size()) + " in flight");
+                     std::to_string(runs_.size()) + " in flight");
         }
         if (count == 3 && (fds[2].revents & (POLLIN | POLLERR | POLLHUP))) {
             try {
-                if (database_.notified()) fetch_due_ = true;
+                arrived(database_.read());
             } catch (const DatabaseError& error) {
-                if (options_.once) {
-                    log_line(error.what());
-                    return 1;
-                }
-                lost_database(error.what(), now);
+                if (!database_error(error, now)) return 1;
             }
         }
         if (now >= next_recheck_) fetch_due_ = true;
-        if (options_.report_seconds > 0 && now >= last_report_ + report_every) report(now);
+        if (options_.report_seconds > 0 && now >= last_report_ + report_every &&
+            !database_.exchange_pending())
+            report(now);
     }
 }
 

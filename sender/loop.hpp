@@ -1,7 +1,9 @@
-// The sender's loop: lease head messages, hand them to the transport, record the outcomes.
+// The sender's loop: lease runs of messages, hand them to the transport one at a time per replica,
+// record the outcomes.
 #pragma once
 
 #include <chrono>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -45,9 +47,14 @@ class Sender {
   private:
     using Clock = std::chrono::steady_clock;
 
-    struct InFlight {
-        int64_t seq = 0;
-        size_t bytes = 0;
+    // A replica's run of leased messages: one with the transport at a time, the rest waiting.
+    // It is recorded once it has ended, because recording its head sent ends the lease.
+    struct Run {
+        std::deque<Delivery> waiting;
+        int64_t seq_out = 0;
+        size_t bytes_out = 0;
+        Clock::time_point lease_ends;
+        std::vector<Settlement> ended;
     };
     struct Counts {
         int64_t sent = 0;
@@ -58,9 +65,12 @@ class Sender {
 
     // Reads the server's settings after a (re)connect; false when they make no sense together.
     bool configure();
-    void exchange(bool stopping, Clock::time_point now);
-    void dispatch(std::vector<Delivery> leased);
-    void collect();
+    void start_exchange(Clock::time_point now);
+    void finish_exchange(Exchange result);
+    void arrived(Arrived arrived);
+    void dispatch(std::vector<Delivery> leased, Clock::time_point lease_ends);
+    void send_next(Run& run);
+    void collect(Clock::time_point now);
     void lost_database(const std::string& why, Clock::time_point now);
     void report(Clock::time_point now);
     std::string summary() const;
@@ -68,13 +78,17 @@ class Sender {
     const Options options_;
     Database database_;
     Completions completions_;
-    std::unordered_map<std::string, InFlight> in_flight_;
+    std::unordered_map<std::string, Run> runs_;
     std::vector<Settlement> unrecorded_;
+    std::vector<Settlement> recording_;  // sent in the pending exchange
+    Clock::time_point exchange_started_;
+    Wants asked_;
 
     std::chrono::milliseconds send_timeout_{30000};
     std::chrono::milliseconds recheck_{1000};
     double lease_seconds_ = 65;
 
+    bool stopping_ = false;
     bool fetch_due_ = true;
     bool drained_ = false;
     bool away_logged_ = false;

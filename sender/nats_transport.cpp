@@ -6,8 +6,6 @@
 
 namespace magic_sync::sender {
 
-namespace {}  // namespace
-
 // JetStream dedupes by Nats-Msg-Id across the whole stream, and message ids repeat across
 // replicas, so the stream's id names the replica too.
 std::string stream_message_id(const std::string& replica, const std::string& message_id) {

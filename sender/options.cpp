@@ -16,9 +16,11 @@ replicas, one message at a time per replica, in order. Holds no state: kill it a
   --db CONNINFO          libpq connection string (a role granted sync_sender)
   --transport NAME       http, nats or exec
   --concurrency N        messages in flight at once, each to another replica (default 64)
+  --run N                messages leased per replica at once, sent one after the other
+                         (default 32; 1 leases one message at a time)
   --once                 deliver what can be delivered now, then exit
   --report SECONDS       progress line interval (default 10; 0: none)
-  --lease SECONDS        how long a message stays leased to this sender
+  --lease SECONDS        how long a run of messages stays leased to this sender
                          (default 2 x send timeout + 5; must exceed the send timeout)
   --send-timeout SECONDS a send taking longer is a transient failure
                          (default: the server's magic_sync.send_timeout)
@@ -65,6 +67,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--transport", [&](const std::string& v) { options.transport = v; }},
         {"--concurrency",
          [&](const std::string& v) { options.concurrency = parse_count("--concurrency", v); }},
+        {"--run", [&](const std::string& v) { options.run = parse_count("--run", v); }},
         {"--report",
          [&](const std::string& v) {
              options.report_seconds = parse_seconds("--report", v, true);

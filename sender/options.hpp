@@ -12,6 +12,7 @@ struct Options {
     std::string db;  // a libpq connection string; never logged (it may hold a password)
     std::string transport;
     int concurrency = 64;
+    int run = 32;
     bool once = false;
     double report_seconds = 10;
     std::optional<double> lease_seconds;         // default: from the send timeout

@@ -1,5 +1,5 @@
--- The sender's functions: sync.next leases the head message of each replica, sync.sent and
--- sync.failed settle it (DESIGN §5). Messages here carry their bytes in `body`.
+-- The sender's functions: sync.next leases the head message of each replica (or a run from it),
+-- sync.sent and sync.failed settle it (DESIGN §5). Messages here carry their bytes in `body`.
 \set SHOW_CONTEXT never
 
 -- Until the relay assembles messages from chunks (sync.message), a stand-in lets sync.next plan.
@@ -78,23 +78,51 @@ SELECT sync.failed('00000000-0000-0000-0000-0000000000ff', 1, true, 'gone') AS s
 
 -- In batches, as the sender calls them: sync.next with `among` looks only at those replicas, and
 -- sync.sent with arrays records many messages at once and returns the replicas that recovered.
-SELECT replica, seq, message_id FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000b']::uuid[]);
+SELECT replica, seq, message_id FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000b']::uuid[], 1);
 SELECT sync.failed('00000000-0000-0000-0000-00000000000b', 2, true, 'HTTP 503') AS started;
 UPDATE sync.replica SET backoff_until = now() - interval '1 second'
 WHERE id = '00000000-0000-0000-0000-00000000000b';
-SELECT replica, seq, message_id FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000b', '00000000-0000-0000-0000-00000000000b']::uuid[]);
+SELECT replica, seq, message_id FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000b', '00000000-0000-0000-0000-00000000000b']::uuid[], 1);
 SELECT recovered FROM sync.sent(ARRAY['00000000-0000-0000-0000-00000000000a', '00000000-0000-0000-0000-00000000000b']::uuid[], ARRAY[2, 2]) AS recovered;
 SELECT replica, seq, sent_at IS NOT NULL AS sent, lease_until IS NULL AS unleased FROM sync.outbox
 WHERE seq = 2 AND replica IN ('00000000-0000-0000-0000-00000000000a', '00000000-0000-0000-0000-00000000000b')
 ORDER BY replica;
 SELECT backoff, last_error FROM sync.replica WHERE id = '00000000-0000-0000-0000-00000000000b';
 SELECT * FROM sync.sent(ARRAY['00000000-0000-0000-0000-00000000000a']::uuid[], ARRAY[3, 4]);
-SELECT count(*) AS among_nobody FROM sync.next(10, '1 minute', '{}');
+SELECT count(*) AS among_nobody FROM sync.next(10, '1 minute', '{}', 1);
+
+-- Runs: with run > 1 the head is leased and returned with the messages after it, in order; the
+-- lease is held by the head alone, and covers the run: nobody else gets any of it.
+INSERT INTO sync.replica (id, gen) VALUES ('00000000-0000-0000-0000-00000000000d', 2);
+INSERT INTO sync.outbox (replica, seq, gen, kind, body)
+SELECT '00000000-0000-0000-0000-00000000000d', s, 2, 'rows', convert_to(format('{"seq":%s}', s), 'UTF8')
+FROM generate_series(1, 5) AS s;
+SELECT replica, seq, message_id, convert_from(message, 'UTF8') AS message
+FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000d']::uuid[], 3);
+SELECT seq, lease_until IS NOT NULL AS leased, tries FROM sync.outbox
+WHERE replica = '00000000-0000-0000-0000-00000000000d' ORDER BY seq;
+SELECT count(*) AS while_run_leased
+FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000d']::uuid[], 3);
+
+-- The run recorded sent: the next one starts after it, and ends with the last message there is.
+SELECT * FROM sync.sent(ARRAY['00000000-0000-0000-0000-00000000000d', '00000000-0000-0000-0000-00000000000d', '00000000-0000-0000-0000-00000000000d']::uuid[], ARRAY[1, 2, 3]);
+SELECT replica, seq, message_id FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000d']::uuid[], 3);
+
+-- One failed in the middle of a run: what was taken before it is recorded sent, the replica backs
+-- off, and after the backoff its next run starts with the message that failed.
+SELECT * FROM sync.sent(ARRAY['00000000-0000-0000-0000-00000000000d']::uuid[], ARRAY[4]);
+SELECT sync.failed('00000000-0000-0000-0000-00000000000d', 5, true, 'HTTP 503') AS started;
+SELECT count(*) AS during_backoff FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000d']::uuid[], 3);
+UPDATE sync.replica SET backoff_until = now() - interval '1 second'
+WHERE id = '00000000-0000-0000-0000-00000000000d';
+SELECT replica, seq, message_id FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000d']::uuid[], 3);
+SELECT * FROM sync.sent(ARRAY['00000000-0000-0000-0000-00000000000d']::uuid[], ARRAY[5]);
 
 -- n limits how many replicas are leased; bad arguments are refused.
 SELECT count(*) AS leased FROM sync.next(1, '1 minute');
 SELECT * FROM sync.next(0, '1 minute');
 SELECT * FROM sync.next(1, '-1 second');
+SELECT * FROM sync.next(1, '1 minute', NULL, 0);
 
 -- The backlog, for the sender's progress line.
 SELECT unsent, in_backoff, oldest_unsent IS NOT NULL AS has_oldest FROM sync.backlog();

@@ -6,13 +6,19 @@ CREATE INDEX outbox_unsent ON sync.outbox (replica, seq) WHERE sent_at IS NULL;
 -- Leases the head message (lowest unsent seq) of up to `n` live replicas that are not in backoff
 -- and whose head is not leased, oldest first. A replica whose head is leased or locked by another
 -- sender is skipped, never served its second message: one message at a time per replica, in order.
+-- With `run` > 1 the head's lease covers it and up to `run` - 1 of the messages after it, returned
+-- with it: the sender sends them one at a time, in order, and records them with sync.sent only
+-- once the run has ended (all taken, or one failed, or the lease too close to its end to send
+-- another), because recording the head sent ends the lease of the whole run. One row is leased
+-- per run, so a long outbox costs one lease per run instead of one per message.
 -- `among`, when given, limits the look to those replicas: a sender that has just recorded their
 -- messages sent asks only for their next ones, without looking at every live replica's head.
 -- plpgsql, so that sync.message (the relay's assembly of a message from its chunks) is resolved
 -- when the query is first planned, not when this function is created. Its plan is generic: the
 -- planner would otherwise plan it afresh at every call (its estimate of a custom plan is lower),
--- which costs more than all the rest of a call.
-CREATE FUNCTION sync.next(n int, lease interval, among uuid[])
+-- which costs more than all the rest of a call. Every step reaches the outbox through a LATERAL
+-- lookup by key, so that no plan, generic or not, reads the whole outbox to find a few heads.
+CREATE FUNCTION sync.next(n int, lease interval, among uuid[], run int)
 RETURNS TABLE (replica uuid, seq bigint, message_id text, message bytea)
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -20,49 +26,58 @@ SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
-    IF n IS NULL OR n < 1 OR lease IS NULL OR lease <= interval '0' THEN
-        RAISE EXCEPTION 'sync.next needs n >= 1 and a positive lease (got n = %, lease = %)', n, lease
+    IF n IS NULL OR n < 1 OR lease IS NULL OR lease <= interval '0' OR run IS NULL OR run < 1 THEN
+        RAISE EXCEPTION 'sync.next needs n >= 1, a positive lease and run >= 1 (got n = %, lease = %, run = %)',
+            n, lease, run
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     RETURN QUERY
     WITH candidates AS (
         SELECT r.id FROM sync.replica r WHERE among IS NULL
         UNION ALL
-        SELECT r.id FROM (SELECT DISTINCT unnest(among) AS id) given
-        JOIN sync.replica r ON r.id = given.id
+        SELECT given.id FROM (SELECT DISTINCT unnest(among) AS id) given
     ),
     heads AS MATERIALIZED (
         -- Computed once per replica, whatever the planner's statistics say.
-        SELECT r.id AS replica,
-               (SELECT h.seq FROM sync.outbox h
-                WHERE h.replica = r.id AND h.sent_at IS NULL
-                ORDER BY h.seq LIMIT 1) AS seq
-        FROM candidates JOIN sync.replica r ON r.id = candidates.id
+        SELECT r.id AS replica, head.seq, head.created_at
+        FROM candidates
+        JOIN sync.replica r ON r.id = candidates.id
+        CROSS JOIN LATERAL (
+            SELECT h.seq, h.created_at FROM sync.outbox h
+            WHERE h.replica = r.id AND h.sent_at IS NULL
+            ORDER BY h.seq LIMIT 1
+        ) head
         WHERE r.live AND (r.backoff_until IS NULL OR r.backoff_until <= now())
     ),
-    leased AS (
-        SELECT o.replica, o.seq
-        FROM heads
-        JOIN sync.outbox o ON o.replica = heads.replica AND o.seq = heads.seq
-        -- Checked again on the locked row version, so a head that another sender leased or
-        -- sent since this statement's snapshot is skipped.
-        WHERE o.sent_at IS NULL
-          AND (o.lease_until IS NULL OR o.lease_until <= now())
-        ORDER BY o.created_at, o.replica
+    chosen AS (
+        -- The oldest heads, locked one by one until n are: a head another sender holds is
+        -- skipped, and one leased or sent since this statement's snapshot is skipped too (the
+        -- conditions are checked again on the locked row version).
+        SELECT free.replica, free.seq, heads.created_at
+        FROM (SELECT * FROM heads ORDER BY heads.created_at, heads.replica) heads
+        CROSS JOIN LATERAL (
+            SELECT o.replica, o.seq FROM sync.outbox o
+            WHERE o.replica = heads.replica AND o.seq = heads.seq AND o.sent_at IS NULL
+              AND (o.lease_until IS NULL OR o.lease_until <= now())
+            FOR UPDATE SKIP LOCKED
+        ) free
         LIMIT n
-        FOR UPDATE OF o SKIP LOCKED
     ),
-    updated AS (
+    leased AS (
         UPDATE sync.outbox o
         SET lease_until = now() + lease, tries = o.tries + 1
-        FROM leased l
-        WHERE o.replica = l.replica AND o.seq = l.seq
-        RETURNING o.replica, o.seq, o.gen, o.body, o.created_at
+        FROM chosen
+        WHERE o.replica = chosen.replica AND o.seq = chosen.seq
     )
-    SELECT u.replica, u.seq, u.gen || '.' || u.seq,
-           coalesce(u.body, sync.message(u.replica, u.seq))
-    FROM updated u
-    ORDER BY u.created_at, u.replica;
+    SELECT following.replica, following.seq, following.gen || '.' || following.seq,
+           coalesce(following.body, sync.message(following.replica, following.seq))
+    FROM chosen
+    CROSS JOIN LATERAL (
+        SELECT f.replica, f.seq, f.gen, f.body FROM sync.outbox f
+        WHERE f.replica = chosen.replica AND f.seq >= chosen.seq AND f.sent_at IS NULL
+        ORDER BY f.seq LIMIT run
+    ) following
+    ORDER BY chosen.created_at, following.replica, following.seq;
 END
 $$;
 
@@ -71,15 +86,18 @@ RETURNS TABLE (replica uuid, seq bigint, message_id text, message bytea)
 LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT * FROM sync.next(n, lease, NULL) $$;
+AS $$ SELECT * FROM sync.next(n, lease, NULL, 1) $$;
 
 -- The messages were taken: each is sent (it stays in the outbox until the replica confirms it),
 -- its lease ends, its replica's backoff ends. Returns the replicas whose backoff this ended (they
--- recovered), for the sender's log. One statement for a whole batch of deliveries.
+-- recovered), for the sender's log. One statement for a whole batch of deliveries. A generic plan,
+-- for the reason sync.next has one: a custom plan for a batch of a thousand deliveries cost more
+-- than recording them, and chose to read the whole outbox.
 CREATE FUNCTION sync.sent(replicas uuid[], seqs bigint[]) RETURNS SETOF uuid
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
     IF cardinality(replicas) IS DISTINCT FROM cardinality(seqs) THEN
@@ -171,13 +189,13 @@ AS $$
 $$;
 
 REVOKE ALL ON FUNCTION sync.next(int, interval) FROM PUBLIC;
-REVOKE ALL ON FUNCTION sync.next(int, interval, uuid[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION sync.next(int, interval, uuid[], int) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.sent(uuid, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.sent(uuid[], bigint[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.failed(uuid, bigint, boolean, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.backlog() FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sync.next(int, interval) TO sync_sender;
-GRANT EXECUTE ON FUNCTION sync.next(int, interval, uuid[]) TO sync_sender;
+GRANT EXECUTE ON FUNCTION sync.next(int, interval, uuid[], int) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.sent(uuid, bigint) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.sent(uuid[], bigint[]) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.failed(uuid, bigint, boolean, text) TO sync_sender;

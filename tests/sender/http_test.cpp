@@ -54,6 +54,47 @@ TEST(HttpSender, DeliversEveryReplicaInOrderConcurrently) {
     EXPECT_EQ(sender.log().find(kPassword), std::string::npos) << sender.log();
 }
 
+// A replica's messages are leased as a run and sent one after the other; the sender starts the
+// next one only while the lease has the send timeout (and a second) left, so no message of the run
+// can still be out when another sender may lease it. Here a run holds about two sends.
+TEST(HttpSender, ARunEndsBeforeItsLeaseCould) {
+    constexpr int kMessages = 10;
+    Outbox outbox("http_run_lease", 1, kMessages);
+    HttpSink sink;
+    sink.delay(300ms);
+    TempDir dir;
+    SenderProcess sender(outbox, dir,
+                         {"--transport", "http", "--url", sink.url(), "--run", "10",
+                          "--send-timeout", "1", "--lease", "2.5", "--once"});
+    ASSERT_EQ(sender.wait(60s), 0) << sender.log();
+    EXPECT_EQ(sink.ids(replica_id(1), false), ids_through(kMessages));
+    EXPECT_EQ(sink.most_at_once_per_replica(), 1);
+    EXPECT_EQ(outbox.unsent(), 0);
+    // Each lease is recorded on the head of its run: one run of ten would be one.
+    EXPECT_GE(outbox.number("SELECT count(*) FROM sync.outbox WHERE tries > 0"), 4);
+}
+
+// Leased as runs, a replica's messages still go one at a time and in order, and a whole run goes
+// on one lease.
+TEST(HttpSender, ARunGoesInOrderOnOneLease) {
+    constexpr int kReplicas = 6, kMessages = 12;
+    Outbox outbox("http_run", kReplicas, kMessages);
+    HttpSink sink;
+    sink.delay(2ms);
+    TempDir dir;
+    SenderProcess sender(outbox, dir,
+                         {"--transport", "http", "--url", sink.url(), "--run", "5", "--once"});
+    ASSERT_EQ(sender.wait(60s), 0) << sender.log();
+    for (int r = 1; r <= kReplicas; ++r)
+        EXPECT_EQ(sink.ids(replica_id(r), false), ids_through(kMessages)) << replica_id(r);
+    EXPECT_EQ(sink.most_at_once_per_replica(), 1);
+    // Runs of 5 from seq 1: each replica's heads 1, 6 and 11 were leased, once each.
+    EXPECT_EQ(outbox.sql("SELECT string_agg(format('%s:%s x%s', seq, tries, n), ',' ORDER BY seq) "
+                         "FROM (SELECT seq, tries, count(*) AS n FROM sync.outbox WHERE tries > 0 "
+                         "GROUP BY seq, tries) leases"),
+              "1:1 x6,6:1 x6,11:1 x6");
+}
+
 TEST(HttpSender, ClassifiesAnswersAsTakenTransientOrRefused) {
     // replica 1 is answered 200; the others with these statuses.
     const std::vector<int> statuses = {200, 503, 429, 408, 500, 400, 404, 409};
@@ -312,6 +353,10 @@ TEST(Sender, RefusesBadOptions) {
             &output),
         2);
     EXPECT_NE(output.find("--lease must be longer"), std::string::npos) << output;
+    EXPECT_EQ(run(sender_binary() + " --db x --transport exec --exec true --run 0", &output), 2);
+    EXPECT_NE(output.find("--run needs a whole number from 1 to 100000, not '0'"),
+              std::string::npos)
+        << output;
     EXPECT_EQ(run(sender_binary() + " --help", &output), 0);
     EXPECT_NE(output.find("--concurrency"), std::string::npos);
 }
