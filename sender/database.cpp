@@ -4,6 +4,8 @@
 #include <memory>
 #include <set>
 
+#include "protocol/conninfo.hpp"
+
 namespace magic_sync::sender {
 
 namespace {
@@ -15,23 +17,6 @@ std::string first_line(const char* text) {
     const auto end = line.find('\n');
     if (end != std::string::npos) line.resize(end);
     return line;
-}
-
-// libpq's reason for a connection string it cannot parse quotes the string's own text: a password
-// cut short by a bad %-escape ("invalid percent-encoded token: "hunter2%zz""), the whole URI when
-// an IPv6 bracket is not closed. Logged, such a reason leaves out whatever it quotes.
-std::string unquoted(const std::string& reason) {
-    std::string out;
-    bool quoted = false;
-    for (char c : reason) {
-        if (c == '"') {
-            if (!quoted) out += "\"...\"";
-            quoted = !quoted;
-        } else if (!quoted) {
-            out += c;
-        }
-    }
-    return out;
 }
 
 int64_t big_endian_int64(const char* bytes) {
@@ -114,9 +99,9 @@ void Database::connect() {
         const std::string reason =
             parse_error == nullptr ? "out of memory" : first_line(parse_error);
         PQfreemem(parse_error);
-        throw DatabaseError(
-            "cannot connect: the connection string does not parse: " + unquoted(reason) +
-            " (what it quotes is not shown: it may be a password)");
+        throw DatabaseError("cannot connect: the connection string does not parse: " +
+                            protocol::without_quoted_text(reason) +
+                            " (what it quotes is not shown: it may be a password)");
     }
     PQconninfoFree(parsed);
     connection_ = PQconnectdb(conninfo_.c_str());

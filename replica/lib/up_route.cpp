@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "lib/replica.hpp"
+#include "protocol/conninfo.hpp"
 
 namespace magic_sync::replica {
 
@@ -13,8 +14,22 @@ PostgresUpRoute::~PostgresUpRoute() { PQfinish(connection_); }
 
 void PostgresUpRoute::connect() {
     PQfinish(connection_);
+    connection_ = nullptr;
+    char* parse_error = nullptr;
+    PQconninfoOption* parsed = PQconninfoParse(conninfo_.c_str(), &parse_error);
+    if (parsed == nullptr) {
+        std::string reason = parse_error == nullptr ? "out of memory" : parse_error;
+        PQfreemem(parse_error);
+        reason = reason.substr(0, reason.find('\n'));
+        throw UpRouteError(
+            "cannot connect to the up route: the connection string does not parse: " +
+            protocol::without_quoted_text(reason) +
+            " (what it quotes is not shown: it may be a password)");
+    }
+    PQconninfoFree(parsed);
     connection_ = PQconnectdb(conninfo_.c_str());
     if (PQstatus(connection_) != CONNECTION_OK) {
+        // The string parsed: libpq's message names host and port, never the password.
         std::string error = PQerrorMessage(connection_);
         PQfinish(connection_);
         connection_ = nullptr;

@@ -26,6 +26,30 @@ BEGIN
 END $$;
 )sql";
 
+// libpq quotes an unparsable connection string in its reason, password and all: the route says
+// why it cannot connect without it, and keeps the upload.
+TEST(UpRouteTest, AConnectionStringThatDoesNotParseIsNotPrinted) {
+    TempDir dir;
+    const std::vector<std::string> base = {"--id", kReplicaId, "--db", dir.file("replica.db")};
+    auto with = [&](std::vector<std::string> args) {
+        std::vector<std::string> all = base;
+        all.insert(all.end(), args.begin(), args.end());
+        return all;
+    };
+    ASSERT_EQ(run_cli(with({"write", "shop.sales", R"({"id":1,"total":5})"})), 0);
+    std::string out;
+    EXPECT_EQ(
+        run_cli(with({"upload", "--up", "postgresql://till:hunter2%zz@127.0.0.1/shop"}), &out), 1);
+    EXPECT_NE(out.find("cannot connect to the up route: the connection string does not parse: "
+                       "invalid percent-encoded token: \"...\" (what it quotes is not shown: it "
+                       "may be a password)"),
+              std::string::npos)
+        << out;
+    EXPECT_EQ(out.find("hunter2"), std::string::npos) << out;
+    ASSERT_EQ(run_cli(with({"upload"}), &out), 0);
+    EXPECT_EQ(protocol::decode_upload(out).rows.size(), 1u);
+}
+
 TEST(UpRouteTest, UploadsReachSyncReceiveAndFailuresAreRetriedUnderTheSameId) {
     magic_sync::test::Cluster cluster;
     cluster.sql("postgres", "CREATE DATABASE shop");
