@@ -41,7 +41,7 @@ struct Wants {
 struct Exchange {
     std::vector<ReplicaChange> changes;  // one per settlement recorded, in order
     std::vector<Delivery> leased;        // each replica's run in seq order; timeouts not set
-    size_t replicas_among_taken = 0;     // how many replicas the two leases found a run for
+    size_t replicas_among_taken = 0;     // how many replicas each lease found a run for
     size_t replicas_any = 0;
 };
 
