@@ -135,9 +135,7 @@ void print(const char* what, const std::vector<double>& ours, const std::vector<
                 baseline_name, b, a / b);
 }
 
-}  // namespace
-
-int main() {
+void bench() {
     std::printf("bench/sender: %d replicas x %d messages (%d), concurrency %d, median of %d runs\n",
                 kReplicas, kMessages, kTotal, kConcurrency, kRuns);
     Outbox outbox("bench_sender", kReplicas, kMessages);
@@ -184,5 +182,17 @@ int main() {
 
     print("http", http, curl, "curl, one per replica");
     print("nats", nats, raw, "raw libnats async publish");
-    return 0;
+}
+
+}  // namespace
+
+// A failure returns from main, so that the static cluster is stopped and removed on the way out.
+int main() {
+    try {
+        bench();
+        return 0;
+    } catch (const std::exception& error) {
+        std::fprintf(stderr, "bench/sender: %s\n", error.what());
+        return 1;
+    }
 }
