@@ -96,12 +96,9 @@ void Database::connect() {
     char* parse_error = nullptr;
     PQconninfoOption* parsed = PQconninfoParse(conninfo_.c_str(), &parse_error);
     if (parsed == nullptr) {
-        const std::string reason =
-            parse_error == nullptr ? "out of memory" : first_line(parse_error);
+        const std::string why = protocol::unparsable_conninfo(parse_error);
         PQfreemem(parse_error);
-        throw DatabaseError("cannot connect: the connection string does not parse: " +
-                            protocol::without_quoted_text(reason) +
-                            " (what it quotes is not shown: it may be a password)");
+        throw DatabaseError("cannot connect: " + why);
     }
     PQconninfoFree(parsed);
     connection_ = PQconnectdb(conninfo_.c_str());

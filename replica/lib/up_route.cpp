@@ -18,13 +18,9 @@ void PostgresUpRoute::connect() {
     char* parse_error = nullptr;
     PQconninfoOption* parsed = PQconninfoParse(conninfo_.c_str(), &parse_error);
     if (parsed == nullptr) {
-        std::string reason = parse_error == nullptr ? "out of memory" : parse_error;
+        const std::string why = protocol::unparsable_conninfo(parse_error);
         PQfreemem(parse_error);
-        reason = reason.substr(0, reason.find('\n'));
-        throw UpRouteError(
-            "cannot connect to the up route: the connection string does not parse: " +
-            protocol::without_quoted_text(reason) +
-            " (what it quotes is not shown: it may be a password)");
+        throw UpRouteError("cannot connect to the up route: " + why);
     }
     PQconninfoFree(parsed);
     connection_ = PQconnectdb(conninfo_.c_str());

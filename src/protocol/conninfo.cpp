@@ -1,19 +1,24 @@
 #include "protocol/conninfo.hpp"
 
+#include <algorithm>
+
 namespace magic_sync::protocol {
 
-std::string without_quoted_text(const std::string& reason) {
-    std::string out;
+std::string unparsable_conninfo(const char* libpq_reason) {
+    std::string reason = libpq_reason == nullptr ? "out of memory" : libpq_reason;
+    reason.resize(std::min(reason.size(), reason.find('\n')));
+    std::string shown;
     bool quoted = false;
     for (char c : reason) {
         if (c == '"') {
-            if (!quoted) out += "\"...\"";
+            if (!quoted) shown += "\"...\"";
             quoted = !quoted;
         } else if (!quoted) {
-            out += c;
+            shown += c;
         }
     }
-    return out;
+    return "the connection string does not parse: " + shown +
+           " (what it quotes is not shown: it may be a password)";
 }
 
 }  // namespace magic_sync::protocol

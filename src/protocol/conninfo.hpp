@@ -5,9 +5,10 @@
 
 namespace magic_sync::protocol {
 
-// libpq's reason for a connection string it cannot parse quotes the string's own text: a password
-// cut short by a bad %-escape ("invalid percent-encoded token: "hunter2%zz""), the whole URI when
-// an IPv6 bracket is not closed. This is the reason with whatever it quotes left out.
-std::string without_quoted_text(const std::string& reason);
+// "the connection string does not parse: <why>" from PQconninfoParse's error (null: out of
+// memory). libpq's reason quotes the string's own text: a password cut short by a bad %-escape
+// ("invalid percent-encoded token: "hunter2%zz""), the whole URI when an IPv6 bracket is not
+// closed. What it quotes is left out, and only its first line is kept.
+std::string unparsable_conninfo(const char* libpq_reason);
 
 }  // namespace magic_sync::protocol
