@@ -127,10 +127,9 @@ void Sender::dispatch(std::vector<Delivery> leased, Clock::time_point lease_ends
             entry->second.lease_ends = lease_ends;
             started.push_back(delivery.replica);
         } else if (entry->second.lease_ends != lease_ends) {
-            // A new run for a replica with a send still out: the replica applied that message
-            // and confirmed it before its send returned, and the confirmation pruned it from
-            // the outbox, head and lease with it. The new run replaces what was waiting and goes
-            // on once the send out has returned.
+            // A new run for a replica with a send still out: the run's lease ran out before
+            // the send returned (the relay keeps a confirmed head only while its lease lives).
+            // The new run replaces what was waiting and goes on once the send out has returned.
             entry->second.waiting.clear();
             entry->second.lease_ends = lease_ends;
         }

@@ -181,6 +181,35 @@ SELECT messages FROM sync.pass();
 SELECT tombstones > 0 AS pruned_tombstones, chunks > 0 AS pruned_chunks FROM sync.prune();
 SELECT count(*) AS tombstones_left FROM sync.row WHERE gone;
 
+-- A replica that applies and confirms the head of a run while its sender is still sending the
+-- run: the head stays, leased, so the rest of the run is nobody else's; the messages after it go.
+-- Once the sender records the run, the next pass prunes what was confirmed.
+SELECT deliver_all();
+SELECT messages FROM sync.pass();
+SET magic_sync.rows_per_message = 1;
+INSERT INTO shop.products SELECT i, 'run' || i, i, i FROM generate_series(20, 22) i;
+SELECT messages FROM sync.pass();
+RESET magic_sync.rows_per_message;
+CREATE TEMP TABLE run AS
+SELECT seq FROM sync.next(1, '1 hour', ARRAY['00000000-0000-0000-0000-0000000000a1']::uuid[], 3);
+SELECT count(*) AS run_length FROM run;
+INSERT INTO sync.confirmation (replica, applied)
+SELECT '00000000-0000-0000-0000-0000000000a1', min(seq) + 1 FROM run;
+SELECT messages FROM sync.pass();
+SELECT o.seq - (SELECT min(seq) FROM run) AS in_run, o.sent_at IS NOT NULL AS sent,
+       o.lease_until > now() AS leased
+FROM sync.outbox o WHERE o.replica = '00000000-0000-0000-0000-0000000000a1' ORDER BY o.seq;
+SELECT count(*) AS others_get FROM sync.next(1, '1 hour', ARRAY['00000000-0000-0000-0000-0000000000a1']::uuid[], 3);
+SELECT count(*) AS backoffs_ended FROM sync.sent(
+    (SELECT array_agg('00000000-0000-0000-0000-0000000000a1'::uuid) FROM run),
+    (SELECT array_agg(seq) FROM run));
+SELECT messages FROM sync.pass();
+SELECT o.seq - (SELECT min(seq) FROM run) AS in_run, o.sent_at IS NOT NULL AS sent
+FROM sync.outbox o WHERE o.replica = '00000000-0000-0000-0000-0000000000a1' ORDER BY o.seq;
+SELECT count(*) AS confirmations_left FROM sync.confirmation;
+SELECT deliver_all();
+SELECT messages FROM sync.pass();
+
 -- What an operator sees.
 SELECT g.label, s.live, s.gen, s.outbox, s.last_error, s.set_aside
 FROM sync.status s JOIN shop.registers g ON g.id = s.replica ORDER BY g.label;

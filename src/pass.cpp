@@ -466,13 +466,24 @@ int64_t record_changes(Spi& spi) {
 
 // Confirmations left by sync.receive(): messages a replica applied leave its outbox and confirm
 // the cursors they carried, whether or not the sender has recorded them as sent yet (a replica
-// may apply and confirm a message before its sender's sync.sent() commits).
+// may apply and confirm a message before its sender's sync.sent() commits). All but one: a head
+// whose lease is live stays until its sender records it or the lease runs out, because its lease
+// covers the run the sender is still sending; pruned, it would leave the rest of the run unleased
+// for another sender to take while this one sends it. The confirmation stays for the next pass.
+// The lease is tested on the row the delete finds, so a lease taken since the statement began
+// keeps its row too; what was kept is what the statement saw in range less what it deleted.
 void apply_confirmations(Spi& spi) {
     spi.execute(
         "WITH c AS (DELETE FROM sync.confirmation RETURNING replica, applied),"
         " latest AS (SELECT replica, max(applied) AS applied FROM c GROUP BY replica),"
         " done AS (DELETE FROM sync.outbox o USING latest l WHERE o.replica = l.replica"
-        "  AND o.seq <= l.applied RETURNING o.replica, o.advances),"
+        "  AND o.seq <= l.applied"
+        "  AND NOT (o.sent_at IS NULL AND o.lease_until IS NOT NULL AND o.lease_until > now())"
+        "  RETURNING o.replica, o.advances),"
+        " kept AS (INSERT INTO sync.confirmation (replica, applied)"
+        "  SELECT l.replica, l.applied FROM latest l"
+        "  WHERE (SELECT count(*) FROM sync.outbox o WHERE o.replica = l.replica"
+        "   AND o.seq <= l.applied) > (SELECT count(*) FROM done d WHERE d.replica = l.replica)),"
         " advanced AS (SELECT d.replica, a.key::bigint AS scope, max(a.value::bigint) AS through"
         "  FROM done d, jsonb_each_text(coalesce(d.advances, '{}')) a GROUP BY 1, 2)"
         " UPDATE sync.member m SET confirmed = greatest(m.confirmed, a.through)"
