@@ -19,7 +19,7 @@ using namespace magic_sync::test::sender;
 namespace {
 
 constexpr int kReplicas = 64;
-constexpr int kMessages = 100;  // per replica
+constexpr int kMessages = 400;  // per replica
 constexpr int kConcurrency = 64;
 constexpr int kRuns = 5;
 constexpr int kTotal = kReplicas * kMessages;
@@ -33,7 +33,7 @@ double median(std::vector<double> values) {
     return values[values.size() / 2];
 }
 
-// magic-sync-sender --once over the whole outbox; messages/s.
+// magic-sync-sender --once over the whole outbox; messages/s, its start and stop included.
 double sender_run(Outbox& outbox, const TempDir& dir, const std::vector<std::string>& transport) {
     outbox.sql("UPDATE sync.outbox SET sent_at = NULL, lease_until = NULL, tries = 0");
     outbox.sql("VACUUM ANALYZE sync.outbox");
@@ -46,8 +46,22 @@ double sender_run(Outbox& outbox, const TempDir& dir, const std::vector<std::str
     return kTotal / seconds_since(start);
 }
 
+// magic-sync-sender --once with nothing to send: what its start and stop cost, in seconds.
+double idle_run(Outbox& outbox, const TempDir& dir, const std::vector<std::string>& transport) {
+    outbox.sql("UPDATE sync.outbox SET sent_at = now(), lease_until = NULL");
+    std::vector<std::string> arguments = transport;
+    arguments.insert(arguments.end(), {"--concurrency", std::to_string(kConcurrency), "--once"});
+    const auto start = Clock::now();
+    SenderProcess sender(outbox, dir, arguments, "idle.log");
+    if (sender.wait(std::chrono::minutes(1)) != 0)
+        throw std::runtime_error("the sender failed: " + sender.log());
+    return seconds_since(start);
+}
+
 // Plain curl: one curl per replica, all at once, each POSTing that replica's messages one after
-// the other on one connection: the same concurrency, bodies and headers as the sender's.
+// the other on one connection: the same concurrency, bodies and headers as the sender's. `next`
+// ends each request's options: without it curl joins every body with '&' and sends all of them,
+// and every header, in each request.
 double curl_run(const HttpSink& sink, const TempDir& dir) {
     std::string script = "#!/bin/sh\n";
     for (int r = 1; r <= kReplicas; ++r) {
@@ -61,7 +75,8 @@ double curl_run(const HttpSink& sink, const TempDir& dir) {
             out << "url = \"" << url << "\"\noutput = \"/dev/null\"\n"
                 << "data-binary = \"@" << body << "\"\n"
                 << "header = \"message-id: " << message_id(seq) << "\"\n"
-                << "header = \"content-type: application/json\"\n";
+                << "header = \"content-type: application/json\"\n"
+                << "next\n";
         }
         script += "curl -s --fail --config " + config + " &\n";
     }
@@ -167,14 +182,17 @@ void bench() {
     js_options.PublishAsync.MaxPending = kConcurrency * 2;
     jsCtx* js = nullptr;
     natsConnection_JetStream(&js, connection, &js_options);
-    std::vector<double> nats, raw;
+    const std::vector<std::string> nats_transport = {"--transport", "nats",          "--nats-url",
+                                                     url,           "--nats-prefix", "shop"};
+    std::vector<double> nats, raw, idle;
     for (int i = 0; i < kRuns; ++i) {
         recreate_stream(js);
-        nats.push_back(sender_run(
-            outbox, dir, {"--transport", "nats", "--nats-url", url, "--nats-prefix", "shop"}));
+        nats.push_back(sender_run(outbox, dir, nats_transport));
         raw.push_back(nats_baseline_run(js));
-        std::printf("  run %d: nats %.0f msg/s, raw libnats %.0f msg/s\n", i + 1, nats.back(),
-                    raw.back());
+        idle.push_back(idle_run(outbox, dir, nats_transport));
+        std::printf(
+            "  run %d: nats %.0f msg/s, raw libnats %.0f msg/s, sender start and stop %.0f ms\n",
+            i + 1, nats.back(), raw.back(), idle.back() * 1000);
         std::fflush(stdout);
     }
     jsCtx_Destroy(js);
@@ -182,6 +200,9 @@ void bench() {
 
     print("http", http, curl, "curl, one per replica");
     print("nats", nats, raw, "raw libnats async publish");
+    std::printf(
+        "the sender's start and stop with nothing to send (nats, included in its runs): %.0f ms\n",
+        median(idle) * 1000);
 }
 
 }  // namespace
