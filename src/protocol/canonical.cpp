@@ -1,6 +1,5 @@
 #include "protocol/canonical.hpp"
 
-#include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "protocol/json_tree.hpp"
@@ -15,18 +14,94 @@ std::string canonical_json(std::string_view text, const Limits& limits) {
     return parse_json_tree(text, limits, PayloadPlacement::kWholeDocument).text;
 }
 
-void append_json_string(std::string& out, std::string_view value) {
-    try {
-        out += nlohmann::json(std::string(value))
-                   .dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
-    } catch (const nlohmann::json::type_error& error) {
-        // what() is "[json.exception.type_error.316] invalid UTF-8 byte at index ...".
-        std::string_view cause = error.what();
-        size_t prefix_end = cause.find("] ");
-        if (prefix_end != std::string_view::npos) cause.remove_prefix(prefix_end + 2);
-        throw std::invalid_argument("cannot write a JSON string that is not valid UTF-8: " +
-                                    std::string(cause));
+namespace {
+
+// The length of the UTF-8 sequence that starts at `at`, or 0 when it is not well formed (an
+// overlong form, a surrogate, past U+10FFFF, or cut short): the rules of RFC 3629.
+size_t utf8_sequence_length(std::string_view value, size_t at) {
+    const auto byte = [&](size_t i) { return static_cast<unsigned char>(value[i]); };
+    const unsigned char lead = byte(at);
+    size_t length = 0;
+    unsigned char low = 0x80, high = 0xbf;  // the range of the second byte
+    if (lead >= 0xc2 && lead <= 0xdf) {
+        length = 2;
+    } else if (lead >= 0xe0 && lead <= 0xef) {
+        length = 3;
+        if (lead == 0xe0) low = 0xa0;
+        if (lead == 0xed) high = 0x9f;
+    } else if (lead >= 0xf0 && lead <= 0xf4) {
+        length = 4;
+        if (lead == 0xf0) low = 0x90;
+        if (lead == 0xf4) high = 0x8f;
+    } else {
+        return 0;
     }
+    if (at + length > value.size()) return 0;
+    if (byte(at + 1) < low || byte(at + 1) > high) return 0;
+    for (size_t i = 2; i < length; ++i) {
+        if (byte(at + i) < 0x80 || byte(at + i) > 0xbf) return 0;
+    }
+    return length;
+}
+
+}  // namespace
+
+// Escapes as nlohmann's dump does without ensure_ascii (the canonical form the tests pin): the
+// quote, the backslash and control characters; \b \t \n \f \r by name, the others as \u00xx.
+// Written out here because building a json value per string to dump it cost more than the rest
+// of encoding an upload's row.
+void append_json_string(std::string& out, std::string_view value) {
+    static const char hex[] = "0123456789abcdef";
+    out += '"';
+    size_t at = 0;
+    while (at < value.size()) {
+        const unsigned char c = static_cast<unsigned char>(value[at]);
+        if (c >= 0x80) {
+            const size_t length = utf8_sequence_length(value, at);
+            if (length == 0) {
+                throw std::invalid_argument(
+                    "cannot write a JSON string that is not valid UTF-8: ill-formed byte at "
+                    "index " +
+                    std::to_string(at) + ": 0x" + hex[c >> 4] + hex[c & 0x0f]);
+            }
+            out.append(value.data() + at, length);
+            at += length;
+            continue;
+        }
+        switch (c) {
+            case '"':
+                out += "\\\"";
+                break;
+            case '\\':
+                out += "\\\\";
+                break;
+            case '\b':
+                out += "\\b";
+                break;
+            case '\t':
+                out += "\\t";
+                break;
+            case '\n':
+                out += "\\n";
+                break;
+            case '\f':
+                out += "\\f";
+                break;
+            case '\r':
+                out += "\\r";
+                break;
+            default:
+                if (c < 0x20) {
+                    out += "\\u00";
+                    out += hex[c >> 4];
+                    out += hex[c & 0x0f];
+                } else {
+                    out += static_cast<char>(c);
+                }
+        }
+        ++at;
+    }
+    out += '"';
 }
 
 }  // namespace magic_sync::protocol

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "protocol/canonical.hpp"
@@ -134,6 +135,60 @@ TEST(AppendJsonString, QuotesAndRefusesInvalidUtf8) {
     append_json_string(out, "a\"b");
     EXPECT_EQ(out, R"(x"a\"b")");
     EXPECT_THROW(append_json_string(out, "\xff"), std::invalid_argument);
+}
+
+TEST(AppendJsonString, SaysWhichByteIsNotUtf8) {
+    std::string out;
+    try {
+        append_json_string(out, "ab\xe2\x82");
+        FAIL() << "a cut-short sequence was written";
+    } catch (const std::invalid_argument& error) {
+        EXPECT_STREQ(error.what(),
+                     "cannot write a JSON string that is not valid UTF-8: ill-formed byte at "
+                     "index 2: 0xe2");
+    }
+}
+
+// The canonical form is nlohmann's dump: every byte, and every sequence of two, and the edges of
+// three and four byte sequences (overlong forms, surrogates, past U+10FFFF), are written, or
+// refused, exactly as nlohmann writes or refuses them.
+TEST(AppendJsonString, WritesAndRefusesAsNlohmannDumpDoes) {
+    const auto expect_same = [](const std::string& value) {
+        std::string ours;
+        bool ours_refused = false;
+        try {
+            append_json_string(ours, value);
+        } catch (const std::invalid_argument&) {
+            ours_refused = true;
+        }
+        std::string theirs;
+        bool theirs_refused = false;
+        try {
+            theirs =
+                nlohmann::json(value).dump(-1, ' ', false, nlohmann::json::error_handler_t::strict);
+        } catch (const nlohmann::json::type_error&) {
+            theirs_refused = true;
+        }
+        ASSERT_EQ(ours_refused, theirs_refused) << testing::PrintToString(value);
+        if (!ours_refused) {
+            ASSERT_EQ(ours, theirs) << testing::PrintToString(value);
+        }
+    };
+    for (int first = 0; first < 256; ++first) {
+        expect_same(std::string("a") + static_cast<char>(first) + "z");
+        for (int second = 0; second < 256; ++second)
+            expect_same(std::string{static_cast<char>(first), static_cast<char>(second)});
+    }
+    for (int lead : {0xe0, 0xe1, 0xec, 0xed, 0xee, 0xef, 0xf0, 0xf1, 0xf3, 0xf4, 0xf5}) {
+        for (int second = 0x70; second < 0xd0; ++second) {
+            for (int rest : {0x3f, 0x80, 0xbf, 0xc0}) {
+                expect_same(std::string{static_cast<char>(lead), static_cast<char>(second),
+                                        static_cast<char>(rest)});
+                expect_same(std::string{static_cast<char>(lead), static_cast<char>(second),
+                                        static_cast<char>(0x80), static_cast<char>(rest)});
+            }
+        }
+    }
 }
 
 }  // namespace
