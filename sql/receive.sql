@@ -221,6 +221,28 @@ SELECT provisioned FROM sync.pass();
 SELECT sync.encode_filed('00000000-0000-0000-0000-0000000000a1', 1, 1, '{"upload": "x"}');
 SELECT forget();
 
+-- An answer too big for one message goes in parts, each within magic_sync.bytes_per_message,
+-- numbered one after the other; every part but the last says "more", and a reason too long for
+-- a part of its own is cut.
+SELECT sync.receive('00000000-0000-0000-0000-0000000000a1', up('10000000-0000-0000-0000-000000000013',
+    (SELECT json_agg(json_build_object('t', 'shop.ghosts', 'r', json_build_object('id', i)))::text
+     FROM generate_series(1, 12) i)));
+SET magic_sync.bytes_per_message = 600;
+SELECT messages FROM sync.pass();
+SELECT o.seq - min(o.seq) OVER () AS part, octet_length(sync.message(o.replica, o.seq)) <= 600 AS within,
+       m->>'more' AS more, jsonb_array_length(m->'kept') AS kept,
+       sum(jsonb_array_length(m->'kept')) OVER () AS kept_in_all
+FROM sync.outbox o
+CROSS JOIN LATERAL (SELECT convert_from(sync.message(o.replica, o.seq), 'UTF8')::jsonb AS m) x
+WHERE o.kind = 'filed' AND m->>'upload' = '10000000-0000-0000-0000-000000000013' ORDER BY o.seq;
+SELECT sync.filed_parts('00000000-0000-0000-0000-0000000000a1',
+    jsonb_build_object('upload', '10000000-0000-0000-0000-000000000014',
+                       'kept', jsonb_build_array(jsonb_build_object('t', 'shop.ghosts', 'k', '{"id": 1}'::jsonb,
+                                                                    'why', repeat('no room ', 100)))),
+    400) AS cut;
+RESET magic_sync.bytes_per_message;
+SELECT forget();
+
 -- known() and filing(): known says what the server knows of a replica (NULL: unknown, dropped
 -- with a LOG line), stamps come from it, and filing() sets what row policies read. A policy that
 -- refuses rows of another company: those rows are kept, the rest filed.

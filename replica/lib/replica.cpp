@@ -279,6 +279,15 @@ class Applier {
                 .bind(5, filed.upload)
                 .run();
         }
+        if (filed.more) {
+            // A part of the answer: the writes it names as kept are settled; the upload and the
+            // rest of its writes wait for the last part.
+            Statement settled = database_.prepare(
+                "DELETE FROM local_writes WHERE upload = ?1 AND tbl = ?2 AND key = ?3");
+            for (const auto& [table, key] : matched)
+                settled.bind(1, filed.upload).bind(2, table).bind(3, key).run();
+            return Filing::kFiledRows;
+        }
         database_.prepare("DELETE FROM local_writes WHERE upload = ?1").bind(1, filed.upload).run();
         database_.prepare("DELETE FROM uploads WHERE id = ?1").bind(1, filed.upload).run();
         return had_rows ? Filing::kFiledRows : Filing::kFiledWithoutRows;

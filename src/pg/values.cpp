@@ -68,6 +68,10 @@ Datum text_datum(std::string_view value) {
     });
 }
 
+Datum jsonb_datum(const std::string& json) {
+    return guard([&] { return DirectFunctionCall1(jsonb_in, CStringGetDatum(json.c_str())); });
+}
+
 Datum bytea_datum(std::string_view bytes) {
     return guard([&] {
         auto* result = static_cast<bytea*>(palloc(VARHDRSZ + bytes.size()));

@@ -27,6 +27,8 @@ std::vector<std::optional<std::string>> text_array_arg(FunctionCallInfo fcinfo, 
 
 // A text datum holding `value`, in the current memory context.
 Datum text_datum(std::string_view value);
+// Parses `json` (ERROR if it is not JSON) into a jsonb.
+Datum jsonb_datum(const std::string& json);
 // A bytea datum holding `bytes`.
 Datum bytea_datum(std::string_view bytes);
 // A composite result of bigint fields, for a function with OUT parameters.

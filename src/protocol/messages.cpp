@@ -40,7 +40,8 @@ bool operator==(const RowsMessage& a, const RowsMessage& b) {
            std::tie(b.header, b.reset, b.drop, b.chunks, b.withheld);
 }
 bool operator==(const FiledMessage& a, const FiledMessage& b) {
-    return std::tie(a.header, a.upload, a.kept) == std::tie(b.header, b.upload, b.kept);
+    return std::tie(a.header, a.upload, a.kept, a.more) ==
+           std::tie(b.header, b.upload, b.kept, b.more);
 }
 bool operator==(const KeyRange& a, const KeyRange& b) {
     return std::tie(a.lo, a.hi) == std::tie(b.lo, b.hi);
@@ -213,8 +214,60 @@ std::string encode(const FiledMessage& message) {
     ObjectWriter object = open_down(out, "filed", message.header);
     object.string_field("upload", message.upload);
     append_list(object.field("kept"), message.kept, append_key_note);
+    if (message.more) object.raw_field("more", "true");
     object.close();
     return out;
+}
+
+std::string encode_key_notes(const std::vector<KeyNote>& notes) {
+    std::string out;
+    append_list(out, notes, append_key_note);
+    return out;
+}
+
+std::vector<FiledMessage> split_filed(const FiledMessage& answer, size_t max_bytes) {
+    static const std::string kCutMark = " [cut]";
+    FiledMessage widest = answer;
+    widest.header.gen = std::numeric_limits<int64_t>::max();
+    widest.header.seq = std::numeric_limits<int64_t>::max();
+    widest.more = true;
+    widest.kept.clear();
+    const size_t envelope = encode(widest).size();
+    const size_t room = max_bytes > envelope ? max_bytes - envelope : 0;
+    const auto note_size = [](const KeyNote& note) {
+        std::string out;
+        append_key_note(out, note);
+        return out.size() + 1;  // and its comma
+    };
+
+    std::vector<FiledMessage> parts;
+    FiledMessage part = answer;
+    part.kept.clear();
+    size_t used = 0;
+    for (KeyNote note : answer.kept) {
+        size_t size = note_size(note);
+        if (size > room) {
+            const size_t over = size - room + kCutMark.size();
+            if (over < note.why.size()) {
+                size_t keep = note.why.size() - over;
+                while (keep > 0 && (static_cast<unsigned char>(note.why[keep]) & 0xc0) == 0x80)
+                    --keep;
+                note.why = note.why.substr(0, keep) + kCutMark;
+                size = note_size(note);
+            }
+        }
+        if (!part.kept.empty() && used + size > room) {
+            part.more = true;
+            parts.push_back(part);
+            part.kept.clear();
+            used = 0;
+        }
+        part.kept.push_back(std::move(note));
+        used += size;
+    }
+    part.more = false;
+    parts.push_back(std::move(part));
+    return parts;
 }
 
 std::string encode(const RangesMessage& message) {
@@ -375,6 +428,11 @@ class Field {
             fail(std::string("must be an array ") + shape);
         }
         return items();
+    }
+
+    bool boolean() const {
+        if (node_.type != JsonNode::Type::kBoolean) fail("must be true or false");
+        return node_.text == "true";
     }
 
     const std::string& string() const {
@@ -563,6 +621,7 @@ FiledMessage decode_filed(const Field& message, RowBudget& budget) {
     filed.header = decode_header(message);
     filed.upload = message.member("upload").uuid();
     filed.kept = decode_key_notes(message.member("kept"), budget);
+    if (std::optional<Field> more = message.optional_member("more")) filed.more = more->boolean();
     return filed;
 }
 

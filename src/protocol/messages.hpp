@@ -5,7 +5,9 @@
 //   rows:   "reset":[scope,...]?, "drop":[scope,...]?,
 //           "chunks":[{"scope":..,"from":F,"to":T,"rows":[ROW,...]},...],
 //           "withheld":[{"t":..,"k":{..},"why":".."},...]?
-//   filed:  "upload":UUID, "kept":[{"t":..,"k":{..},"why":".."},...]
+//   filed:  "upload":UUID, "kept":[{"t":..,"k":{..},"why":".."},...], "more":true?
+//           (an answer too big for one message comes in parts; every part but the last says
+//           "more", and the upload is filed once the last has come)
 //   ranges: "scope":.., "ranges":[[LO,HI],...]
 //   repair: "scope":.., "lo":LO, "hi":HI, "rows":[ROW,...]
 //   ROW = {"t":table,"k":{key},"r":{row},"h":"<64 hex v>"}, or {"t":..,"k":{..},"r":null} for a row
@@ -102,6 +104,7 @@ struct FiledMessage {
     MessageHeader header;
     std::string upload;
     std::vector<KeyNote> kept;  // rows of the upload that were not filed
+    bool more = false;          // a part of the answer, and not its last
 };
 
 struct KeyRange {
@@ -191,6 +194,16 @@ std::string encode(const Upload& upload);
 // built once for many replicas). Same bytes as encode() of the message with those chunks;
 // `message.chunks` must be empty (std::invalid_argument otherwise).
 std::string encode_rows(const RowsMessage& message, const std::vector<std::string_view>& chunks);
+
+// A list of kept rows as the "kept" field of a filed message writes it.
+std::string encode_key_notes(const std::vector<KeyNote>& notes);
+
+// The parts of a filed answer, each encoding within `max_bytes` whatever its gen and seq: the kept
+// rows in order, as many to a part as fit, every part but the last saying "more". A reason too
+// long for a part of its own is cut at a UTF-8 boundary and marked " [cut]"; a kept row whose
+// table and key alone do not fit goes in a part of its own, over the limit. Always one part at
+// least.
+std::vector<FiledMessage> split_filed(const FiledMessage& answer, size_t max_bytes);
 
 // Throw DecodeError (VersionTooNew when "v" > kVersion) naming what is wrong and where.
 DownMessage decode_down(std::string_view text, const Limits& limits = Limits{});

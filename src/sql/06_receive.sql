@@ -23,6 +23,12 @@ SET plan_cache_mode = force_generic_plan;
 CREATE FUNCTION sync.encode_filed(replica uuid, gen bigint, seq bigint, payload jsonb) RETURNS bytea
 AS 'MODULE_PATHNAME', 'magic_sync_encode_filed' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
+-- An answer too big for one message goes in parts: the payloads of the parts, in order, each of
+-- which encodes within max_bytes (every part but the last says "more"; a reason too long for a
+-- part of its own is cut).
+CREATE FUNCTION sync.filed_parts(replica uuid, payload jsonb, max_bytes bigint) RETURNS jsonb
+AS 'MODULE_PATHNAME', 'magic_sync_filed_parts' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
 -- The senders' hooks as qualified function names (NULL: the default), and whether the replica
 -- is live, which is what the default known() asks.
 CREATE FUNCTION sync.receive_setup(replica uuid, OUT known text, OUT filing text, OUT live boolean)
@@ -182,6 +188,7 @@ $$;
 
 -- The receiver calls sync.receive and, through it, the helpers; nothing else.
 REVOKE ALL ON FUNCTION sync.receive(uuid, bytea), sync.encode_filed(uuid, bigint, bigint, jsonb),
+    sync.filed_parts(uuid, jsonb, bigint),
     sync.receive_setup(uuid), sync.receive_codecs(text[]), sync.upload_begin(uuid, uuid),
     sync.upload_end(uuid, uuid, jsonb, bigint, jsonb, jsonb, boolean, name),
     sync.keep_upload(uuid, bytea, text, name), sync.filer(name)

@@ -422,6 +422,35 @@ TEST_F(ReplicaTest, FiledAnswerKeepsRejectedRowsWithTheirReason) {
     EXPECT_EQ(replica.kept().size(), 2u);
 }
 
+// An answer in parts: each part settles the writes it names as kept; the upload and its other
+// writes stay until the last part, which files them.
+TEST_F(ReplicaTest, FiledAnswerInPartsFilesTheUploadWithItsLastPart) {
+    replica.write(kSales, R"({"id":1,"total":5})");
+    replica.write(kSales, R"({"id":2,"total":7})");
+    replica.write(kSales, R"({"id":3,"total":9})");
+    std::optional<PreparedUpload> upload = replica.prepare_upload();
+    ASSERT_TRUE(upload);
+    replica.mark_sent(upload->id);
+
+    replica.apply(filed_message(1, 1, upload->id, {{kSales, id_key(2), "duplicate key"}}, true));
+    ASSERT_EQ(replica.kept().size(), 1u);
+    EXPECT_EQ(replica.kept()[0].key, id_key(2));
+    std::vector<std::string> waiting;
+    for (const auto& write : replica.local_writes()) waiting.push_back(write.key);
+    EXPECT_EQ(waiting, (std::vector<std::string>{id_key(1), id_key(3)}));
+
+    replica.apply(filed_message(1, 2, upload->id, {{kSales, id_key(3), "negative total"}}));
+    EXPECT_TRUE(replica.local_writes().empty());
+    std::vector<std::string> kept;
+    for (const KeptWrite& write : replica.kept()) kept.push_back(write.key + " " + write.why);
+    std::sort(kept.begin(), kept.end());
+    EXPECT_EQ(kept, (std::vector<std::string>{id_key(2) + " duplicate key",
+                                              id_key(3) + " negative total"}));
+    // The last part filed the upload: one more answer for it is an answer seen before.
+    replica.apply(filed_message(1, 3, upload->id));
+    EXPECT_EQ(replica.kept().size(), 2u);
+}
+
 TEST_F(ReplicaTest, WriteNeedsAKnownKey) {
     EXPECT_THROW(replica.write(kSales, "[1]"), std::invalid_argument);
     EXPECT_THROW(replica.write(kSales, "{not json"), std::invalid_argument);

@@ -81,11 +81,12 @@ inline std::string rows_message(int64_t gen, int64_t seq, std::vector<protocol::
 }
 
 inline std::string filed_message(int64_t gen, int64_t seq, const std::string& upload,
-                                 std::vector<protocol::KeyNote> kept = {}) {
+                                 std::vector<protocol::KeyNote> kept = {}, bool more = false) {
     protocol::FiledMessage message;
     message.header = {kReplicaId, gen, seq};
     message.upload = upload;
     message.kept = std::move(kept);
+    message.more = more;
     return protocol::encode(message);
 }
 

@@ -163,6 +163,66 @@ TEST(Wire, Filed) {
                                          R"("why":"catalog rows are not taken up"}]})");
 }
 
+// A part of an answer too big for one message says "more"; the last part does not.
+TEST(Wire, FiledInParts) {
+    FiledMessage part = small_filed();
+    part.more = true;
+    EXPECT_EQ(encode(part), R"({"v":1,"kind":"filed","replica":")" + kReplica +
+                                R"(","gen":3,"seq":18,"upload":")" + kUpload +
+                                R"(","kept":[{"t":"shop.products","k":{"id":7},)"
+                                R"("why":"catalog rows are not taken up"}],"more":true})");
+    expect_round_trip(part);
+    EXPECT_EQ(
+        down_refusal(R"({"v":1,"kind":"filed","replica":")" + kReplica +
+                     R"(","gen":3,"seq":18,"upload":")" + kUpload + R"(","kept":[],"more":"yes"})"),
+        R"(filed: field "more" must be true or false)");
+}
+
+// Every part of a split answer encodes within the limit under the widest header, the parts
+// carry the kept rows in order, and only the last says nothing more comes.
+TEST(SplitFiled, PartsFitAndKeepTheRowsInOrder) {
+    FiledMessage answer{header(18), kUpload, {}};
+    for (int i = 0; i < 40; ++i)
+        answer.kept.push_back(KeyNote{"shop.sales", R"({"id":)" + std::to_string(i) + "}",
+                                      "new row violates check constraint \"positive\""});
+    const size_t limit = 1000;
+    std::vector<FiledMessage> parts = split_filed(answer, limit);
+    ASSERT_GT(parts.size(), 3u);
+    std::vector<KeyNote> joined;
+    for (size_t i = 0; i < parts.size(); ++i) {
+        FiledMessage widest = parts[i];
+        widest.header.gen = widest.header.seq = std::numeric_limits<int64_t>::max();
+        EXPECT_LE(encode(widest).size(), limit) << "part " << i;
+        EXPECT_EQ(parts[i].more, i + 1 < parts.size()) << "part " << i;
+        EXPECT_EQ(parts[i].upload, kUpload);
+        joined.insert(joined.end(), parts[i].kept.begin(), parts[i].kept.end());
+    }
+    EXPECT_EQ(joined, answer.kept);
+}
+
+TEST(SplitFiled, AnAnswerThatFitsIsOnePart) {
+    EXPECT_EQ(split_filed(small_filed(), 256 * 1024), std::vector<FiledMessage>{small_filed()});
+    const FiledMessage empty{header(2), kUpload, {}};
+    EXPECT_EQ(split_filed(empty, 256 * 1024), std::vector<FiledMessage>{empty});
+}
+
+// A reason too long for any part is cut where a character starts, and says so.
+TEST(SplitFiled, CutsAReasonTooLongForAnyPart) {
+    std::string why;
+    for (int i = 0; i < 3000; ++i) why += "\xc3\xa9";  // é
+    FiledMessage answer{header(18), kUpload, {KeyNote{"shop.sales", R"({"id":1})", why}}};
+    std::vector<FiledMessage> parts = split_filed(answer, 1000);
+    ASSERT_EQ(parts.size(), 1u);
+    const std::string& cut = parts[0].kept.at(0).why;
+    EXPECT_EQ(cut.substr(cut.size() - 6), " [cut]");
+    EXPECT_EQ(cut.substr(0, 4), "\xc3\xa9\xc3\xa9");
+    EXPECT_EQ((cut.size() - 6) % 2, 0u) << "cut inside a character";
+    FiledMessage widest = parts[0];
+    widest.header.gen = widest.header.seq = std::numeric_limits<int64_t>::max();
+    EXPECT_LE(encode(widest).size(), 1000u);
+    EXPECT_GT(encode(widest).size(), 900u) << "cut more than it had to";
+}
+
 TEST(Wire, Ranges) {
     EXPECT_EQ(encode(small_ranges()),
               R"({"v":1,"kind":"ranges","replica":")" + kReplica +
