@@ -288,9 +288,44 @@ class Applier {
                 settled.bind(1, filed.upload).bind(2, table).bind(3, key).run();
             return Filing::kFiledRows;
         }
+        adopt_filed_writes(filed.upload, kept);
         database_.prepare("DELETE FROM local_writes WHERE upload = ?1").bind(1, filed.upload).run();
         database_.prepare("DELETE FROM uploads WHERE id = ?1").bind(1, filed.upload).run();
         return had_rows ? Filing::kFiledRows : Filing::kFiledWithoutRows;
+    }
+
+    // The upload's writes the server filed become the rows this replica holds: each over the
+    // row it was written on, under the version the server gives that body, so the replica does not
+    // show the older row again while the server's version of it is on its way (that version
+    // replaces this one when it comes). A write to a row the replica does not hold waits for the
+    // server's row: its scope is not known here.
+    void adopt_filed_writes(
+        const std::string& upload,
+        const std::map<std::pair<std::string, std::string>, std::string>& kept) {
+        Statement writes = database_.prepare(
+            "SELECT tbl, key, body FROM local_writes WHERE upload = ?1 ORDER BY id");
+        writes.bind(1, upload);
+        std::map<std::pair<std::string, std::string>, std::vector<std::string>> written;
+        while (writes.step()) written[{writes.text(0), writes.text(1)}].push_back(writes.text(2));
+        Statement held =
+            database_.prepare("SELECT scope, body, v FROM rows WHERE tbl = ?1 AND key = ?2");
+        for (const auto& [table_key, bodies] : written) {
+            if (kept.count(table_key) || options_.refuse_tables.count(table_key.first)) continue;
+            if (!held.bind(1, table_key.first).bind(2, table_key.second).step()) continue;
+            const std::string scope_name = held.text(0);
+            std::map<std::string, std::string> members = object_members(held.text(1));
+            const Digest k = protocol::key_hash(table_key.first, table_key.second);
+            scope(scope_name).fingerprint.remove(protocol::element(k, digest_of(held.blob(2))));
+            held.run();
+            for (const std::string& body : bodies) {
+                for (auto& member : object_members(body))
+                    members[member.first] = std::move(member.second);
+            }
+            const std::string json = object_from_members(members);
+            store_row(scope_name, k,
+                      protocol::DownRow{table_key.first, table_key.second,
+                                        protocol::RowBody{json, protocol::row_hash(json)}});
+        }
     }
 
     void flush() {
@@ -356,6 +391,10 @@ class Applier {
             return;
         }
         if (held) scope(held->first).fingerprint.remove(protocol::element(k, held->second));
+        store_row(scope_name, k, row);
+    }
+
+    void store_row(const std::string& scope_name, const Digest& k, const protocol::DownRow& row) {
         scope(scope_name).fingerprint.add(protocol::element(k, row.body->hash));
         upsert_row_.bind(1, row.table)
             .bind(2, row.key)

@@ -380,9 +380,20 @@ TEST_F(ReplicaTest, LocalWritesStayOnTopUntilFiled) {
     EXPECT_TRUE(rows[0].local);
     EXPECT_EQ(rows[0].json, R"({"counted":120,"id":1,"opened":"9:00"})");
 
-    // Filed: the write is gone and the server's row shows.
+    // Filed: the write is no longer a local write; it is the row the replica holds, over the row
+    // it was written on, under the version the server gives that body, until the server's own
+    // version comes down.
     replica.apply(filed_message(1, 3, upload->id));
     EXPECT_TRUE(replica.local_writes().empty());
+    rows = replica.rows(kDrawers);
+    EXPECT_FALSE(rows[0].local);
+    EXPECT_EQ(rows[0].json, R"({"counted":120,"id":1,"opened":"9:00"})");
+    std::vector<HeldRow> held = replica.held_rows();
+    ASSERT_EQ(held.size(), 1u);
+    EXPECT_EQ(held[0].hash, protocol::row_hash(R"({"counted":120,"id":1,"opened":"9:00"})"));
+    std::vector<ScopeHolding> holdings = replica.holdings();
+    ASSERT_EQ(holdings.size(), 1u);
+    EXPECT_EQ(holdings[0].fingerprint, replica.recompute("id=r"));
     replica.apply(rows_message(
         1, 4,
         {chunk("id=r", 2, 3,
