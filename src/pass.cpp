@@ -30,7 +30,7 @@ const char* const kTempTables[] = {
     "",
     "CREATE TEMP TABLE magic_sync_change (codec int NOT NULL, key jsonb NOT NULL, k bytea NOT NULL,"
     " old_scope bigint, old_hash bytea, new_scope bigint, new_hash bytea, body text,"
-    " tomb_seq bigint, new_seq bigint)",
+    " tomb_seq bigint, new_seq bigint, echo_of uuid, echo_prev bigint)",
     "CREATE TEMP TABLE magic_sync_replica (id uuid NOT NULL, live boolean NOT NULL,"
     " part text NOT NULL, groups jsonb NOT NULL)",
     "CREATE TEMP TABLE magic_sync_want (replica uuid NOT NULL, match text NOT NULL,"
@@ -254,9 +254,15 @@ ReplicaCounts plan_replicas(Spi& spi, const ReplicaSet& replicas) {
         " GROUP BY l.replica)"
         " UPDATE sync.replica r SET pending_drops = r.pending_drops || names.scopes"
         " FROM names WHERE r.id = names.replica");
+    // A chunk that left out a row its only member had uploaded must not reach a member that
+    // joins: its scope's chunks over such rows are reused no more.
     spi.execute(
-        "INSERT INTO sync.member (replica, scope) SELECT replica, scope"
-        " FROM pg_temp.magic_sync_want ON CONFLICT (replica, scope) DO NOTHING");
+        "WITH joined AS (INSERT INTO sync.member (replica, scope) SELECT replica, scope"
+        "  FROM pg_temp.magic_sync_want ON CONFLICT (replica, scope) DO NOTHING RETURNING scope)"
+        " UPDATE sync.chunk c SET built_head = -1"
+        " WHERE c.scope IN (SELECT scope FROM joined) AND c.built_head >= 0"
+        " AND EXISTS (SELECT FROM sync.row r WHERE r.scope = c.scope AND r.echo_of IS NOT NULL"
+        "  AND r.seq > c.from_seq AND r.seq <= c.to_seq)");
     return counts;
 }
 
@@ -414,6 +420,26 @@ int64_t encode_codec(Spi& spi, const Codec& codec, const ReplicaSet& replicas) {
     return set_aside;
 }
 
+// Changes that are a replica's own upload, as that replica holds the row once it takes the
+// answer: the version it had (this row's previous version, in the same scope) with the upload
+// over it, equal to the version planned now. Only while the answer is still to be moved (by this
+// pass, after the changes): the messages that carried the previous version then come before the
+// answer, so the replica holds it when it takes the answer. A row uploaded twice (two writes, or
+// two replicas) before the pass is sent back. Whether the row goes back to the replica is decided
+// per message (build_chunks).
+void mark_echoes(Spi& spi) {
+    spi.execute(
+        "UPDATE pg_temp.magic_sync_change c SET echo_of = e.replica, echo_prev = r.seq"
+        " FROM sync.echo e, sync.row r"
+        " WHERE e.codec = c.codec AND e.key = c.key AND c.old_scope = c.new_scope"
+        " AND r.codec = c.codec AND r.key = c.key AND r.scope = c.old_scope AND NOT r.gone"
+        " AND c.body = sync.canonical(r.body::jsonb || e.body)"
+        " AND NOT EXISTS (SELECT FROM sync.echo other WHERE other.codec = e.codec"
+        "  AND other.key = e.key AND other.id <> e.id)"
+        " AND EXISTS (SELECT FROM sync.answer a WHERE a.replica = e.replica"
+        "  AND a.payload->>'upload' = e.upload::text)");
+}
+
 // 5. Compare with what the relay planned before; record the differences with new seqs, leave
 // tombstones where rows went or moved, and keep every scope's fingerprint.
 int64_t record_changes(Spi& spi) {
@@ -436,18 +462,26 @@ int64_t record_changes(Spi& spi) {
         "  AND s.value = p.value AND s.partition = p.part"
         " LEFT JOIN sync.row r ON r.codec = p.codec AND r.key = p.key AND NOT r.gone"
         " WHERE r.scope IS DISTINCT FROM s.id OR r.hash IS DISTINCT FROM p.hash"));
+    if (spi.scalar("SELECT EXISTS (SELECT FROM sync.echo)") == "t") {
+        if (changed > 0) mark_echoes(spi);
+        spi.execute(
+            "DELETE FROM sync.echo e USING pg_temp.magic_sync_row p"
+            " WHERE e.codec = p.codec AND e.key = p.key");
+    }
     if (changed == 0) return 0;
     analyze_if_large(spi, "magic_sync_change", changed);
     spi.execute(
-        "UPDATE sync.row r SET gone = true, seq = c.tomb_seq, hash = NULL, body = NULL"
+        "UPDATE sync.row r SET gone = true, seq = c.tomb_seq, hash = NULL, body = NULL,"
+        " echo_of = NULL, echo_prev = NULL"
         " FROM pg_temp.magic_sync_change c WHERE c.tomb_seq IS NOT NULL"
         " AND r.codec = c.codec AND r.key = c.key AND r.scope = c.old_scope");
     spi.execute(
-        "INSERT INTO sync.row (codec, key, k, scope, seq, hash, body, gone)"
-        " SELECT codec, key, k, new_scope, new_seq, new_hash, body, false"
+        "INSERT INTO sync.row (codec, key, k, scope, seq, hash, body, gone, echo_of, echo_prev)"
+        " SELECT codec, key, k, new_scope, new_seq, new_hash, body, false, echo_of, echo_prev"
         " FROM pg_temp.magic_sync_change WHERE new_scope IS NOT NULL"
         " ON CONFLICT (codec, key, scope) DO UPDATE SET seq = excluded.seq,"
-        " hash = excluded.hash, body = excluded.body, gone = false");
+        " hash = excluded.hash, body = excluded.body, gone = false,"
+        " echo_of = excluded.echo_of, echo_prev = excluded.echo_prev");
     spi.execute(
         "WITH d AS ("
         " SELECT old_scope AS scope, sha256(k || old_hash) AS e, -1 AS sign, tomb_seq AS seq"
@@ -514,7 +548,10 @@ void build_chunks(Spi& spi) {
         "   row_number() OVER (ORDER BY y.seq) AS position"
         "   FROM (SELECT seq, codec, key, body, hash FROM sync.row"
         "    WHERE scope = w.scope AND seq > w.from_seq AND seq <= w.head"
-        "    AND (w.from_seq > 0 OR NOT gone) ORDER BY seq LIMIT $1::int) y) x"
+        "    AND (w.from_seq > 0 OR NOT gone)"
+        "    AND (echo_of IS NULL OR w.from_seq < echo_prev OR EXISTS (SELECT FROM sync.member m"
+        "     WHERE m.scope = w.scope AND m.replica <> sync.row.echo_of))"
+        "    ORDER BY seq LIMIT $1::int) y) x"
         "  JOIN sync.codec c ON c.id = x.codec) r ON true",
         {rows_limit, bytes_limit});
     // Cut: rows that fit, in order, until the running size passes the budget. A row too big for

@@ -209,10 +209,18 @@ struct Run {
     std::vector<std::string> keys;
 };
 
+// What a filed `both` row leaves for the relay, so that the row is not sent back to the replica
+// that uploaded it when that replica holds it as filed: {"t", "k", "r"}, the row as uploaded.
+void note_echo(std::string& echoes, const protocol::UpRow& row, const std::string& key) {
+    echoes += (echoes.empty() ? "[" : ",") + std::string("{\"t\":") + json_string(row.table) +
+              ",\"k\":" + key + ",\"r\":" + row.row + "}";
+}
+
 void file_run(Spi& spi, const Run& run, const std::vector<protocol::UpRow>& rows,
-              std::vector<Kept>& kept) {
+              std::vector<Kept>& kept, std::string& echoes) {
     if (run.rows.empty()) return;
     const std::string statement = insert_statement(*run.codec, run.shape);
+    const bool echoed = run.codec->kind == "both";
     auto file = [&](const std::string& json_rows) {
         pg::subtransaction([&] { spi.execute(statement, {json_rows, run.codec->stamps}); });
     };
@@ -220,6 +228,10 @@ void file_run(Spi& spi, const Run& run, const std::vector<protocol::UpRow>& rows
     for (size_t i : run.rows) all += (all.size() > 1 ? "," : "") + rows[i].row;
     try {
         file(all + "]");
+        if (echoed) {
+            for (size_t n = 0; n < run.rows.size(); ++n)
+                note_echo(echoes, rows[run.rows[n]], run.keys[n]);
+        }
         return;
     } catch (const pg::PgError& e) {
         if (is_transient(e.sqlstate())) throw;
@@ -231,6 +243,7 @@ void file_run(Spi& spi, const Run& run, const std::vector<protocol::UpRow>& rows
     for (size_t n = 0; n < run.rows.size(); ++n) {
         try {
             file("[" + rows[run.rows[n]].row + "]");
+            if (echoed) note_echo(echoes, rows[run.rows[n]], run.keys[n]);
         } catch (const pg::PgError& e) {
             if (is_transient(e.sqlstate())) throw;
             kept.push_back(failed_row(rows[run.rows[n]], run.keys[n], e));
@@ -239,13 +252,13 @@ void file_run(Spi& spi, const Run& run, const std::vector<protocol::UpRow>& rows
 }
 
 std::vector<Kept> file_rows(Spi& spi, const std::vector<protocol::UpRow>& rows,
-                            const std::string& known) {
+                            const std::string& known, std::string& echoes) {
     std::vector<Kept> kept;
     if (rows.empty()) return kept;
     const std::map<std::string, Codec> codecs = load_codecs(spi, rows, known);
     Run run;
     auto flush = [&] {
-        file_run(spi, run, rows, kept);
+        file_run(spi, run, rows, kept, echoes);
         run = Run{};
     };
     for (size_t i = 0; i < rows.size(); ++i) {
@@ -411,7 +424,11 @@ std::string receive(Spi& spi, const std::string& replica, const std::string& mes
         kept = *before;
         status = "answered again";
     } else {
-        kept = kept_json(file_rows(spi, upload.rows, *known));
+        std::string echoes;
+        kept = kept_json(file_rows(spi, upload.rows, *known, echoes));
+        if (!echoes.empty())
+            spi.execute("SELECT sync.upload_echoes($1::uuid, $2::uuid, $3::jsonb)",
+                        {replica, upload.id, echoes + "]"});
         status = "filed";
     }
     Value applied;

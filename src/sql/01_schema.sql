@@ -85,6 +85,11 @@ CREATE TABLE sync.row (
     hash bytea,
     body text,
     gone boolean NOT NULL DEFAULT false,
+    -- A version filed from this replica's upload that it holds already (sync.echo), and the seq
+    -- of the version it replaced: not sent back to it while it is the scope's only member and
+    -- was sent that older version.
+    echo_of uuid,
+    echo_prev bigint,
     PRIMARY KEY (codec, key, scope)
 );
 CREATE INDEX row_scope_seq ON sync.row (scope, seq);
@@ -208,6 +213,20 @@ CREATE TABLE sync.confirmation (
     applied bigint NOT NULL,
     created_at timestamptz NOT NULL DEFAULT now()
 );
+
+-- `both` rows a replica uploaded and that were filed: the pass that plans the row compares the
+-- version it makes with the row the replica holds once it takes the answer (the row it had, with
+-- the upload over it), and when they are the same does not send that row back to a replica that
+-- is its scope's only member (DESIGN §6). Taken by that pass.
+CREATE TABLE sync.echo (
+    id bigserial PRIMARY KEY,
+    replica uuid NOT NULL,
+    upload uuid NOT NULL,
+    codec int NOT NULL,
+    key jsonb NOT NULL,
+    body jsonb NOT NULL
+);
+CREATE INDEX echo_row ON sync.echo (codec, key);
 
 -- What a replica last said it holds, per scope (its `holds`), for verification.
 CREATE TABLE sync.holding (

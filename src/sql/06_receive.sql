@@ -186,15 +186,26 @@ AS $$
             sync.filer(keep_upload.filed_as))
 $$;
 
+-- The `both` rows of an upload that were filed, as uploaded: [{"t", "k", "r"}] (see sync.echo).
+CREATE FUNCTION sync.upload_echoes(replica uuid, upload uuid, echoes jsonb) RETURNS void
+LANGUAGE sql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    INSERT INTO sync.echo (replica, upload, codec, key, body)
+    SELECT upload_echoes.replica, upload_echoes.upload, c.id, e->'k', e->'r'
+    FROM jsonb_array_elements(echoes) e JOIN sync.codec c ON c.table_name = e->>'t'
+$$;
+
 -- The receiver calls sync.receive and, through it, the helpers; nothing else.
 REVOKE ALL ON FUNCTION sync.receive(uuid, bytea), sync.encode_filed(uuid, bigint, bigint, jsonb),
     sync.filed_parts(uuid, jsonb, bigint),
     sync.receive_setup(uuid), sync.receive_codecs(text[]), sync.upload_begin(uuid, uuid),
     sync.upload_end(uuid, uuid, jsonb, bigint, jsonb, jsonb, boolean, name),
-    sync.keep_upload(uuid, bytea, text, name), sync.filer(name)
+    sync.keep_upload(uuid, bytea, text, name), sync.filer(name),
+    sync.upload_echoes(uuid, uuid, jsonb)
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sync.receive(uuid, bytea), sync.receive_setup(uuid),
     sync.receive_codecs(text[]), sync.upload_begin(uuid, uuid),
     sync.upload_end(uuid, uuid, jsonb, bigint, jsonb, jsonb, boolean, name),
-    sync.keep_upload(uuid, bytea, text, name)
+    sync.keep_upload(uuid, bytea, text, name), sync.upload_echoes(uuid, uuid, jsonb)
     TO sync_receiver;
