@@ -34,6 +34,7 @@ DECLARE
     outcome text;
     relay_role text;
     last_kept bigint;
+    last_echo bigint;
 BEGIN
     PERFORM sync.relay_lock();
     INSERT INTO sync.note (codec, key) SELECT s.codec, s.key FROM sync.set_aside s WHERE s.kind = 'note';
@@ -69,6 +70,7 @@ BEGIN
             outcome := 'dropped';  -- that role cannot file any more
         ELSE
             last_kept := (SELECT coalesce(max(s.id), 0) FROM sync.set_aside s);
+            last_echo := (SELECT coalesce(max(e.id), 0) FROM sync.echo e);
             IF kept.codec IS NULL THEN
                 -- A message kept whole was recorded under its id, when that could be read, with
                 -- the answer "kept whole": forgotten here, or it would only be answered again.
@@ -94,6 +96,9 @@ BEGIN
                 UPDATE sync.set_aside s SET filed_as = kept.filed_as
                 WHERE s.id > last_kept AND s.kind = 'upload';
             END IF;
+            -- The replica does not hold what this filed (its answer names an upload it did not
+            -- send, or one answered before): those rows go back to it like any other change.
+            DELETE FROM sync.echo e WHERE e.id > last_echo;
         END IF;
         IF outcome = 'dropped' OR (kept.codec IS NULL AND outcome = 'answered again') THEN
             -- Its replica is not known any more, or its role cannot file, or it was answered

@@ -323,6 +323,22 @@ TEST_F(EndToEnd, OverHttpThroughChangesMovesUploadsCutsAndKills) {
               "shelf 2");
     converge("uploads reaching the server and the other registers of the store");
 
+    // A count that the server files exactly as the register holds it then: not sent back to the
+    // register (its drawer's scope has no other member); the register holds the version the
+    // server has, by the answer alone.
+    write_local(1, "shop.drawers", R"({"register_id":")" + replica_id(1) + R"(","counted":150.00})",
+                "register_id");
+    ASSERT_TRUE(eventually([&] {
+        return db().value("SELECT counted FROM shop.drawers WHERE register_id = $1::uuid",
+                          {replica_id(1)}) == "150.00";
+    })) << replicas_[1].process->log();
+    converge("a count filed as the register holds it");
+    EXPECT_EQ(db().value("SELECT r.echo_of FROM sync.row r JOIN sync.codec c ON c.id = r.codec"
+                         " WHERE c.table_name = 'shop.drawers' AND r.key->>'register_id' = $1",
+                         {replica_id(1)}),
+              replica_id(1))
+        << "the relay did not take the count for the register's own, as it holds it";
+
     // A cut line: register 4 backs off while the others carry on; healed, it catches up.
     router_->cut(replica_id(4), true);
     db().query("UPDATE shop.products SET price = price + 1 WHERE id BETWEEN 11 AND 20");
