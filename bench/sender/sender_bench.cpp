@@ -33,14 +33,19 @@ double median(std::vector<double> values) {
     return values[values.size() / 2];
 }
 
+// The sender's arguments for one --once run over `transport` at the bench's concurrency.
+std::vector<std::string> once_over(const std::vector<std::string>& transport) {
+    std::vector<std::string> arguments = transport;
+    arguments.insert(arguments.end(), {"--concurrency", std::to_string(kConcurrency), "--once"});
+    return arguments;
+}
+
 // magic-sync-sender --once over the whole outbox; messages/s, its start and stop included.
 double sender_run(Outbox& outbox, const TempDir& dir, const std::vector<std::string>& transport) {
     outbox.sql("UPDATE sync.outbox SET sent_at = NULL, lease_until = NULL, tries = 0");
     outbox.sql("VACUUM ANALYZE sync.outbox");
-    std::vector<std::string> arguments = transport;
-    arguments.insert(arguments.end(), {"--concurrency", std::to_string(kConcurrency), "--once"});
     const auto start = Clock::now();
-    SenderProcess sender(outbox, dir, arguments, "bench.log");
+    SenderProcess sender(outbox, dir, once_over(transport), "bench.log");
     if (sender.wait(std::chrono::minutes(5)) != 0 || outbox.unsent() != 0)
         throw std::runtime_error("the sender failed: " + sender.log());
     return kTotal / seconds_since(start);
@@ -49,10 +54,8 @@ double sender_run(Outbox& outbox, const TempDir& dir, const std::vector<std::str
 // magic-sync-sender --once with nothing to send: what its start and stop cost, in seconds.
 double idle_run(Outbox& outbox, const TempDir& dir, const std::vector<std::string>& transport) {
     outbox.sql("UPDATE sync.outbox SET sent_at = now(), lease_until = NULL");
-    std::vector<std::string> arguments = transport;
-    arguments.insert(arguments.end(), {"--concurrency", std::to_string(kConcurrency), "--once"});
     const auto start = Clock::now();
-    SenderProcess sender(outbox, dir, arguments, "idle.log");
+    SenderProcess sender(outbox, dir, once_over(transport), "idle.log");
     if (sender.wait(std::chrono::minutes(1)) != 0)
         throw std::runtime_error("the sender failed: " + sender.log());
     return seconds_since(start);

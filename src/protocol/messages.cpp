@@ -227,12 +227,10 @@ std::string encode_key_notes(const std::vector<KeyNote>& notes) {
 
 std::vector<FiledMessage> split_filed(const FiledMessage& answer, size_t max_bytes) {
     static const std::string kCutMark = " [cut]";
-    FiledMessage widest = answer;
-    widest.header.gen = std::numeric_limits<int64_t>::max();
-    widest.header.seq = std::numeric_limits<int64_t>::max();
-    widest.more = true;
-    widest.kept.clear();
-    const size_t envelope = encode(widest).size();
+    MessageHeader widest = answer.header;
+    widest.gen = std::numeric_limits<int64_t>::max();
+    widest.seq = std::numeric_limits<int64_t>::max();
+    const size_t envelope = encode(FiledMessage{widest, answer.upload, {}, true}).size();
     const size_t room = max_bytes > envelope ? max_bytes - envelope : 0;
     const auto note_size = [](const KeyNote& note) {
         std::string out;
@@ -241,8 +239,7 @@ std::vector<FiledMessage> split_filed(const FiledMessage& answer, size_t max_byt
     };
 
     std::vector<FiledMessage> parts;
-    FiledMessage part = answer;
-    part.kept.clear();
+    FiledMessage part{answer.header, answer.upload, {}, false};
     size_t used = 0;
     for (KeyNote note : answer.kept) {
         size_t size = note_size(note);

@@ -82,8 +82,8 @@ class Process {
     Process(const std::vector<std::string>& argv, std::string log_path)
         : log_path_(std::move(log_path)) {
         // posix_spawn, not fork: a fork copies the page tables of a test or benchmark that has
-        // grown large (a sink holding every message it took), which took 300 ms on the CI machine
-        // and was counted in the sender's time.
+        // grown large (a sink holding every message it took), which took 300 ms on this project's
+        // 2-core VM and was counted in the sender's time.
         posix_spawn_file_actions_t actions;
         posix_spawn_file_actions_init(&actions);
         posix_spawn_file_actions_addopen(&actions, 1, log_path_.c_str(),
