@@ -6,6 +6,7 @@
 #include "answers.hpp"
 #include "repair.hpp"
 
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -53,18 +54,30 @@ void ensure_temp_tables(Spi& spi) {
     for (const char* statement : kTempTables) spi.execute(statement);
 }
 
-// After a large pass the tables are truncated, so later small passes do not scan the pages it
-// left; otherwise a DELETE of their few rows is far cheaper than making new files.
-bool last_pass_was_large = true;
+// Nothing vacuums a temporary table and an insert reuses no page that pruning freed, so a table
+// emptied by DELETE grows by what every pass put in it: after some hundred small passes the
+// chunk pick was 60 MB, read from disk in every round. A table past kTruncateBytes is truncated
+// (a new file: a catalog update and an invalidation, too dear for every small pass); the others
+// are emptied by DELETE.
+constexpr int64_t kTruncateBytes = 1 << 20;
 
-void clear_temp_tables(Spi& spi) {
-    const char* const tables[] = {"magic_sync_note",    "magic_sync_row",  "magic_sync_change",
-                                  "magic_sync_replica", "magic_sync_want", "magic_sync_fresh",
-                                  "magic_sync_need",    "magic_sync_pick", "magic_sync_picked"};
+void clear_temp_tables(Spi& spi, std::initializer_list<const char*> tables) {
+    std::string sizes = "SELECT ";
     for (const char* table : tables)
-        spi.execute(
-            std::string(last_pass_was_large ? "TRUNCATE pg_temp." : "DELETE FROM pg_temp.") +
-            table);
+        sizes += std::string(sizes.size() > 7 ? ", " : "") + "pg_relation_size('pg_temp." + table +
+                 "') > " + std::to_string(kTruncateBytes);
+    auto large = spi.query(sizes).front();
+    size_t i = 0;
+    for (const char* table : tables)
+        spi.execute(std::string(large[i++].value_or("f") == "t" ? "TRUNCATE pg_temp."
+                                                                : "DELETE FROM pg_temp.") +
+                    table);
+}
+
+void clear_all_temp_tables(Spi& spi) {
+    clear_temp_tables(spi, {"magic_sync_note", "magic_sync_row", "magic_sync_change",
+                            "magic_sync_replica", "magic_sync_want", "magic_sync_fresh",
+                            "magic_sync_need", "magic_sync_pick", "magic_sync_picked"});
 }
 
 int64_t count_of(const Value& value) { return value ? std::stoll(*value) : 0; }
@@ -529,7 +542,7 @@ void apply_confirmations(Spi& spi) {
 // rows after the cursor in seq order, cut at the row and byte limits. A row too big for any
 // message is withheld and set aside.
 void build_chunks(Spi& spi) {
-    spi.execute("DELETE FROM pg_temp.magic_sync_pick");
+    clear_temp_tables(spi, {"magic_sync_pick"});
     const std::string rows_limit = std::to_string(settings::rows_per_message);
     const std::string bytes_limit = std::to_string(settings::bytes_per_message);
     spi.execute(
@@ -604,8 +617,7 @@ void build_chunks(Spi& spi) {
 // 6. One round of messages: at most one new message for every replica with a cursor behind and
 // room in its window. Returns the number of messages written.
 int64_t write_messages(Spi& spi) {
-    spi.execute("DELETE FROM pg_temp.magic_sync_need");
-    spi.execute("DELETE FROM pg_temp.magic_sync_picked");
+    clear_temp_tables(spi, {"magic_sync_need", "magic_sync_picked"});
     spi.execute(
         "INSERT INTO pg_temp.magic_sync_need (replica, scope, sent, head, scope_name)"
         " SELECT m.replica, m.scope, m.sent, s.head,"
@@ -673,7 +685,7 @@ int64_t write_messages(Spi& spi) {
 PassCounts run_pass(Spi& spi) {
     spi.scalar("SELECT sync.relay_lock()");
     ensure_temp_tables(spi);
-    clear_temp_tables(spi);
+    clear_all_temp_tables(spi);
     PassCounts counts;
     ReplicaSet replicas = replica_set(spi);
     counts.notes = take_notes(spi);
@@ -704,8 +716,6 @@ PassCounts run_pass(Spi& spi) {
     }
     if (counts.messages > 0) spi.execute("SELECT pg_notify('magic_sync', '')");
     constexpr int64_t kLargePass = 10000;
-    last_pass_was_large = counts.notes > kLargePass || counts.rows_changed > kLargePass ||
-                          counts.messages > kLargePass / 10;
     // The next passes read sync.row by scope and seq: keep its statistics up with a large change.
     if (counts.rows_changed > kLargePass) spi.execute("ANALYZE sync.row");
     spi.execute(
