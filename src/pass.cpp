@@ -357,7 +357,10 @@ std::string encode_statement(const Codec& codec, const ReplicaSet& replicas,
            only_key + ") n CROSS JOIN LATERAL jsonb_populate_record(NULL::" + codec.relation +
            ", n.key) kp LEFT JOIN " + codec.relation + " t ON " + join +
            " CROSS JOIN LATERAL (SELECT a.value, a.part, CASE WHEN " + present +
-           " AND a.value IS NOT NULL THEN sync.canonical(to_jsonb(t) - $3::text[]) END AS body"
+           " AND a.value IS NOT NULL THEN sync.canonical(to_jsonb(t)" +
+           // Removing no key still copies the jsonb.
+           (codec.hidden.empty() ? "" : " - $3::text[]") +
+           ") END AS body"
            " FROM (SELECT " +
            audience.value + " AS value, " + partition_expression(replicas.partition_column, "t") +
            " AS part) a) e";
@@ -445,7 +448,7 @@ void mark_echoes(Spi& spi) {
         "UPDATE pg_temp.magic_sync_change c SET echo_of = e.replica, echo_prev = r.seq"
         " FROM sync.echo e, sync.row r"
         " WHERE e.codec = c.codec AND e.key = c.key AND c.old_scope = c.new_scope"
-        " AND r.codec = c.codec AND r.key = c.key AND r.scope = c.old_scope AND NOT r.gone"
+        " AND r.k = c.k AND r.scope = c.old_scope AND NOT r.gone"
         " AND c.body = sync.canonical(r.body::jsonb || e.body)"
         " AND NOT EXISTS (SELECT FROM sync.echo other WHERE other.codec = e.codec"
         "  AND other.key = e.key AND other.id <> e.id)"
@@ -473,7 +476,7 @@ int64_t record_changes(Spi& spi) {
         " FROM pg_temp.magic_sync_row p"
         " LEFT JOIN sync.scope s ON p.body IS NOT NULL AND s.match = p.match"
         "  AND s.value = p.value AND s.partition = p.part"
-        " LEFT JOIN sync.row r ON r.codec = p.codec AND r.key = p.key AND NOT r.gone"
+        " LEFT JOIN sync.row r ON r.k = p.k AND NOT r.gone"
         " WHERE r.scope IS DISTINCT FROM s.id OR r.hash IS DISTINCT FROM p.hash"));
     if (spi.scalar("SELECT EXISTS (SELECT FROM sync.echo)") == "t") {
         if (changed > 0) mark_echoes(spi);
@@ -487,12 +490,12 @@ int64_t record_changes(Spi& spi) {
         "UPDATE sync.row r SET gone = true, seq = c.tomb_seq, hash = NULL, body = NULL,"
         " echo_of = NULL, echo_prev = NULL"
         " FROM pg_temp.magic_sync_change c WHERE c.tomb_seq IS NOT NULL"
-        " AND r.codec = c.codec AND r.key = c.key AND r.scope = c.old_scope");
+        " AND r.k = c.k AND r.scope = c.old_scope");
     spi.execute(
         "INSERT INTO sync.row (codec, key, k, scope, seq, hash, body, gone, echo_of, echo_prev)"
         " SELECT codec, key, k, new_scope, new_seq, new_hash, body, false, echo_of, echo_prev"
         " FROM pg_temp.magic_sync_change WHERE new_scope IS NOT NULL"
-        " ON CONFLICT (codec, key, scope) DO UPDATE SET seq = excluded.seq,"
+        " ON CONFLICT (k, scope) DO UPDATE SET seq = excluded.seq,"
         " hash = excluded.hash, body = excluded.body, gone = false,"
         " echo_of = excluded.echo_of, echo_prev = excluded.echo_prev");
     spi.execute(

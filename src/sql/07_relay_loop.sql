@@ -43,8 +43,9 @@ BEGIN
         DELETE FROM sync.set_aside s WHERE s.kind IN ('row', 'untaken') RETURNING s.codec, s.key),
     bumped AS (
         UPDATE sync.row r SET seq = nextval('sync.row_seq')
-        FROM (SELECT DISTINCT codec, key FROM again) a
-        WHERE r.codec = a.codec AND r.key = a.key AND NOT r.gone
+        FROM (SELECT DISTINCT sync.key_hash(c.table_name, a.key) AS k
+              FROM again a JOIN sync.codec c ON c.id = a.codec) a
+        WHERE r.k = a.k AND NOT r.gone
         RETURNING r.scope, r.seq)
     UPDATE sync.scope s SET head = greatest(s.head, b.seq)
     FROM (SELECT scope, max(seq) AS seq FROM bumped GROUP BY scope) b
