@@ -4,6 +4,7 @@
 #include <string>
 
 #include "pg/bridge.hpp"
+#include "pg/jsonb_canonical.hpp"
 #include "pg/values.hpp"
 #include "protocol/canonical.hpp"
 #include "protocol/fingerprint.hpp"
@@ -32,6 +33,13 @@ std::string canonical(const std::string& json) {
     }
 }
 
+// The canonical JSON of jsonb argument `n`: walked in its binary form, or through its text when
+// the walk leaves it undecided (an error to report).
+std::string canonical_arg(FunctionCallInfo fcinfo, int n) {
+    if (auto text = magic_sync::pg::jsonb_canonical_arg(fcinfo, n, row_limits())) return *text;
+    return canonical(magic_sync::pg::jsonb_text_arg(fcinfo, n));
+}
+
 protocol::Digest digest_arg(FunctionCallInfo fcinfo, int n) {
     std::string bytes = magic_sync::pg::text_arg(fcinfo, n);
     if (bytes.size() != 32)
@@ -45,13 +53,12 @@ protocol::Digest digest_arg(FunctionCallInfo fcinfo, int n) {
 
 // sync.canonical(jsonb) → text: the canonical JSON text of a value.
 MAGIC_SYNC_FUNCTION(magic_sync_canonical) {
-    return magic_sync::pg::text_datum(canonical(magic_sync::pg::jsonb_text_arg(fcinfo, 0)));
+    return magic_sync::pg::text_datum(canonical_arg(fcinfo, 0));
 }
 
 // sync.key_hash(table text, key jsonb) → bytea: k = SHA-256(table ‖ 0 ‖ canonical key).
 MAGIC_SYNC_FUNCTION(magic_sync_key_hash) {
-    auto k = protocol::key_hash(magic_sync::pg::text_arg(fcinfo, 0),
-                                canonical(magic_sync::pg::jsonb_text_arg(fcinfo, 1)));
+    auto k = protocol::key_hash(magic_sync::pg::text_arg(fcinfo, 0), canonical_arg(fcinfo, 1));
     return magic_sync::pg::bytea_datum(protocol::bytes_of(k));
 }
 

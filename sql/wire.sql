@@ -1,0 +1,56 @@
+-- Canonical JSON and key hashes of jsonb values, as the relay encodes every row it plans. The
+-- expected output was made by the build that wrote jsonb out as text and parsed it again; the
+-- walk over jsonb's binary form must give every byte of it.
+CREATE TEMP TABLE sample (name text, value jsonb);
+INSERT INTO sample VALUES
+    ('null', 'null'),
+    ('true', 'true'),
+    ('false', 'false'),
+    ('zero', '0'),
+    ('minus zero', '-0'),
+    ('integer', '42'),
+    ('negative', '-17'),
+    ('int64 max', '9223372036854775807'),
+    ('int64 min', '-9223372036854775808'),
+    ('past uint64', '18446744073709551616'),
+    ('scale kept', '12.50'),
+    ('exponent', '1E+3'),
+    ('small exponent', '1.5e-7'),
+    ('many digits', '123456789012345678901234567890.123'),
+    ('string', '"plain"'),
+    ('escapes', '"a\"b\\c\/d\b\f\n\r\t"'),
+    ('controls', '"\u0001\u001f\u007f"'),
+    ('unicode', '"é ü 日本 😀"'),
+    ('escaped unicode', '"\u00e9\ud83d\ude00"'),
+    ('empty string', '""'),
+    ('empty array', '[]'),
+    ('empty object', '{}'),
+    ('array', '[1, "two", null, true, [3, [4]], {"b": 1, "a": 2}]'),
+    ('keys by bytes', '{"b": 1, "aa": 2, "a": 3, "ab": 4, "é": 5, "Z": 6, "": 7, "a b": 8}'),
+    ('nested', '{"z": {"y": {"x": [{"w": 1, "v": [2.0, -3]}]}}, "a": []}'),
+    ('spaced', '{ "k" : [ 1 , 2 ] , "j" : { } }');
+SELECT name, sync.canonical(value), encode(sync.key_hash('items', value), 'hex') AS k
+FROM sample ORDER BY name;
+
+-- A row as the pass encodes it: to_jsonb of the table's row.
+CREATE TEMP TABLE item (id bigint, name text, qty int, price numeric(10, 2), ratio float8,
+                        ok boolean, tags text[], at timestamptz, day date, doc jsonb, code char(4));
+SET timezone = 'UTC';
+INSERT INTO item VALUES
+    (1, 'Tea "green"', 3, 2.50, 0.1, true, '{a,"b c"}', '2026-12-01 10:00:00.25+00', '2026-12-01',
+     '{"n": 1.10, "s": "x"}', 'ab'),
+    (2, NULL, -1, 1000, 1e20, false, '{}', '1999-01-01 00:00:00+00', '1999-12-31', '[]', NULL),
+    (3, 'snow ☃', 0, 0.00, 'NaN', NULL, NULL, NULL, NULL, NULL, 'abcd'),
+    (4, '', 2147483647, 99999999.99, '-Infinity', true, '{NULL}', 'infinity', '-infinity',
+     '"scalar"', '');
+SELECT id, sync.canonical(to_jsonb(i)) FROM item i ORDER BY id;
+
+-- Refused as before: nesting deeper than a row may be inside a message, and a number no double
+-- can hold.
+SELECT sync.canonical((repeat('[', 70) || repeat(']', 70))::jsonb);
+SELECT length(sync.canonical((repeat('[', 59) || repeat(']', 59))::jsonb));
+SELECT sync.canonical(('1' || repeat('0', 400))::jsonb);
+SELECT length(sync.canonical(('1' || repeat('0', 300))::jsonb));
+SELECT length(sync.canonical(('1' || repeat('0', 308))::jsonb));
+SELECT sync.canonical(('2' || repeat('0', 308))::jsonb);
+SELECT sync.key_hash('items', ('{"id": 1' || repeat('0', 400) || '}')::jsonb);
