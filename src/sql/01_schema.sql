@@ -147,6 +147,15 @@ CREATE TABLE sync.chunk (
     created_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE INDEX chunk_start ON sync.chunk (scope, from_seq);
+-- A chunk's body is a message's worth of rows, written once and read by every sender that sends
+-- it: compressed with lz4 where the server has it (pglz took a seventh of an outbox pass).
+DO $lz4$
+BEGIN
+    ALTER TABLE sync.chunk ALTER COLUMN body SET COMPRESSION lz4;
+EXCEPTION WHEN feature_not_supported THEN
+    NULL;
+END
+$lz4$;
 
 -- Per replica, in order: the messages to send. `seq` is the replica's own message counter.
 CREATE TABLE sync.outbox (

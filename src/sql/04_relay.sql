@@ -51,11 +51,16 @@ RETURN CASE match WHEN '*' THEN 'all' ELSE match || '=' || value END
        || CASE WHEN part <> '' THEN '@' || part ELSE '' END;
 
 -- One pass: takes the relay lock (or refuses), plans, writes the outbox. Returns its counts.
+-- The pass analyzes its temporary tables when it fills them and sync.row after many changes, so
+-- the statements after join them by plan: the planner needs their sizes and ranges, not fine
+-- histograms, and a sample of 3,000 rows instead of 30,000 took an analyze of sync.row from
+-- 140-220 ms to 22-26 ms at 100,000 rows.
 CREATE FUNCTION sync.pass(OUT notes bigint, OUT rows_changed bigint, OUT provisioned bigint,
                           OUT forgotten bigint, OUT messages bigint, OUT set_aside bigint)
 AS 'MODULE_PATHNAME', 'magic_sync_pass'
 LANGUAGE C VOLATILE
-SET search_path = pg_catalog, pg_temp;
+SET search_path = pg_catalog, pg_temp
+SET default_statistics_target = 10;
 
 -- A message of a replica's outbox, assembled exactly as the sender sends it.
 CREATE FUNCTION sync.message(replica uuid, seq bigint) RETURNS bytea
