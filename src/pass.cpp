@@ -360,10 +360,8 @@ std::string encode_statement(const Codec& codec, const ReplicaSet& replicas,
            only_key + ") n CROSS JOIN LATERAL jsonb_populate_record(NULL::" + codec.relation +
            ", n.key) kp LEFT JOIN " + codec.relation + " t ON " + join +
            " CROSS JOIN LATERAL (SELECT a.value, a.part, CASE WHEN " + present +
-           " AND a.value IS NOT NULL THEN sync.canonical(to_jsonb(t)" +
-           // Removing no key still copies the jsonb.
-           (codec.hidden.empty() ? "" : " - $3::text[]") +
-           ") END AS body"
+           " AND a.value IS NOT NULL THEN coalesce(sync.encode_row(t, $3::text[]),"
+           " sync.canonical(to_jsonb(t) - $3::text[])) END AS body"
            " FROM (SELECT " +
            audience.value + " AS value, " + partition_expression(replicas.partition_column, "t") +
            " AS part) a) e";
@@ -479,7 +477,10 @@ int64_t record_changes(Spi& spi) {
         " FROM pg_temp.magic_sync_row p"
         " LEFT JOIN sync.scope s ON p.body IS NOT NULL AND s.match = p.match"
         "  AND s.value = p.value AND s.partition = p.part"
-        " LEFT JOIN sync.row r ON r.k = p.k AND NOT r.gone"
+        // A row has one live version at most: found by its key, whatever the size of sync.row
+        // (joined by hash, 10,000 changes read all of it, 73 ms at 100,000 rows).
+        " LEFT JOIN LATERAL (SELECT x.scope, x.hash FROM sync.row x WHERE x.k = p.k AND NOT x.gone"
+        "  LIMIT 1) r ON true"
         " WHERE r.scope IS DISTINCT FROM s.id OR r.hash IS DISTINCT FROM p.hash"));
     if (spi.scalar("SELECT EXISTS (SELECT FROM sync.echo)") == "t") {
         if (changed > 0) mark_echoes(spi);

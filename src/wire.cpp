@@ -2,6 +2,7 @@
 // protocol library does on the replica: canonical JSON, key hashes, row sizes, chunk bodies and
 // fingerprint arithmetic.
 #include <string>
+#include <vector>
 
 #include "pg/bridge.hpp"
 #include "pg/jsonb_canonical.hpp"
@@ -54,6 +55,17 @@ protocol::Digest digest_arg(FunctionCallInfo fcinfo, int n) {
 // sync.canonical(jsonb) → text: the canonical JSON text of a value.
 MAGIC_SYNC_FUNCTION(magic_sync_canonical) {
     return magic_sync::pg::text_datum(canonical_arg(fcinfo, 0));
+}
+
+// sync.encode_row(row record, hidden text[]) → text: sync.canonical(to_jsonb(row) - hidden),
+// written from the row's columns; NULL when a column's type is left to to_jsonb.
+MAGIC_SYNC_FUNCTION(magic_sync_encode_row) {
+    std::vector<std::string> hidden;
+    for (auto& name : magic_sync::pg::text_array_arg(fcinfo, 1))
+        if (name) hidden.push_back(*name);
+    auto text = magic_sync::pg::row_canonical_arg(fcinfo, 0, hidden, row_limits());
+    if (!text) return magic_sync::pg::null_result(fcinfo);
+    return magic_sync::pg::text_datum(*text);
 }
 
 // sync.key_hash(table text, key jsonb) → bytea: k = SHA-256(table ‖ 0 ‖ canonical key).

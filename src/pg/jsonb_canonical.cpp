@@ -168,7 +168,11 @@ class Walker {
 
 std::optional<std::string> jsonb_canonical_arg(FunctionCallInfo fcinfo, int n,
                                                const protocol::Limits& limits) {
-    Jsonb* jsonb = guard([&] { return PG_GETARG_JSONB_P(n); });
+    return jsonb_canonical(guard([&] { return PG_GETARG_DATUM(n); }), limits);
+}
+
+std::optional<std::string> jsonb_canonical(Datum value, const protocol::Limits& limits) {
+    Jsonb* jsonb = guard([&] { return DatumGetJsonbP(value); });
     try {
         return Walker(limits).walk(jsonb);
     } catch (const Undecided&) {

@@ -3,6 +3,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "pg/bridge.hpp"
 #include "protocol/limits.hpp"
@@ -14,5 +15,14 @@ namespace magic_sync::pg {
 // that is not UTF-8: the caller then encodes the text, which refuses it with the exact error.
 std::optional<std::string> jsonb_canonical_arg(FunctionCallInfo fcinfo, int n,
                                                const protocol::Limits& limits);
+// The same for a jsonb datum.
+std::optional<std::string> jsonb_canonical(Datum jsonb, const protocol::Limits& limits);
+
+// The canonical JSON of to_jsonb(row) without the `hidden` columns, for the composite argument
+// `n`, written from the row's columns; nullopt when a column is of a type to_jsonb treats in a way
+// not written out here, or the walk is undecided as above: the caller then goes through to_jsonb.
+std::optional<std::string> row_canonical_arg(FunctionCallInfo fcinfo, int n,
+                                             const std::vector<std::string>& hidden,
+                                             const protocol::Limits& limits);
 
 }  // namespace magic_sync::pg

@@ -6,6 +6,12 @@
 CREATE FUNCTION sync.canonical(jsonb) RETURNS text
 AS 'MODULE_PATHNAME', 'magic_sync_canonical' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
+-- sync.canonical(to_jsonb(row) - hidden), written from the row's columns; NULL when a column is
+-- of a type it leaves to to_jsonb (the pass then goes through to_jsonb). STABLE: timestamptz is
+-- written in the session's time zone, as to_jsonb writes it.
+CREATE FUNCTION sync.encode_row("row" record, hidden text[]) RETURNS text
+AS 'MODULE_PATHNAME', 'magic_sync_encode_row' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+
 CREATE FUNCTION sync.key_hash("table" text, key jsonb) RETURNS bytea
 AS 'MODULE_PATHNAME', 'magic_sync_key_hash' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
