@@ -62,20 +62,17 @@ void ensure_temp_tables(Spi& spi) {
 constexpr int64_t kTruncateBytes = 1 << 20;
 
 void clear_temp_tables(Spi& spi, std::initializer_list<const char*> tables) {
-    std::string sizes = "SELECT ";
+    std::string sizes;
     for (const char* table : tables)
-        sizes += std::string(sizes.size() > 7 ? ", " : "") + "pg_relation_size('pg_temp." + table +
-                 "') > " + std::to_string(kTruncateBytes);
+        sizes += std::string(sizes.empty() ? "SELECT " : ", ") + "pg_relation_size('pg_temp." +
+                 table + "') > " + std::to_string(kTruncateBytes);
     auto large = spi.query(sizes).front();
-    size_t i = 0;
+    size_t column = 0;
     for (const char* table : tables)
-        spi.execute(std::string(large[i++].value_or("f") == "t" ? "TRUNCATE pg_temp."
-                                                                : "DELETE FROM pg_temp.") +
+        spi.execute(std::string(large[column++].value_or("f") == "t" ? "TRUNCATE pg_temp."
+                                                                     : "DELETE FROM pg_temp.") +
                     table);
 }
-
-// Rows this backend's passes changed since it last analyzed sync.row.
-int64_t rows_changed_since_analyze = 0;
 
 void clear_all_temp_tables(Spi& spi) {
     clear_temp_tables(spi, {"magic_sync_note", "magic_sync_row", "magic_sync_change",
@@ -683,6 +680,9 @@ int64_t write_messages(Spi& spi) {
         " WHERE m.replica = p.replica AND m.scope = p.scope");
     return messages;
 }
+
+// Rows this backend's passes changed since it last analyzed sync.row.
+int64_t rows_changed_since_analyze = 0;
 
 }  // namespace
 

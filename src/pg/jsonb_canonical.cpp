@@ -20,9 +20,6 @@ namespace magic_sync::pg {
 
 namespace {
 
-// A double overflows only past 1.8e308; numeric_out writes no exponent, so a shorter text fits.
-constexpr size_t kLongestSureNumber = 308;
-
 struct Frame {
     bool is_object = false;
     bool raw_scalar = false;  // jsonb keeps a top-level scalar as a one-element array

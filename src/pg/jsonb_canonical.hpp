@@ -1,6 +1,7 @@
 // Canonical JSON (protocol/canonical.hpp) of a jsonb argument, walked in its binary form.
 #pragma once
 
+#include <cstddef>
 #include <optional>
 #include <string>
 #include <vector>
@@ -9,6 +10,10 @@
 #include "protocol/limits.hpp"
 
 namespace magic_sync::pg {
+
+// A double overflows only past 1.8e308; numeric_out writes no exponent, so a number's text this
+// long or shorter surely fits, and a longer one is left to the text way to check.
+inline constexpr size_t kLongestSureNumber = 308;
 
 // The canonical JSON of the jsonb argument `n`, the same as protocol::canonical_json of its text
 // output; nullopt when the value breaks `limits`, holds a number a double cannot hold or a string
