@@ -1,15 +1,27 @@
-// Canonical JSON straight from a jsonb (protocol/canonical.hpp has the rules): the relay encodes
-// every row it plans through here, and writing jsonb out as text only to parse that text again
-// cost more than reading the row.
+// Canonical JSON (protocol/canonical.hpp) written straight from PostgreSQL values: a jsonb walked
+// in its binary form, and a table's row as to_jsonb would give it, from its columns. The relay
+// encodes every row it plans through here: writing jsonb out as text only to parse that text
+// again cost more than reading the row, and building a jsonb of the row only to walk it took
+// twice as long as writing the row itself (3.5 against 1.6 µs a row over a table scan). What a
+// walk cannot decide is left to the text way (or to to_jsonb), which refuses it with the exact
+// error.
 #include "pg/jsonb_canonical.hpp"
 
 extern "C" {
+#include "access/htup_details.h"
+#include "catalog/pg_type.h"
 #include "utils/builtins.h"
+#include "utils/date.h"
+#include "utils/json.h"
 #include "utils/jsonb.h"
 #include "utils/numeric.h"
+#include "utils/timestamp.h"
+#include "utils/typcache.h"
+#include "utils/uuid.h"
 }
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -20,16 +32,62 @@ namespace magic_sync::pg {
 
 namespace {
 
+// What a walk leaves to the text way.
+struct Undecided {};
+
+using Members = std::vector<std::pair<std::string, std::string>>;  // key, canonical value
+
+std::string owned(char* text) {
+    std::string result(text);
+    guard([&] { pfree(text); });
+    return result;
+}
+
+void append_string(std::string& out, std::string_view value, const protocol::Limits& limits) {
+    if (value.size() > limits.max_string) throw Undecided{};
+    try {
+        protocol::append_json_string(out, value);
+    } catch (const std::invalid_argument&) {
+        throw Undecided{};
+    }
+}
+
+std::string quoted(std::string_view value, const protocol::Limits& limits) {
+    std::string text;
+    append_string(text, value, limits);
+    return text;
+}
+
+// The object of `members`, keys sorted by their bytes (jsonb orders them by length first).
+std::string object_text(Members members) {
+    std::sort(members.begin(), members.end(),
+              [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::string text;
+    try {
+        protocol::append_json_object(text, members);
+    } catch (const std::invalid_argument&) {
+        throw Undecided{};
+    }
+    return text;
+}
+
+std::string numeric_text(Datum value) {
+    return owned(guard([&] { return DatumGetCString(DirectFunctionCall1(numeric_out, value)); }));
+}
+
+// A number's text as it stands, when a double surely holds it.
+std::string sure_number(std::string text) {
+    if (text.size() > kLongestSureNumber) throw Undecided{};
+    return text;
+}
+
 struct Frame {
     bool is_object = false;
     bool raw_scalar = false;  // jsonb keeps a top-level scalar as a one-element array
     std::string text;         // arrays: "[" and the items so far
-    std::vector<std::pair<std::string, std::string>> members;  // objects: key, canonical value
+    Members members;          // objects
     std::string pending_key;
 };
-
-// What the fast walk leaves to the text path, which refuses it with the exact error.
-struct Undecided {};
 
 class Walker {
   public:
@@ -79,18 +137,7 @@ class Walker {
     void end_object() {
         Frame frame = std::move(frames_.back());
         frames_.pop_back();
-        // jsonb orders keys by length first; canonical JSON by their bytes alone.
-        std::sort(frame.members.begin(), frame.members.end(),
-                  [](const auto& a, const auto& b) { return a.first < b.first; });
-        std::string text = "{";
-        for (const auto& [key, value] : frame.members) {
-            if (text.size() > 1) text += ',';
-            append_string(text, key);
-            text += ':';
-            text += value;
-        }
-        text += '}';
-        deliver(std::move(text));
+        deliver(object_text(std::move(frame.members)));
     }
 
     void end_array() {
@@ -123,21 +170,10 @@ class Walker {
                 return "null";
             case jbvBool:
                 return value.val.boolean ? "true" : "false";
-            case jbvString: {
-                std::string text;
-                append_string(text, string_of(value));
-                return text;
-            }
-            case jbvNumeric: {
-                char* digits = guard([&] {
-                    return DatumGetCString(
-                        DirectFunctionCall1(numeric_out, NumericGetDatum(value.val.numeric)));
-                });
-                std::string text(digits);
-                guard([&] { pfree(digits); });
-                if (text.size() > kLongestSureNumber) throw Undecided{};
-                return text;
-            }
+            case jbvString:
+                return quoted(string_of(value), limits_);
+            case jbvNumeric:
+                return sure_number(numeric_text(NumericGetDatum(value.val.numeric)));
             default:
                 throw Undecided{};
         }
@@ -148,24 +184,103 @@ class Walker {
         return std::string(value.val.string.val, value.val.string.len);
     }
 
-    void append_string(std::string& out, const std::string& value) {
-        try {
-            protocol::append_json_string(out, value);
-        } catch (const std::invalid_argument&) {
-            throw Undecided{};
-        }
-    }
-
     const protocol::Limits& limits_;
     std::vector<Frame> frames_;
     std::string result_;
 };
 
+// A number as to_jsonb keeps it: a numeric of the text, or the text as a string when it is no
+// JSON number (NaN, Infinity).
+std::string number_of(std::string text, bool is_json_number, const protocol::Limits& limits) {
+    return is_json_number ? sure_number(std::move(text)) : quoted(text, limits);
+}
+
+// to_jsonb writes a float with its output function and keeps that text as a numeric.
+std::string float_value(double value, Datum datum, Oid type, const protocol::Limits& limits) {
+    std::string text = owned(guard([&] {
+        return DatumGetCString(
+            DirectFunctionCall1(type == FLOAT4OID ? float4out : float8out, datum));
+    }));
+    if (std::isnan(value) || std::isinf(value)) return number_of(text, false, limits);
+    Datum numeric = guard([&] {
+        return DirectFunctionCall3(numeric_in, CStringGetDatum(text.c_str()),
+                                   ObjectIdGetDatum(InvalidOid), Int32GetDatum(-1));
+    });
+    return number_of(numeric_text(numeric), true, limits);
+}
+
+std::string column_value(Datum value, Oid type, const protocol::Limits& limits) {
+    switch (type) {
+        case BOOLOID:
+            return DatumGetBool(value) ? "true" : "false";
+        case INT2OID:
+            return std::to_string(DatumGetInt16(value));
+        case INT4OID:
+            return std::to_string(DatumGetInt32(value));
+        case INT8OID:
+            return std::to_string(DatumGetInt64(value));
+        case NUMERICOID: {
+            std::string text = numeric_text(value);
+            bool special = text == "NaN" || text == "Infinity" || text == "-Infinity";
+            return number_of(std::move(text), !special, limits);
+        }
+        case FLOAT4OID:
+            return float_value(DatumGetFloat4(value), value, type, limits);
+        case FLOAT8OID:
+            return float_value(DatumGetFloat8(value), value, type, limits);
+        case TEXTOID:
+        case VARCHAROID:
+        case BPCHAROID: {
+            auto* text = guard([&] { return PG_DETOAST_DATUM_PACKED(value); });
+            return quoted(std::string_view(VARDATA_ANY(text), VARSIZE_ANY_EXHDR(text)), limits);
+        }
+        case UUIDOID:
+        case DATEOID:
+        case TIMESTAMPOID:
+        case TIMESTAMPTZOID: {
+            return quoted(owned(guard([&] {
+                              return type == UUIDOID
+                                         ? DatumGetCString(DirectFunctionCall1(uuid_out, value))
+                                         : JsonEncodeDateTime(nullptr, value, type, nullptr);
+                          })),
+                          limits);
+        }
+        case JSONBOID: {
+            // The row is one level: what nests in a column has one level less.
+            protocol::Limits inner = limits;
+            inner.max_depth -= 1;
+            if (auto text = jsonb_canonical(value, inner)) return *text;
+            throw Undecided{};
+        }
+        default:
+            throw Undecided{};
+    }
+}
+
+std::string encode_columns(HeapTupleData& tuple, TupleDesc descriptor,
+                           const std::vector<std::string>& hidden, const protocol::Limits& limits) {
+    if (limits.max_depth < 1) throw Undecided{};
+    Members members;
+    for (int i = 0; i < descriptor->natts; ++i) {
+        Form_pg_attribute attribute = TupleDescAttr(descriptor, i);
+        if (attribute->attisdropped) continue;
+        std::string name = NameStr(attribute->attname);
+        if (std::find(hidden.begin(), hidden.end(), name) != hidden.end()) continue;
+        bool is_null = false;
+        Datum value = guard([&] { return heap_getattr(&tuple, i + 1, descriptor, &is_null); });
+        members.emplace_back(std::move(name),
+                             is_null ? "null" : column_value(value, attribute->atttypid, limits));
+    }
+    std::string text = object_text(std::move(members));
+    if (text.size() > limits.max_bytes) throw Undecided{};
+    return text;
+}
+
 }  // namespace
 
 std::optional<std::string> jsonb_canonical_arg(FunctionCallInfo fcinfo, int n,
                                                const protocol::Limits& limits) {
-    return jsonb_canonical(guard([&] { return PG_GETARG_DATUM(n); }), limits);
+    return jsonb_canonical(PG_GETARG_DATUM(n), limits);
 }
 
 std::optional<std::string> jsonb_canonical(Datum value, const protocol::Limits& limits) {
@@ -175,6 +290,31 @@ std::optional<std::string> jsonb_canonical(Datum value, const protocol::Limits& 
     } catch (const Undecided&) {
         return std::nullopt;
     }
+}
+
+std::optional<std::string> row_canonical_arg(FunctionCallInfo fcinfo, int n,
+                                             const std::vector<std::string>& hidden,
+                                             const protocol::Limits& limits) {
+    HeapTupleHeader header = guard([&] { return PG_GETARG_HEAPTUPLEHEADER(n); });
+    TupleDesc descriptor = guard([&] {
+        return lookup_rowtype_tupdesc(HeapTupleHeaderGetTypeId(header),
+                                      HeapTupleHeaderGetTypMod(header));
+    });
+    HeapTupleData tuple;
+    tuple.t_len = HeapTupleHeaderGetDatumLength(header);
+    ItemPointerSetInvalid(&tuple.t_self);
+    tuple.t_tableOid = InvalidOid;
+    tuple.t_data = header;
+    std::optional<std::string> text;
+    try {
+        text = encode_columns(tuple, descriptor, hidden, limits);
+    } catch (const Undecided&) {
+    } catch (...) {
+        guard([&] { ReleaseTupleDesc(descriptor); });
+        throw;
+    }
+    guard([&] { ReleaseTupleDesc(descriptor); });
+    return text;
 }
 
 }  // namespace magic_sync::pg

@@ -1,4 +1,5 @@
-// Canonical JSON (protocol/canonical.hpp) of a jsonb argument, walked in its binary form.
+// Canonical JSON (protocol/canonical.hpp) written straight from PostgreSQL values: a jsonb walked
+// in its binary form, and a table row from its columns.
 #pragma once
 
 #include <cstddef>

@@ -104,4 +104,16 @@ void append_json_string(std::string& out, std::string_view value) {
     out += '"';
 }
 
+void append_json_object(std::string& out,
+                        const std::vector<std::pair<std::string, std::string>>& members) {
+    out += '{';
+    for (size_t i = 0; i < members.size(); ++i) {
+        if (i) out += ',';
+        append_json_string(out, members[i].first);
+        out += ':';
+        out += members[i].second;
+    }
+    out += '}';
+}
+
 }  // namespace magic_sync::protocol

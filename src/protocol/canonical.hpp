@@ -23,6 +23,8 @@
 
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "protocol/limits.hpp"
 
@@ -33,5 +35,10 @@ std::string canonical_json(std::string_view text, const Limits& limits = Limits{
 // Appends `value` as a canonical JSON string (quotes included). Throws std::invalid_argument if
 // `value` is not valid UTF-8.
 void append_json_string(std::string& out, std::string_view value);
+
+// Appends the canonical JSON object of `members` (key, canonical value), which must be sorted
+// bytewise by key and unique. Throws std::invalid_argument if a key is not valid UTF-8.
+void append_json_object(std::string& out,
+                        const std::vector<std::pair<std::string, std::string>>& members);
 
 }  // namespace magic_sync::protocol

@@ -99,14 +99,8 @@ class TreeBuilder : public nlohmann::json_sax<Json> {
             [](const std::pair<std::string, std::string>& member) -> const std::string& {
                 return member.first;
             });
-        std::string text = "{";
-        for (const auto& [key, value] : frame.members) {
-            if (text.size() > 1) text += ',';
-            append_json_string(text, key);
-            text += ':';
-            text += value;
-        }
-        text += '}';
+        std::string text;
+        append_json_object(text, frame.members);
         deliver_payload(std::move(text));
         return true;
     }
