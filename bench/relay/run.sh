@@ -6,6 +6,8 @@
 #       confirmed between passes, untimed, as if a sender kept up), against a plain
 #       INSERT ... SELECT copy of the same rows into a table of the same shape, in the same
 #       database, order alternating by round. Goal: pass rate >= 0.33 of the copy rate.
+#       Beside it, the floor the design sets, each step a bare set statement over the same rows:
+#       taking the notes, encoding the rows, writing their state once (bench/relay/setup.sql).
 #   (b) one catalog change fanned out to 1,000, 10,000 and 100,000 live replicas, provisioned and
 #       drained first (every message confirmed, cursors at head): one UPDATE of one catalog row,
 #       then the passes until one writes no message; time per replica delivery. Sizes rotate
@@ -144,12 +146,17 @@ SQL
     check=$(q -d "$db" -c "SELECT s.n = $A_ROWS AND m.sent = s.head AND m.confirmed = s.head
         FROM sync.scope s JOIN sync.member m ON m.scope = s.id WHERE s.match = '*'")
     [ "$check" = t ] || { echo "(a) round $round: the replica is not at head" >&2; exit 1; }
+    q -d "$db" -c CHECKPOINT -c "CALL bench.time_floor('a.floor')"
     collect "$db"
     copy_ms=$(timing a.copy 6 "^$db\$")
     pass_ms=$(timing a.pass 6 "^$db\$")
-    awk -v r="$round" -v n="$A_ROWS" -v c="$copy_ms" -v p="$pass_ms" 'BEGIN {
+    floor_ms=$(for step in notes encode state; do timing "a.floor.$step" 6 "^$db\$"; done | paste -sd' ')
+    awk -v r="$round" -v n="$A_ROWS" -v c="$copy_ms" -v p="$pass_ms" -v f="$floor_ms" 'BEGIN {
+        split(f, s, " ")
         printf "  round %d: copy %9.1f ms %10.0f rows/s   passes %9.1f ms %8.0f rows/s   ratio %.4f\n",
-            r, c, n / c * 1000, p, n / p * 1000, c / p }'
+            r, c, n / c * 1000, p, n / p * 1000, c / p
+        printf "           floor: notes %.1f + encode %.1f + state %.1f ms = %.2f copies\n",
+            s[1], s[2], s[3], (s[1] + s[2] + s[3]) / c }'
 done
 echo "  ($(elapsed))"
 
@@ -284,6 +291,19 @@ awk -v n="$A_ROWS" -v c="$copy_med" -v p="$pass_med" -v r="$ratio_a" -v v="$(ver
     printf "(a) one scope, %d rows:  copy %.0f rows/s (%.1f ms)   passes %.0f rows/s (%.1f ms, %d passes)   ratio %.4f (goal >= 0.33: %s)\n",
         n, n / c * 1000, c, n / p * 1000, p, np, r, v
     printf "    of the pass time: %.1f ms in the passes that took notes (planning + first messages), %.1f ms in outbox-only passes\n", pl, ob }'
+floor_copies() { # step...: per round, the steps' time in copies; the median
+    for db in $(awk '$1 == "timing" && $3 == "a.copy" { print $2 }' "$RESULTS"); do
+        awk -v d="$db" -v steps="$*" '$1 == "timing" && $2 == d {
+            if ($3 == "a.copy") c = $6
+            for (i = split(steps, s, " "); i > 0; i--) if ($3 == "a.floor." s[i]) f += $6 }
+            END { printf "%.6f\n", f / c }' "$RESULTS"
+    done | median
+}
+awk -v no="$(floor_copies notes)" -v en="$(floor_copies encode)" -v st="$(floor_copies state)" \
+    -v all="$(floor_copies notes encode state)" 'BEGIN {
+    printf "    the floor of DESIGN §3/§4, bare set statements over the same rows, in copies: taking the notes %.2f,\n", no
+    printf "    encoding the rows %.2f, writing their state once (its two indexes) %.2f; in all %.2f copies,\n", en, st, all
+    printf "    so no pass of this design can reach a ratio above %.3f (the goal allows 3 copies in all)\n", 1 / all }'
 first=${sizes[0]}
 last=${sizes[${#sizes[@]} - 1]}
 for n in $B_SIZES; do

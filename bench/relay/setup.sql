@@ -81,3 +81,43 @@ BEGIN
     COMMIT;
 END
 $$;
+
+-- The floor DESIGN §3 and §4 set under any pass, each step a bare set statement over the same
+-- rows, timed with its commit: encoding the rows (sync.encode_row over a table scan, no joins),
+-- writing their state once into a table of the row shape DESIGN §3 names (codec, key, scope,
+-- seq, hash, gone, with the key hash `k` that stands for (codec, key) as the key), indexed as a
+-- pass must read it, by key and by (scope, seq), and taking their notes (a plain DELETE of all).
+-- Run after the passes: the state copied is the passes' own, the notes are one UPDATE's.
+CREATE TABLE bench.state (codec int NOT NULL, key jsonb NOT NULL, k bytea NOT NULL,
+                          scope bigint NOT NULL, seq bigint NOT NULL, hash bytea,
+                          gone boolean NOT NULL DEFAULT false, PRIMARY KEY (k, scope));
+CREATE INDEX state_scope_seq ON bench.state (scope, seq);
+
+CREATE PROCEDURE bench.time_floor(label text) LANGUAGE plpgsql AS $$
+DECLARE
+    t0 timestamptz;
+    n bigint;
+BEGIN
+    t0 := clock_timestamp();
+    SELECT count(sync.encode_row(t, '{}')) INTO n FROM bench.items t;
+    INSERT INTO bench.timing (label, n, passes, ms, notes, messages)
+        VALUES (label || '.encode', n, 0, extract(epoch FROM clock_timestamp() - t0) * 1000, 0, 0);
+    COMMIT;
+    t0 := clock_timestamp();
+    INSERT INTO bench.state SELECT codec, key, k, scope, seq, hash, gone FROM sync.row;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    COMMIT;
+    INSERT INTO bench.timing (label, n, passes, ms, notes, messages)
+        VALUES (label || '.state', n, 0, extract(epoch FROM clock_timestamp() - t0) * 1000, 0, 0);
+    COMMIT;
+    UPDATE bench.items SET qty = qty + 1;
+    COMMIT;
+    t0 := clock_timestamp();
+    DELETE FROM sync.note;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    COMMIT;
+    INSERT INTO bench.timing (label, n, passes, ms, notes, messages)
+        VALUES (label || '.notes', n, 0, extract(epoch FROM clock_timestamp() - t0) * 1000, n, 0);
+    COMMIT;
+END
+$$;
