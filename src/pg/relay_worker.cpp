@@ -1,4 +1,4 @@
-// The relay loop (DESIGN §1, §4): the background worker registered for each database named in
+// The relay loop (DESIGN §1, §4): the background worker started for each database named in
 // magic_sync.database, the same loop as CALL sync.relay(), and sync.start_relay(). C-style on
 // purpose: it is PostgreSQL code through and through (transactions, latches, signals), and it
 // holds no C++ object a longjmp could skip.
@@ -6,12 +6,23 @@
 // Each iteration: check that this database can relay (extension installed, magic_sync.role
 // usable), take the relay lock or stand by, run a pass, and on their timers retry what was set
 // aside, prune, report and raise alarms. An error ends the iteration, never the loop.
+//
+// The postmaster starts one launcher, connected to no database, which starts a relay worker for
+// each database of magic_sync.database that exists and starts it again when it stops. A relay
+// worker connecting to a database that does not exist would end FATAL, and a worker the postmaster
+// restarts by itself would say so every few seconds for as long as the database is missing; the
+// launcher says it once and looks again every second.
 #include "pg/relay_worker.hpp"
 
 extern "C" {
 #include "postgres.h"
 
+#include "access/heapam.h"
+#include "access/htup_details.h"
+#include "access/table.h"
+#include "access/tableam.h"
 #include "access/xact.h"
+#include "catalog/pg_database.h"
 #include "catalog/pg_type.h"
 #include "commands/dbcommands.h"
 #include "executor/spi.h"
@@ -34,6 +45,7 @@ extern "C" {
 #include "utils/wait_event.h"
 
 PGDLLEXPORT void magic_sync_relay_main(Datum main_arg);
+PGDLLEXPORT void magic_sync_launcher_main(Datum main_arg);
 }
 
 #include "pg/bridge.hpp"
@@ -284,7 +296,8 @@ void procedure_loop(FunctionCallInfo fcinfo) {
     }
 }
 
-void fill_worker(BackgroundWorker* worker, const char* name) {
+// A relay worker for database `id` (named `name` in its process title).
+void fill_worker(BackgroundWorker* worker, const char* name, Oid id) {
     memset(worker, 0, sizeof *worker);
     worker->bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
     worker->bgw_start_time = BgWorkerStart_RecoveryFinished;
@@ -293,40 +306,157 @@ void fill_worker(BackgroundWorker* worker, const char* name) {
     strlcpy(worker->bgw_function_name, "magic_sync_relay_main", BGW_MAXLEN);
     snprintf(worker->bgw_name, BGW_MAXLEN, "magic_sync relay for %s", name);
     strlcpy(worker->bgw_type, "magic_sync relay", BGW_MAXLEN);
+    worker->bgw_main_arg = ObjectIdGetDatum(id);
+}
+
+// The names of magic_sync.database; ERROR when it is not a list of names.
+List* database_names() {
+    List* names = nullptr;
+    if (!SplitIdentifierString(pstrdup(settings::database), ',', &names))
+        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                        errmsg("magic_sync.database is not a list of database names: \"%s\"",
+                               settings::database)));
+    return names;
+}
+
+// A database of magic_sync.database, as the launcher watches it.
+struct Relayed {
+    const char* name;
+    BackgroundWorkerHandle* worker;  // null: none started, or the last one stopped
+    TimestampTz stopped_at;          // when the last one was seen stopped
+    bool said_missing;
+    bool said_no_slot;
+};
+
+// The database named `name` that takes connections, or InvalidOid; `refuses` when it exists but
+// does not. A heap scan of pg_database: with no database selected, only the shared catalogs
+// themselves can be read, not their indexes through the relation cache.
+Oid connectable_database(const char* name, bool* refuses) {
+    Oid id = InvalidOid;
+    *refuses = false;
+    StartTransactionCommand();
+    Relation databases = table_open(DatabaseRelationId, AccessShareLock);
+    TableScanDesc scan = table_beginscan_catalog(databases, 0, nullptr);
+    HeapTuple tuple = nullptr;
+    while ((tuple = heap_getnext(scan, ForwardScanDirection)) != nullptr) {
+        auto* form = reinterpret_cast<Form_pg_database>(GETSTRUCT(tuple));
+        if (strcmp(NameStr(form->datname), name) != 0) continue;
+        if (form->datallowconn)
+            id = form->oid;
+        else
+            *refuses = true;
+        break;
+    }
+    table_endscan(scan);
+    table_close(databases, AccessShareLock);
+    CommitTransactionCommand();
+    return id;
+}
+
+// Starts a relay worker for `db` if its database exists; says once why it cannot.
+void start_relay_for(Relayed* db) {
+    bool refuses = false;
+    Oid id = connectable_database(db->name, &refuses);
+    if (!OidIsValid(id)) {
+        if (!db->said_missing)
+            ereport(LOG,
+                    (errmsg("magic_sync: magic_sync.database names database \"%s\", which "
+                            "%s; its relay starts once it %s (looking every second)",
+                            db->name, refuses ? "does not allow connections" : "does not exist",
+                            refuses ? "does" : "is created"),
+                     errhint(refuses ? "ALTER DATABASE ... WITH ALLOW_CONNECTIONS true, or "
+                                       "remove it from magic_sync.database and restart the "
+                                       "server."
+                                     : "Create the database, or remove it from "
+                                       "magic_sync.database and restart the server.")));
+        db->said_missing = true;
+        return;
+    }
+    db->said_missing = false;
+    BackgroundWorker worker;
+    fill_worker(&worker, db->name, id);
+    // The launcher starts it again when it stops, after looking that the database still exists.
+    worker.bgw_restart_time = BGW_NEVER_RESTART;
+    worker.bgw_notify_pid = MyProcPid;
+    if (!RegisterDynamicBackgroundWorker(&worker, &db->worker)) {
+        if (!db->said_no_slot)
+            ereport(LOG, (errmsg("magic_sync: no background worker slot is free for the relay of "
+                                 "database \"%s\"; trying again every second",
+                                 db->name),
+                          errhint("Raise max_worker_processes.")));
+        db->said_no_slot = true;
+        db->worker = nullptr;
+        return;
+    }
+    db->said_no_slot = false;
+}
+
+[[noreturn]] void launcher_loop() {
+    List* names = database_names();
+    Relayed* databases = static_cast<Relayed*>(palloc0(sizeof(Relayed) * list_length(names)));
+    int count = 0;
+    ListCell* cell = nullptr;
+    foreach (cell, names) databases[count++].name = static_cast<const char*>(lfirst(cell));
+    for (;;) {
+        CHECK_FOR_INTERRUPTS();
+        if (ConfigReloadPending) {
+            ConfigReloadPending = false;
+            ProcessConfigFile(PGC_SIGHUP);
+        }
+        TimestampTz now = GetCurrentTimestamp();
+        for (int i = 0; i < count; ++i) {
+            Relayed* db = &databases[i];
+            pid_t pid = 0;
+            if (db->worker != nullptr && GetBackgroundWorkerPid(db->worker, &pid) == BGWH_STOPPED) {
+                pfree(db->worker);
+                db->worker = nullptr;
+                db->stopped_at = now;
+            }
+            if (db->worker == nullptr &&
+                TimestampDifferenceExceeds(db->stopped_at, now, kRestartSeconds * 1000))
+                start_relay_for(db);
+        }
+        (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, 1000,
+                        PG_WAIT_EXTENSION);
+        ResetLatch(MyLatch);
+    }
 }
 
 }  // namespace
 
 void register_relay_workers() {
     if (settings::database == nullptr || settings::database[0] == '\0') return;
-    char* list = pstrdup(settings::database);
-    List* names = nullptr;
-    if (!SplitIdentifierString(list, ',', &names))
-        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                        errmsg("magic_sync.database is not a list of database names: \"%s\"",
-                               settings::database)));
-    ListCell* cell = nullptr;
-    foreach (cell, names) {
-        const char* name = static_cast<const char*>(lfirst(cell));
-        BackgroundWorker worker;
-        fill_worker(&worker, name);
-        strlcpy(worker.bgw_extra, name, BGW_EXTRALEN);
-        RegisterBackgroundWorker(&worker);
-    }
+    database_names();  // an ERROR here stops the server with the reason
+    BackgroundWorker launcher;
+    memset(&launcher, 0, sizeof launcher);
+    launcher.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
+    launcher.bgw_start_time = BgWorkerStart_RecoveryFinished;
+    launcher.bgw_restart_time = kRestartSeconds;
+    strlcpy(launcher.bgw_library_name, "magic_sync", BGW_MAXLEN);
+    strlcpy(launcher.bgw_function_name, "magic_sync_launcher_main", BGW_MAXLEN);
+    strlcpy(launcher.bgw_name, "magic_sync launcher", BGW_MAXLEN);
+    strlcpy(launcher.bgw_type, "magic_sync launcher", BGW_MAXLEN);
+    RegisterBackgroundWorker(&launcher);
 }
 
 }  // namespace magic_sync::pg
 
-// A worker started by the postmaster names its database in bgw_extra; one started by
-// sync.start_relay() passes the database's oid.
+// Connected to no database: it reads pg_database, which is shared, and starts relay workers.
+void magic_sync_launcher_main(Datum) {
+    pqsignal(SIGHUP, SignalHandlerForConfigReload);
+    pqsignal(SIGTERM, die);
+    BackgroundWorkerUnblockSignals();
+    BackgroundWorkerInitializeConnection(nullptr, nullptr, 0);
+    pgstat_report_appname("magic_sync launcher");
+    magic_sync::pg::launcher_loop();
+}
+
+// Started by the launcher or by sync.start_relay(), with the oid of its database.
 void magic_sync_relay_main(Datum main_arg) {
     pqsignal(SIGHUP, SignalHandlerForConfigReload);
     pqsignal(SIGTERM, die);
     BackgroundWorkerUnblockSignals();
-    if (MyBgworkerEntry->bgw_extra[0] != '\0')
-        BackgroundWorkerInitializeConnection(MyBgworkerEntry->bgw_extra, nullptr, 0);
-    else
-        BackgroundWorkerInitializeConnectionByOid(DatumGetObjectId(main_arg), InvalidOid, 0);
+    BackgroundWorkerInitializeConnectionByOid(DatumGetObjectId(main_arg), InvalidOid, 0);
     pgstat_report_appname("magic_sync relay");
     magic_sync::pg::worker_loop();
 }
@@ -340,8 +470,7 @@ MAGIC_SYNC_FUNCTION(magic_sync_relay) {
 MAGIC_SYNC_FUNCTION(magic_sync_start_relay) {
     return magic_sync::pg::guard([&] {
         BackgroundWorker worker;
-        magic_sync::pg::fill_worker(&worker, get_database_name(MyDatabaseId));
-        worker.bgw_main_arg = ObjectIdGetDatum(MyDatabaseId);
+        magic_sync::pg::fill_worker(&worker, get_database_name(MyDatabaseId), MyDatabaseId);
         worker.bgw_notify_pid = MyProcPid;
         BackgroundWorkerHandle* handle = nullptr;
         if (!RegisterDynamicBackgroundWorker(&worker, &handle))

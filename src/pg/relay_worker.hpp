@@ -3,8 +3,8 @@
 
 namespace magic_sync::pg {
 
-// One worker per database named in magic_sync.database. Called from _PG_init while
-// shared_preload_libraries is processed.
+// The launcher, which starts a relay worker for each database named in magic_sync.database.
+// Called from _PG_init while shared_preload_libraries is processed.
 void register_relay_workers();
 
 }  // namespace magic_sync::pg

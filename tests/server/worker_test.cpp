@@ -109,6 +109,41 @@ TEST(Worker, WaitsForTheExtensionWithoutCrashLooping) {
     EXPECT_TRUE(eventually([&] { return deliveries(db) == "1:1"; })) << cluster.log();
 }
 
+// A database named in magic_sync.database that does not exist yet, or is dropped: said once, not
+// a FATAL every few seconds, and relayed as soon as it exists.
+TEST(Worker, WaitsForItsDatabaseWithoutCrashLooping) {
+    Cluster cluster({"magic_sync.database = 'shop'", "magic_sync.idle = 100"});
+    const std::string missing =
+        "magic_sync.database names database \"shop\", which does not exist; its relay starts "
+        "once it is created (looking every second)";
+    ASSERT_TRUE(eventually([&] { return count_in_log(cluster, missing) == 1; })) << cluster.log();
+    std::this_thread::sleep_for(6s);
+    EXPECT_EQ(count_in_log(cluster, missing), 1) << cluster.log();
+    EXPECT_EQ(count_in_log(cluster, "FATAL"), 0) << cluster.log();
+    EXPECT_EQ(cluster.sql("postgres",
+                          "SELECT count(*) FROM pg_stat_activity"
+                          " WHERE backend_type = 'magic_sync launcher' AND datname IS NULL"),
+              "1");
+
+    cluster.create_database("shop");
+    cluster.sql("shop", kShop);
+    Connection db(cluster.conninfo("shop"));
+    db.query("INSERT INTO products VALUES (1, 'tea')");
+    ASSERT_TRUE(eventually([&] { return deliveries(db) == "1:1"; })) << cluster.log();
+    EXPECT_EQ(db.value("SELECT count(*) FROM pg_stat_activity"
+                       " WHERE backend_type = 'magic_sync relay' AND datname = 'shop'"),
+              "1");
+
+    cluster.sql("postgres", "DROP DATABASE shop WITH (FORCE)");
+    ASSERT_TRUE(eventually([&] { return count_in_log(cluster, missing) == 2; })) << cluster.log();
+    std::this_thread::sleep_for(3s);
+    EXPECT_EQ(count_in_log(cluster, missing), 2) << cluster.log();
+    // The relay ended once, terminated by the drop; nothing tried to connect to it since.
+    EXPECT_EQ(count_in_log(cluster, "background worker \"magic_sync relay\" (PID"), 1)
+        << cluster.log();
+    EXPECT_EQ(count_in_log(cluster, "FATAL:  database"), 0) << cluster.log();
+}
+
 TEST(Worker, WaitsForItsRoleAndTheTemporaryPrivilege) {
     Shop shop({"magic_sync.role = 'relay'", "magic_sync.idle = 100"});
     ASSERT_TRUE(eventually([&] {
