@@ -375,7 +375,7 @@ void start_relay_for(Relayed* db) {
     db->said_missing = false;
     BackgroundWorker worker;
     fill_worker(&worker, db->name, id);
-    // The launcher starts it again when it stops, after looking that the database still exists.
+    // Not restarted by the postmaster: the launcher starts it again once the database is there.
     worker.bgw_restart_time = BGW_NEVER_RESTART;
     worker.bgw_notify_pid = MyProcPid;
     if (!RegisterDynamicBackgroundWorker(&worker, &db->worker)) {
