@@ -413,8 +413,21 @@ void start_relay_for(Relayed* db) {
                 db->stopped_at = now;
             }
             if (db->worker == nullptr &&
-                TimestampDifferenceExceeds(db->stopped_at, now, kRestartSeconds * 1000))
-                start_relay_for(db);
+                TimestampDifferenceExceeds(db->stopped_at, now, kRestartSeconds * 1000)) {
+                // An error is reported and tried again in a second: the launcher ending would
+                // leave the workers it started running unwatched, and its successor would start
+                // another for each database.
+                PG_TRY();
+                { start_relay_for(db); }
+                PG_CATCH();
+                {
+                    MemoryContextSwitchTo(TopMemoryContext);
+                    EmitErrorReport();
+                    FlushErrorState();
+                    AbortCurrentTransaction();
+                }
+                PG_END_TRY();
+            }
         }
         (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, 1000,
                         PG_WAIT_EXTENSION);
