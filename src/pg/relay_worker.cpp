@@ -36,6 +36,7 @@ extern "C" {
 #include "storage/latch.h"
 #include "storage/proc.h"
 #include "tcop/tcopprot.h"
+#include "utils/backend_status.h"
 #include "utils/builtins.h"
 #include "utils/guc.h"
 #include "utils/memutils.h"
@@ -328,12 +329,26 @@ struct Relayed {
     bool said_no_slot;
 };
 
-// The database named `name` that takes connections, or InvalidOid; `refuses` when it exists but
-// does not. A heap scan of pg_database: with no database selected, only the shared catalogs
-// themselves can be read, not their indexes through the relation cache.
-Oid connectable_database(const char* name, bool* refuses) {
-    Oid id = InvalidOid;
-    *refuses = false;
+// Is a relay worker running in database `id`, one this launcher did not start: started by
+// sync.start_relay(), or by a launcher before this one (which ended and left it running)?
+bool relay_running_in(Oid id) {
+    pgstat_clear_backend_activity_snapshot();
+    for (int i = 1; i <= pgstat_fetch_stat_numbackends(); ++i) {
+        const PgBackendStatus& backend = pgstat_fetch_stat_local_beentry(i)->backendStatus;
+        if (backend.st_backendType != B_BG_WORKER || backend.st_databaseid != id) continue;
+        const char* type = GetBackgroundWorkerTypeByPid(backend.st_procpid);
+        if (type != nullptr && strcmp(type, "magic_sync relay") == 0) return true;
+    }
+    return false;
+}
+
+// What the launcher finds of a database it is to relay, when it has no worker there.
+enum class Found { kMissing, kRefusesConnections, kRelayed, kUnrelayed };
+
+// A heap scan of pg_database: with no database selected, only the shared catalogs themselves
+// can be read, not their indexes through the relation cache.
+Found find_database(const char* name, Oid* id) {
+    Found found = Found::kMissing;
     StartTransactionCommand();
     Relation databases = table_open(DatabaseRelationId, AccessShareLock);
     TableScanDesc scan = table_beginscan_catalog(databases, 0, nullptr);
@@ -341,23 +356,25 @@ Oid connectable_database(const char* name, bool* refuses) {
     while ((tuple = heap_getnext(scan, ForwardScanDirection)) != nullptr) {
         auto* form = reinterpret_cast<Form_pg_database>(GETSTRUCT(tuple));
         if (strcmp(NameStr(form->datname), name) != 0) continue;
-        if (form->datallowconn)
-            id = form->oid;
-        else
-            *refuses = true;
+        *id = form->oid;
+        found = !form->datallowconn     ? Found::kRefusesConnections
+                : relay_running_in(*id) ? Found::kRelayed
+                                        : Found::kUnrelayed;
         break;
     }
     table_endscan(scan);
     table_close(databases, AccessShareLock);
     CommitTransactionCommand();
-    return id;
+    return found;
 }
 
-// Starts a relay worker for `db` if its database exists; says once why it cannot.
+// Starts a relay worker for `db` if its database exists and none runs there; says once why it
+// cannot.
 void start_relay_for(Relayed* db) {
-    bool refuses = false;
-    Oid id = connectable_database(db->name, &refuses);
-    if (!OidIsValid(id)) {
+    Oid id = InvalidOid;
+    Found found = find_database(db->name, &id);
+    if (found == Found::kMissing || found == Found::kRefusesConnections) {
+        bool refuses = found == Found::kRefusesConnections;
         if (!db->said_missing)
             ereport(LOG,
                     (errmsg("magic_sync: magic_sync.database names database \"%s\", which "
@@ -373,6 +390,8 @@ void start_relay_for(Relayed* db) {
         return;
     }
     db->said_missing = false;
+    // Looked at again every second: once that worker ends, this launcher starts its own.
+    if (found == Found::kRelayed) return;
     BackgroundWorker worker;
     fill_worker(&worker, db->name, id);
     // Not restarted by the postmaster: the launcher starts it again once the database is there.

@@ -144,6 +144,40 @@ TEST(Worker, WaitsForItsDatabaseWithoutCrashLooping) {
     EXPECT_EQ(count_in_log(cluster, "FATAL:  database"), 0) << cluster.log();
 }
 
+// A launcher that ends and starts again finds the relay worker its predecessor left running and
+// starts none beside it, then starts its own once that one ends.
+TEST(Worker, ALauncherStartedAgainLeavesOneRelay) {
+    Shop shop({"magic_sync.idle = 100"});
+    Connection db(shop.cluster.conninfo("shop"));
+    ASSERT_TRUE(eventually([&] { return !shop.holder().empty(); })) << shop.cluster.log();
+    const std::string left = shop.holder();
+    const char* const launcher =
+        "SELECT pid FROM pg_stat_activity WHERE backend_type = 'magic_sync launcher'";
+    const char* const relays =
+        "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'magic_sync relay'";
+    std::string first = db.value(launcher);
+    db.query("SELECT pg_terminate_backend($1::int, 10000)", {first});
+    ASSERT_TRUE(eventually([&] {
+        std::string now = db.value(launcher);
+        return !now.empty() && now != first;
+    })) << shop.cluster.log();
+    std::this_thread::sleep_for(3s);
+    EXPECT_EQ(db.value(relays), "1") << shop.cluster.log();
+    EXPECT_EQ(shop.holder(), left);
+    db.query("INSERT INTO products VALUES (1, 'tea')");
+    EXPECT_TRUE(eventually([&] { return deliveries(db) == "1:1"; })) << shop.cluster.log();
+
+    db.query("SELECT pg_terminate_backend($1::int, 10000)", {left});
+    ASSERT_TRUE(eventually([&] {
+        std::string holder = shop.holder();
+        return !holder.empty() && holder != left;
+    })) << "the launcher did not start a relay of its own\n"
+        << shop.cluster.log();
+    EXPECT_EQ(db.value(relays), "1");
+    db.query("INSERT INTO products VALUES (2, 'coffee')");
+    EXPECT_TRUE(eventually([&] { return deliveries(db) == "1:1,2:1"; })) << deliveries(db);
+}
+
 TEST(Worker, WaitsForItsRoleAndTheTemporaryPrivilege) {
     Shop shop({"magic_sync.role = 'relay'", "magic_sync.idle = 100"});
     ASSERT_TRUE(eventually([&] {
