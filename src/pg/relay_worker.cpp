@@ -433,9 +433,8 @@ void start_relay_for(Relayed* db) {
             }
             if (db->worker == nullptr &&
                 TimestampDifferenceExceeds(db->stopped_at, now, kRestartSeconds * 1000)) {
-                // An error is reported and tried again in a second: the launcher ending would
-                // leave the workers it started running unwatched, and its successor would start
-                // another for each database.
+                // An error is reported and tried again in a second: the launcher goes on
+                // watching the workers it started.
                 PG_TRY();
                 { start_relay_for(db); }
                 PG_CATCH();
