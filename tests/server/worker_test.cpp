@@ -351,8 +351,9 @@ TEST(Worker, RetriesWhatWasSetAsideAndReportsIt) {
                "magic_sync.report_every = '1s'"});
     Connection db(shop.cluster.conninfo("shop"));
     db.query("INSERT INTO products VALUES (1, repeat('x', 1000))");
-    ASSERT_TRUE(eventually(
-        [&] { return db.value("SELECT count(*) FROM sync.set_aside WHERE kind = 'row'") == "1"; }));
+    ASSERT_TRUE(eventually([&] {
+        return db.value("SELECT count(*) FROM sync.set_aside WHERE kind = 'row'") == "1";
+    })) << shop.cluster.log();
     ASSERT_TRUE(eventually([&] {
         return count_in_log(
                    shop.cluster,
