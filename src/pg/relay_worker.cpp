@@ -297,16 +297,25 @@ void procedure_loop(FunctionCallInfo fcinfo) {
     }
 }
 
-// A relay worker for database `id` (named `name` in its process title).
-void fill_worker(BackgroundWorker* worker, const char* name, Oid id) {
+// The background worker type of relay workers, as pg_stat_activity shows it.
+constexpr const char* kRelayType = "magic_sync relay";
+
+// A magic_sync background worker of `type` running `function`, restarted by the postmaster.
+void fill_background_worker(BackgroundWorker* worker, const char* function, const char* type) {
     memset(worker, 0, sizeof *worker);
     worker->bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
     worker->bgw_start_time = BgWorkerStart_RecoveryFinished;
     worker->bgw_restart_time = kRestartSeconds;
     strlcpy(worker->bgw_library_name, "magic_sync", BGW_MAXLEN);
-    strlcpy(worker->bgw_function_name, "magic_sync_relay_main", BGW_MAXLEN);
-    snprintf(worker->bgw_name, BGW_MAXLEN, "magic_sync relay for %s", name);
-    strlcpy(worker->bgw_type, "magic_sync relay", BGW_MAXLEN);
+    strlcpy(worker->bgw_function_name, function, BGW_MAXLEN);
+    strlcpy(worker->bgw_name, type, BGW_MAXLEN);
+    strlcpy(worker->bgw_type, type, BGW_MAXLEN);
+}
+
+// A relay worker for database `id` (named `name` in its process title).
+void fill_worker(BackgroundWorker* worker, const char* name, Oid id) {
+    fill_background_worker(worker, "magic_sync_relay_main", kRelayType);
+    snprintf(worker->bgw_name, BGW_MAXLEN, "%s for %s", kRelayType, name);
     worker->bgw_main_arg = ObjectIdGetDatum(id);
 }
 
@@ -337,7 +346,7 @@ bool relay_running_in(Oid id) {
         const PgBackendStatus& backend = pgstat_fetch_stat_local_beentry(i)->backendStatus;
         if (backend.st_backendType != B_BG_WORKER || backend.st_databaseid != id) continue;
         const char* type = GetBackgroundWorkerTypeByPid(backend.st_procpid);
-        if (type != nullptr && strcmp(type, "magic_sync relay") == 0) return true;
+        if (type != nullptr && strcmp(type, kRelayType) == 0) return true;
     }
     return false;
 }
@@ -459,14 +468,7 @@ void register_relay_workers() {
     if (settings::database == nullptr || settings::database[0] == '\0') return;
     database_names();  // an ERROR here stops the server with the reason
     BackgroundWorker launcher;
-    memset(&launcher, 0, sizeof launcher);
-    launcher.bgw_flags = BGWORKER_SHMEM_ACCESS | BGWORKER_BACKEND_DATABASE_CONNECTION;
-    launcher.bgw_start_time = BgWorkerStart_RecoveryFinished;
-    launcher.bgw_restart_time = kRestartSeconds;
-    strlcpy(launcher.bgw_library_name, "magic_sync", BGW_MAXLEN);
-    strlcpy(launcher.bgw_function_name, "magic_sync_launcher_main", BGW_MAXLEN);
-    strlcpy(launcher.bgw_name, "magic_sync launcher", BGW_MAXLEN);
-    strlcpy(launcher.bgw_type, "magic_sync launcher", BGW_MAXLEN);
+    fill_background_worker(&launcher, "magic_sync_launcher_main", "magic_sync launcher");
     RegisterBackgroundWorker(&launcher);
 }
 
