@@ -210,6 +210,36 @@ SELECT count(*) AS confirmations_left FROM sync.confirmation;
 SELECT deliver_all();
 SELECT messages FROM sync.pass();
 
+-- Keys of every kind the pass reads rows back by: each key field cast to its column's type (text,
+-- a timestamp, an enum, a number, a key of several columns), or through jsonb_populate_record
+-- where no cast would do (an array, a domain). Inserted, then changed and deleted.
+CREATE TYPE shop.size AS ENUM ('small', 'large');
+CREATE DOMAIN shop.code AS text CHECK (VALUE <> '');
+CREATE TABLE shop.keyed (name text, at timestamptz, size shop.size, weight numeric, note text,
+                         PRIMARY KEY (name, at, size, weight));
+CREATE TABLE shop.tagged (tags int[] PRIMARY KEY, note text);
+CREATE TABLE shop.coded (code shop.code PRIMARY KEY, note text);
+SELECT sync.catalog('shop.keyed'), sync.catalog('shop.tagged'), sync.catalog('shop.coded');
+INSERT INTO shop.keyed VALUES ('say "hi"', '2026-12-01 10:00:00.5+00', 'large', 1.50, 'k1'),
+    ('é', '2026-12-01 10:00:00+00', 'small', 2, 'k2');
+INSERT INTO shop.tagged VALUES ('{1,2}', 't1'), ('{3}', 't2');
+INSERT INTO shop.coded VALUES ('x"y', 'c1'), ('z', 'c2');
+SELECT notes, rows_changed, set_aside FROM sync.pass();
+SELECT regexp_split_to_table(rows, '; ') AS row FROM messages
+WHERE register = 'a1' AND rows ~ 'shop.(keyed|tagged|coded)';
+SELECT deliver_all();
+UPDATE shop.keyed SET note = note || '!' WHERE size = 'large';
+DELETE FROM shop.keyed WHERE size = 'small';
+UPDATE shop.tagged SET note = note || '!' WHERE tags = '{1,2}';
+DELETE FROM shop.tagged WHERE tags = '{3}';
+UPDATE shop.coded SET note = note || '!' WHERE code = 'x"y';
+DELETE FROM shop.coded WHERE code = 'z';
+SELECT notes, rows_changed, set_aside FROM sync.pass();
+SELECT regexp_split_to_table(rows, '; ') AS row FROM messages
+WHERE register = 'a1' AND rows ~ 'shop.(keyed|tagged|coded)';
+SELECT deliver_all();
+SELECT messages FROM sync.pass();
+
 -- What an operator sees.
 SELECT g.label, s.live, s.gen, s.outbox, s.last_error, s.set_aside
 FROM sync.status s JOIN shop.registers g ON g.id = s.replica ORDER BY g.label;

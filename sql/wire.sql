@@ -91,3 +91,15 @@ SELECT id, sync.encode_row(o, '{}') AS written, sync.canonical(to_jsonb(o)) AS t
 FROM other o ORDER BY id;
 SELECT id, sync.encode_row(i, '{tags}') = sync.canonical(to_jsonb(i) - 'tags') AS same FROM item i
 ORDER BY id;
+
+-- A row's version hash and its fingerprint element, as the pass computes them: the SHA-256 of
+-- the canonical text's UTF-8 bytes, and of k ‖ v; both as PostgreSQL's sha256 gives them.
+SELECT id, sync.row_hash(sync.encode_row(w, '{}')) = sha256(convert_to(sync.encode_row(w, '{}'), 'UTF8'))
+       AS same_row_hash,
+       sync.fp_element(sync.key_hash('wide', jsonb_build_object('id', id)),
+                       sync.row_hash(sync.encode_row(w, '{}')))
+       = sha256(sync.key_hash('wide', jsonb_build_object('id', id))
+                || sha256(convert_to(sync.encode_row(w, '{}'), 'UTF8'))) AS same_element
+FROM wide w WHERE id < 6 ORDER BY id;
+SELECT encode(sync.row_hash('{"id":1,"name":"snow ☃"}'), 'hex');
+SELECT sync.fp_element('\x00'::bytea, sha256('x'));

@@ -89,11 +89,14 @@ void analyze_if_large(Spi& spi, const char* table, int64_t rows) {
     if (rows > kLarge) spi.execute(std::string("ANALYZE pg_temp.") + table);
 }
 
-// 1. Take up to notes_per_pass notes, de-duplicated.
+// 1. Take up to notes_per_pass notes, de-duplicated. The oldest visible notes, found as a range
+// of seq ending at the last one taken, so the delete reads them by index and not the whole
+// backlog.
 int64_t take_notes(Spi& spi) {
     return count_of(
-        spi.scalar("WITH taken AS (DELETE FROM sync.note WHERE seq IN"
-                   " (SELECT seq FROM sync.note ORDER BY seq LIMIT $1::int) RETURNING codec, key),"
+        spi.scalar("WITH taken AS (DELETE FROM sync.note WHERE seq <= coalesce((SELECT seq"
+                   " FROM sync.note ORDER BY seq OFFSET $1::int - 1 LIMIT 1), 9223372036854775807)"
+                   " RETURNING codec, key),"
                    " kept AS (INSERT INTO pg_temp.magic_sync_note (codec, key)"
                    " SELECT DISTINCT codec, key FROM taken)"
                    " SELECT count(*) FROM taken",
@@ -285,6 +288,9 @@ struct Codec {
     std::string table_name;
     std::string to;  // empty: nobody
     std::vector<std::string> keys;
+    // The type of each key column, when a key's jsonb field casts straight to it (a scalar whose
+    // text form to_jsonb writes); empty when not.
+    std::vector<std::string> key_casts;
     std::vector<std::string> hidden;  // columns that do not travel
 };
 
@@ -292,7 +298,7 @@ std::vector<std::string> text_array(Spi& spi, const Value& array) {
     std::vector<std::string> result;
     if (!array) return result;
     for (const auto& row : spi.query("SELECT unnest($1::text[])", {*array}))
-        result.push_back(row[0].value());
+        result.push_back(row[0].value_or(""));
     return result;
 }
 
@@ -303,6 +309,12 @@ std::vector<Codec> noted_codecs(Spi& spi) {
         " (SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_attribute a"
         "  WHERE a.attrelid = c.relation AND a.attnum > 0 AND NOT a.attisdropped"
         "  AND c.columns IS NOT NULL AND a.attname <> ALL (c.columns))"
+        " , (SELECT array_agg(CASE WHEN y.typtype IN ('b', 'e') AND (y.typcategory IN"
+        "   ('B', 'D', 'E', 'I', 'N', 'S', 'T', 'V') OR y.oid = 'uuid'::regtype)"
+        "   THEN format_type(a.atttypid, NULL) ELSE '' END ORDER BY k.position)"
+        "  FROM unnest(c.key_columns) WITH ORDINALITY k(name, position)"
+        "  JOIN pg_attribute a ON a.attrelid = c.relation AND a.attname = k.name"
+        "  JOIN pg_type y ON y.oid = a.atttypid)"
         " FROM sync.codec c WHERE c.id IN (SELECT codec FROM pg_temp.magic_sync_note)"
         " AND EXISTS (SELECT FROM pg_class WHERE oid = c.relation) ORDER BY c.id");
     for (const auto& row : rows) {
@@ -313,6 +325,7 @@ std::vector<Codec> noted_codecs(Spi& spi) {
         codec.to = row[3].value_or("");
         codec.keys = text_array(spi, row[4]);
         codec.hidden = text_array(spi, row[5]);
+        codec.key_casts = text_array(spi, row[6]);
         codecs.push_back(std::move(codec));
     }
     return codecs;
@@ -340,28 +353,42 @@ Audience audience_of(const Codec& codec) {
             "t." + pg::quote_identifier(trim(codec.to.substr(0, equals))) + "::text", ""};
 }
 
-std::string encode_statement(const Codec& codec, const ReplicaSet& replicas,
-                             const std::string& only_key) {
-    Audience audience = audience_of(codec);
+// The noted keys of a codec joined to its table's rows: by each key field cast to its column's
+// type where every key column allows it, else through jsonb_populate_record (four times dearer).
+std::string noted_rows(const Codec& codec, const std::string& only_key) {
+    bool casts = codec.key_casts.size() == codec.keys.size();
+    for (const std::string& type : codec.key_casts) casts = casts && !type.empty();
     std::string join;
     for (size_t i = 0; i < codec.keys.size(); ++i) {
         std::string column = pg::quote_identifier(codec.keys[i]);
-        join += (i ? " AND t." : "t.") + column + " = kp." + column;
+        join += (i ? " AND t." : "t.") + column + " = " +
+                (casts ? "(n.key->>" + pg::quote_literal(codec.keys[i]) + ")::" + codec.key_casts[i]
+                       : "kp." + column);
     }
+    return "(SELECT DISTINCT key FROM pg_temp.magic_sync_note WHERE codec = $1::int" + only_key +
+           ") n" +
+           (casts ? ""
+                  : " CROSS JOIN LATERAL jsonb_populate_record(NULL::" + codec.relation +
+                        ", n.key) kp") +
+           " LEFT JOIN " + codec.relation + " t ON " + join;
+}
+
+// The body is worked out in a subquery kept apart (OFFSET 0): pulled up into the select list, it
+// was encoded twice, once for the body and once for its hash.
+std::string encode_statement(const Codec& codec, const ReplicaSet& replicas,
+                             const std::string& only_key) {
+    Audience audience = audience_of(codec);
     std::string present = "t." + pg::quote_identifier(codec.keys.front()) + " IS NOT NULL";
     return "INSERT INTO pg_temp.magic_sync_row (codec, key, k, match, value, part, body, hash)"
            " SELECT $1::int, n.key, sync.key_hash($2, n.key), " +
            pg::quote_literal(audience.match) +
-           ", e.value, e.part, e.body, sha256(convert_to(e.body, 'UTF8'))"
-           " FROM (SELECT DISTINCT key FROM pg_temp.magic_sync_note WHERE codec = $1::int" +
-           only_key + ") n CROSS JOIN LATERAL jsonb_populate_record(NULL::" + codec.relation +
-           ", n.key) kp LEFT JOIN " + codec.relation + " t ON " + join +
+           ", e.value, e.part, e.body, sync.row_hash(e.body) FROM " + noted_rows(codec, only_key) +
            " CROSS JOIN LATERAL (SELECT a.value, a.part, CASE WHEN " + present +
            " AND a.value IS NOT NULL THEN coalesce(sync.encode_row(t, $3::text[]),"
            " sync.canonical(to_jsonb(t) - $3::text[])) END AS body"
            " FROM (SELECT " +
            audience.value + " AS value, " + partition_expression(replicas.partition_column, "t") +
-           " AS part) a) e";
+           " AS part) a OFFSET 0) e";
 }
 
 std::string text_array_literal(Spi& spi, const std::vector<std::string>& items) {
@@ -498,9 +525,9 @@ int64_t record_changes(Spi& spi) {
         " echo_of = excluded.echo_of, echo_prev = excluded.echo_prev");
     spi.execute(
         "WITH d AS ("
-        " SELECT old_scope AS scope, sha256(k || old_hash) AS e, -1 AS sign, tomb_seq AS seq"
-        " FROM pg_temp.magic_sync_change WHERE old_scope IS NOT NULL"
-        " UNION ALL SELECT new_scope, sha256(k || new_hash), 1, new_seq"
+        " SELECT old_scope AS scope, sync.fp_element(k, old_hash) AS e, -1 AS sign,"
+        " tomb_seq AS seq FROM pg_temp.magic_sync_change WHERE old_scope IS NOT NULL"
+        " UNION ALL SELECT new_scope, sync.fp_element(k, new_hash), 1, new_seq"
         " FROM pg_temp.magic_sync_change WHERE new_scope IS NOT NULL),"
         " per_scope AS (SELECT scope,"
         " coalesce(sync.fp_sum(e) FILTER (WHERE sign = 1), sync.fp_zero()) AS plus,"

@@ -74,6 +74,19 @@ MAGIC_SYNC_FUNCTION(magic_sync_key_hash) {
     return magic_sync::pg::bytea_datum(protocol::bytes_of(k));
 }
 
+// sync.row_hash(body text) → bytea: v = SHA-256 of the row's canonical JSON, whose bytes are
+// UTF-8 (the encoder refuses anything else).
+MAGIC_SYNC_FUNCTION(magic_sync_row_hash) {
+    auto v = protocol::row_hash(magic_sync::pg::text_arg(fcinfo, 0));
+    return magic_sync::pg::bytea_datum(protocol::bytes_of(v));
+}
+
+// sync.fp_element(k bytea, v bytea) → bytea: a row version's fingerprint element SHA-256(k ‖ v).
+MAGIC_SYNC_FUNCTION(magic_sync_fp_element) {
+    auto element = protocol::element(digest_arg(fcinfo, 0), digest_arg(fcinfo, 1));
+    return magic_sync::pg::bytea_datum(protocol::bytes_of(element));
+}
+
 // sync.row_size(table text, key text, body text) → int: the bytes the row adds to a chunk
 // (key and body canonical; body NULL: the row is gone; no table or key: NULL).
 MAGIC_SYNC_FUNCTION(magic_sync_row_size) {

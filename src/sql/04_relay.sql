@@ -15,6 +15,12 @@ AS 'MODULE_PATHNAME', 'magic_sync_encode_row' LANGUAGE C STABLE STRICT PARALLEL 
 CREATE FUNCTION sync.key_hash("table" text, key jsonb) RETURNS bytea
 AS 'MODULE_PATHNAME', 'magic_sync_key_hash' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
+CREATE FUNCTION sync.row_hash(body text) RETURNS bytea
+AS 'MODULE_PATHNAME', 'magic_sync_row_hash' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION sync.fp_element(k bytea, v bytea) RETURNS bytea
+AS 'MODULE_PATHNAME', 'magic_sync_fp_element' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
 CREATE FUNCTION sync.row_size("table" text, key text, body text) RETURNS int
 AS 'MODULE_PATHNAME', 'magic_sync_row_size' LANGUAGE C IMMUTABLE PARALLEL SAFE;
 
