@@ -568,49 +568,46 @@ void apply_confirmations(Spi& spi) {
 
 // Chunks for every distinct (scope, cursor) that replicas need and that is not built yet: the
 // rows after the cursor in seq order, cut at the row and byte limits. A row too big for any
-// message is withheld and set aside.
+// message is withheld and set aside. The rows are picked into magic_sync_pick, which the round
+// emptied.
 void build_chunks(Spi& spi) {
-    clear_temp_tables(spi, {"magic_sync_pick"});
     const std::string rows_limit = std::to_string(settings::rows_per_message);
     const std::string bytes_limit = std::to_string(settings::bytes_per_message);
+    // Cut as the rows are picked: rows that fit, in order, until the running size passes the
+    // budget; the rows from there on are dropped. A row too big for any message takes no room:
+    // it is withheld. The row's size is worked out where its key is encoded (OFFSET 0: pulled up,
+    // the key was encoded once for the row and again for its size).
     spi.execute(
         "INSERT INTO pg_temp.magic_sync_pick (scope, from_seq, head, scope_name, budget, seq,"
-        " codec, key, table_name, ktext, body, hash, size, last_fetched)"
-        " SELECT w.scope, w.from_seq, w.head, w.scope_name, w.budget, r.seq, r.codec, r.key,"
-        " r.table_name, r.ktext, r.body, r.hash,"
-        " sync.row_size(r.table_name, r.ktext, r.body),"
-        " r.position = $1::int"
-        " FROM (SELECT DISTINCT n.scope, n.sent AS from_seq, n.head, n.scope_name,"
-        "  $2::int - sync.envelope_size('{*}', '{}')"
-        "  - sync.chunk_size(n.scope_name, n.sent, n.head) - 1 AS budget"
-        "  FROM pg_temp.magic_sync_need n WHERE n.chunk IS NULL) w"
-        " LEFT JOIN LATERAL (SELECT x.seq, x.codec, x.key, c.table_name,"
-        "  sync.canonical(x.key) AS ktext, x.body, encode(x.hash, 'hex') AS hash, x.position"
-        "  FROM (SELECT y.seq, y.codec, y.key, y.body, y.hash,"
-        "   row_number() OVER (ORDER BY y.seq) AS position"
-        "   FROM (SELECT seq, codec, key, body, hash FROM sync.row"
-        "    WHERE scope = w.scope AND seq > w.from_seq AND seq <= w.head"
-        "    AND (w.from_seq > 0 OR NOT gone)"
-        "    AND (echo_of IS NULL OR w.from_seq < echo_prev OR EXISTS (SELECT FROM sync.member m"
-        "     WHERE m.scope = w.scope AND m.replica <> sync.row.echo_of))"
-        "    ORDER BY seq LIMIT $1::int) y) x"
-        "  JOIN sync.codec c ON c.id = x.codec) r ON true",
+        " codec, key, table_name, ktext, body, hash, size, fits, dropped, last_fetched)"
+        " SELECT p.scope, p.from_seq, p.head, p.scope_name, p.budget, p.seq, p.codec, p.key,"
+        " p.table_name, p.ktext, p.body, p.hash, p.size, p.fits, CASE WHEN p.seq IS NOT NULL THEN "
+        "sum(CASE WHEN p.fits THEN p.size + 1"
+        "  ELSE 0 END) OVER (PARTITION BY p.scope, p.from_seq ORDER BY p.seq) > p.budget END,"
+        " p.position = $1::int"
+        " FROM (SELECT w.scope, w.from_seq, w.head, w.scope_name, w.budget, r.seq, r.codec,"
+        "  r.key, r.table_name, r.ktext, r.body, r.hash, r.size, r.size + 1 <= w.budget AS fits,"
+        "  r.position"
+        "  FROM (SELECT DISTINCT n.scope, n.sent AS from_seq, n.head, n.scope_name,"
+        "   $2::int - sync.envelope_size('{*}', '{}')"
+        "   - sync.chunk_size(n.scope_name, n.sent, n.head) - 1 AS budget"
+        "   FROM pg_temp.magic_sync_need n WHERE n.chunk IS NULL) w"
+        "  LEFT JOIN LATERAL (SELECT k.*, sync.row_size(k.table_name, k.ktext, k.body) AS size"
+        "   FROM (SELECT x.seq, x.codec, x.key, c.table_name, sync.canonical(x.key) AS ktext,"
+        "    x.body, encode(x.hash, 'hex') AS hash, x.position"
+        "    FROM (SELECT y.seq, y.codec, y.key, y.body, y.hash,"
+        "     row_number() OVER (ORDER BY y.seq) AS position"
+        "     FROM (SELECT seq, codec, key, body, hash FROM sync.row"
+        "      WHERE scope = w.scope AND seq > w.from_seq AND seq <= w.head"
+        "      AND (w.from_seq > 0 OR NOT gone)"
+        "      AND (echo_of IS NULL OR w.from_seq < echo_prev OR EXISTS (SELECT FROM sync.member m"
+        "       WHERE m.scope = w.scope AND m.replica <> sync.row.echo_of))"
+        "      ORDER BY seq LIMIT $1::int) y) x"
+        "    JOIN sync.codec c ON c.id = x.codec OFFSET 0) k) r ON true) p",
         {rows_limit, bytes_limit});
-    // Cut: rows that fit, in order, until the running size passes the budget. A row too big for
-    // any message takes no room: it is withheld.
-    spi.execute(
-        "UPDATE pg_temp.magic_sync_pick SET fits = size + 1 <= budget, dropped = false"
-        " WHERE seq IS NOT NULL");
-    spi.execute(
-        "WITH running AS (SELECT scope, from_seq, seq, fits, budget,"
-        " sum(CASE WHEN fits THEN size + 1 ELSE 0 END)"
-        "  OVER (PARTITION BY scope, from_seq ORDER BY seq) AS total"
-        " FROM pg_temp.magic_sync_pick WHERE seq IS NOT NULL),"
-        " overflow AS (SELECT scope, from_seq, min(seq) AS seq FROM running"
-        "  WHERE fits AND total > budget GROUP BY scope, from_seq)"
-        " UPDATE pg_temp.magic_sync_pick p SET dropped = true FROM overflow o"
-        " WHERE p.scope = o.scope AND p.from_seq = o.from_seq AND p.seq >= o.seq");
-    // A chunk covers the scope up to its head, or up to its last row when it was cut short.
+    // A chunk covers the scope up to its head, or up to its last row when it was cut short. Its
+    // rows are aggregated in one order, unsorted, and put in seq order by sync.encode_chunk: five
+    // aggregates each sorting its own input cost more than the encoding.
     spi.execute(
         "INSERT INTO sync.chunk (scope, from_seq, to_seq, built_head, rows, bytes, body, withheld)"
         " SELECT g.scope, g.from_seq, t.to_seq, g.head, g.rows,"
@@ -620,10 +617,11 @@ void build_chunks(Spi& spi) {
         "  bool_or(dropped) OR bool_or(last_fetched) AS cut_short,"
         "  max(seq) FILTER (WHERE NOT dropped) AS last_seq,"
         "  count(*) FILTER (WHERE fits AND NOT dropped) AS rows,"
-        "  array_agg(table_name ORDER BY seq) FILTER (WHERE fits AND NOT dropped) AS tables,"
-        "  array_agg(ktext ORDER BY seq) FILTER (WHERE fits AND NOT dropped) AS keys,"
-        "  array_agg(body ORDER BY seq) FILTER (WHERE fits AND NOT dropped) AS bodies,"
-        "  array_agg(hash ORDER BY seq) FILTER (WHERE fits AND NOT dropped) AS hashes,"
+        "  array_agg(seq) FILTER (WHERE fits AND NOT dropped) AS seqs,"
+        "  array_agg(table_name) FILTER (WHERE fits AND NOT dropped) AS tables,"
+        "  array_agg(ktext) FILTER (WHERE fits AND NOT dropped) AS keys,"
+        "  array_agg(body) FILTER (WHERE fits AND NOT dropped) AS bodies,"
+        "  array_agg(hash) FILTER (WHERE fits AND NOT dropped) AS hashes,"
         "  jsonb_agg(jsonb_build_object('t', table_name, 'k', key, 'why', 'too big')"
         "   ORDER BY seq) FILTER (WHERE NOT fits AND NOT dropped) AS withheld,"
         "  sum(sync.withheld_size(table_name, ktext, 'too big'))"
@@ -632,7 +630,7 @@ void build_chunks(Spi& spi) {
         " CROSS JOIN LATERAL (SELECT CASE WHEN g.cut_short THEN g.last_seq ELSE g.head END"
         "  AS to_seq) t"
         " CROSS JOIN LATERAL (SELECT sync.encode_chunk(g.scope_name, g.from_seq, t.to_seq,"
-        "  g.tables, g.keys, g.bodies, g.hashes) AS body) b");
+        "  g.seqs, g.tables, g.keys, g.bodies, g.hashes) AS body OFFSET 0) b");
     spi.execute(
         "INSERT INTO sync.set_aside (kind, codec, key, reason)"
         " SELECT 'row', codec, key, format('too big: %s bytes encoded, over the %s bytes a"
@@ -645,7 +643,12 @@ void build_chunks(Spi& spi) {
 // 6. One round of messages: at most one new message for every replica with a cursor behind and
 // room in its window. Returns the number of messages written.
 int64_t write_messages(Spi& spi) {
-    clear_temp_tables(spi, {"magic_sync_need", "magic_sync_picked"});
+    // Emptied by DELETE in one statement: the pass truncated whichever had grown large when it
+    // began, and a round adds at most one message's rows per replica.
+    spi.execute(
+        "WITH need AS (DELETE FROM pg_temp.magic_sync_need),"
+        " picked AS (DELETE FROM pg_temp.magic_sync_picked),"
+        " pick AS (DELETE FROM pg_temp.magic_sync_pick) SELECT");
     spi.execute(
         "INSERT INTO pg_temp.magic_sync_need (replica, scope, sent, head, scope_name)"
         " SELECT m.replica, m.scope, m.sent, s.head,"
@@ -699,12 +702,11 @@ int64_t write_messages(Spi& spi) {
         "  CASE WHEN r.reset_pending THEN '{*}'::text[] ELSE '{}' END, r.pending_drops,"
         "  m.advances FROM message m JOIN sync.replica r ON r.id = m.replica RETURNING replica),"
         " counted AS (UPDATE sync.replica r SET next_seq = r.next_seq + 1, reset_pending = false,"
-        "  pending_drops = '{}' FROM written w WHERE r.id = w.replica)"
+        "  pending_drops = '{}' FROM written w WHERE r.id = w.replica),"
+        " advanced AS (UPDATE sync.member m SET sent = p.chunk_to"
+        "  FROM pg_temp.magic_sync_picked p WHERE m.replica = p.replica AND m.scope = p.scope)"
         " SELECT count(*) FROM written",
         {std::to_string(settings::window)}));
-    spi.execute(
-        "UPDATE sync.member m SET sent = p.chunk_to FROM pg_temp.magic_sync_picked p"
-        " WHERE m.replica = p.replica AND m.scope = p.scope");
     return messages;
 }
 

@@ -1,6 +1,8 @@
 // SQL-callable pieces of the wire, so the relay's set-wise SQL encodes and hashes exactly as the
 // protocol library does on the replica: canonical JSON, key hashes, row sizes, chunk bodies and
 // fingerprint arithmetic.
+#include <algorithm>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -147,23 +149,29 @@ MAGIC_SYNC_FUNCTION(magic_sync_withheld_size) {
         static_cast<int32>(protocol::encode(two).size() - protocol::encode(one).size()));
 }
 
-// sync.encode_chunk(scope, from, to, tables text[], keys text[], bodies text[], hashes text[])
-// → text: one element of a message's "chunks" (keys and bodies canonical, hashes hex, a NULL
-// body a gone row).
+// sync.encode_chunk(scope, from, to, seqs bigint[], tables text[], keys text[], bodies text[],
+// hashes text[]) → text: one element of a message's "chunks", its rows in seq order (the arrays
+// are aligned, in any order, so the caller aggregates them without sorting each one); keys and
+// bodies canonical, hashes hex, a NULL body a gone row.
 MAGIC_SYNC_FUNCTION(magic_sync_encode_chunk) {
     protocol::Chunk chunk;
     chunk.scope = magic_sync::pg::text_arg(fcinfo, 0);
     chunk.from = magic_sync::pg::int64_arg(fcinfo, 1);
     chunk.to = magic_sync::pg::int64_arg(fcinfo, 2);
     if (!magic_sync::pg::arg_is_null(fcinfo, 3)) {
-        auto tables = magic_sync::pg::text_array_arg(fcinfo, 3);
-        auto keys = magic_sync::pg::text_array_arg(fcinfo, 4);
-        auto bodies = magic_sync::pg::text_array_arg(fcinfo, 5);
-        auto hashes = magic_sync::pg::text_array_arg(fcinfo, 6);
-        if (keys.size() != tables.size() || bodies.size() != tables.size() ||
-            hashes.size() != tables.size())
+        auto seqs = magic_sync::pg::int64_array_arg(fcinfo, 3);
+        auto tables = magic_sync::pg::text_array_arg(fcinfo, 4);
+        auto keys = magic_sync::pg::text_array_arg(fcinfo, 5);
+        auto bodies = magic_sync::pg::text_array_arg(fcinfo, 6);
+        auto hashes = magic_sync::pg::text_array_arg(fcinfo, 7);
+        if (tables.size() != seqs.size() || keys.size() != seqs.size() ||
+            bodies.size() != seqs.size() || hashes.size() != seqs.size())
             throw Error("sync.encode_chunk: the arrays differ in length");
-        for (size_t i = 0; i < tables.size(); ++i) {
+        std::vector<size_t> order(seqs.size());
+        std::iota(order.begin(), order.end(), 0);
+        std::sort(order.begin(), order.end(),
+                  [&](size_t a, size_t b) { return seqs[a] < seqs[b]; });
+        for (size_t i : order) {
             protocol::DownRow row{tables[i].value_or(""), keys[i].value_or("{}"), std::nullopt};
             if (bodies[i])
                 row.body = protocol::RowBody{*bodies[i],

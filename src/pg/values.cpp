@@ -61,6 +61,25 @@ std::vector<std::optional<std::string>> text_array_arg(FunctionCallInfo fcinfo, 
     return result;
 }
 
+std::vector<int64_t> int64_array_arg(FunctionCallInfo fcinfo, int n) {
+    Datum* elements = nullptr;
+    bool* nulls = nullptr;
+    int count = 0;
+    guard([&] {
+        ArrayType* array = PG_GETARG_ARRAYTYPE_P(n);
+        deconstruct_array(array, INT8OID, sizeof(int64), FLOAT8PASSBYVAL, TYPALIGN_DOUBLE,
+                          &elements, &nulls, &count);
+    });
+    std::vector<int64_t> result;
+    result.reserve(count);
+    for (int i = 0; i < count; ++i) {
+        if (nulls[i])
+            throw Error("a bigint[] argument holds a NULL", ERRCODE_NULL_VALUE_NOT_ALLOWED);
+        result.push_back(DatumGetInt64(elements[i]));
+    }
+    return result;
+}
+
 Datum text_datum(std::string_view value) {
     return guard([&] {
         return PointerGetDatum(

@@ -25,6 +25,9 @@ std::string uuid_arg(FunctionCallInfo fcinfo, int n);
 // A text[] argument; NULL elements are nullopt.
 std::vector<std::optional<std::string>> text_array_arg(FunctionCallInfo fcinfo, int n);
 
+// A bigint[] argument; a NULL element is an error.
+std::vector<int64_t> int64_array_arg(FunctionCallInfo fcinfo, int n);
+
 // A text datum holding `value`, in the current memory context.
 Datum text_datum(std::string_view value);
 // Parses `json` (ERROR if it is not JSON) into a jsonb.

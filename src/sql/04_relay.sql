@@ -33,8 +33,9 @@ AS 'MODULE_PATHNAME', 'magic_sync_envelope_size' LANGUAGE C IMMUTABLE STRICT PAR
 CREATE FUNCTION sync.withheld_size("table" text, key text, why text) RETURNS int
 AS 'MODULE_PATHNAME', 'magic_sync_withheld_size' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
-CREATE FUNCTION sync.encode_chunk(scope text, from_seq bigint, to_seq bigint, tables text[],
-                                  keys text[], bodies text[], hashes text[]) RETURNS text
+CREATE FUNCTION sync.encode_chunk(scope text, from_seq bigint, to_seq bigint, seqs bigint[],
+                                  tables text[], keys text[], bodies text[], hashes text[])
+RETURNS text
 AS 'MODULE_PATHNAME', 'magic_sync_encode_chunk' LANGUAGE C IMMUTABLE PARALLEL SAFE;
 
 -- Fingerprint arithmetic: 256-bit sums mod 2^256.
