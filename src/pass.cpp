@@ -38,12 +38,13 @@ const char* const kTempTables[] = {
     " value text NOT NULL, part text NOT NULL, scope bigint)",
     "CREATE TEMP TABLE magic_sync_fresh (id uuid NOT NULL)",
     "CREATE TEMP TABLE magic_sync_need (replica uuid NOT NULL, scope bigint NOT NULL,"
-    " sent bigint NOT NULL, head bigint NOT NULL, scope_name text NOT NULL, chunk bigint,"
+    " sent bigint NOT NULL, head bigint NOT NULL, scope_name text NOT NULL, room int NOT NULL,"
+    " chunk bigint,"
     " chunk_to bigint, chunk_rows int, chunk_bytes int)",
-    "CREATE TEMP TABLE magic_sync_pick (scope bigint NOT NULL, from_seq bigint NOT NULL,"
+    "CREATE TEMP TABLE magic_sync_pick (origin bigint NOT NULL, scope bigint NOT NULL, grp int,"
     " head bigint NOT NULL, scope_name text NOT NULL, budget int NOT NULL, seq bigint,"
     " codec int, key jsonb, table_name text, ktext text, body text, hash text, size int,"
-    " fits boolean, dropped boolean, last_fetched boolean)",
+    " fits boolean, dropped boolean, last_fetched boolean, echo boolean)",
     "CREATE TEMP TABLE magic_sync_picked (replica uuid NOT NULL, scope bigint NOT NULL,"
     " chunk bigint NOT NULL, chunk_to bigint NOT NULL)",
 };
@@ -570,53 +571,64 @@ void apply_confirmations(Spi& spi) {
 // rows after the cursor in seq order, cut at the row and byte limits. A row too big for any
 // message is withheld and set aside. The rows are picked into magic_sync_pick, which the round
 // emptied.
-void build_chunks(Spi& spi) {
+//
+// Where the replicas at a cursor have room for more messages, and the pass rounds left for them,
+// the chunks after the first are built too, up to `ahead` in all, each starting where the one
+// before ended, so the next rounds find them built. A chunk of that run must hold exactly the
+// rows that building it from its own start would: it is built only after a cursor past 0 (from 0,
+// tombstones are left out, after it they travel), while no chunk before it was cut short by the
+// byte limit (the next one starts at a row-limit boundary), and where it holds no replica's echo
+// (whether an echo is sent back depends on the cursor) and fits the byte limit whole.
+void build_chunks(Spi& spi, int ahead) {
     const std::string rows_limit = std::to_string(settings::rows_per_message);
     const std::string bytes_limit = std::to_string(settings::bytes_per_message);
-    // Cut as the rows are picked: rows that fit, in order, until the running size passes the
-    // budget; the rows from there on are dropped. A row too big for any message takes no room:
-    // it is withheld. The row's size is worked out where its key is encoded (OFFSET 0: pulled up,
-    // the key was encoded once for the row and again for its size).
+    // Picked in runs of rows_per_message rows (grp); the first run is cut as its rows are picked:
+    // rows that fit, in order, until the running size passes the budget; the rows from there on
+    // are dropped. A row too big for any message takes no room: it is withheld. The row's size
+    // is worked out where its key is encoded (OFFSET 0: pulled up, the key was encoded once for
+    // the row and again for its size).
     spi.execute(
-        "INSERT INTO pg_temp.magic_sync_pick (scope, from_seq, head, scope_name, budget, seq,"
-        " codec, key, table_name, ktext, body, hash, size, fits, dropped, last_fetched)"
-        " SELECT p.scope, p.from_seq, p.head, p.scope_name, p.budget, p.seq, p.codec, p.key,"
-        " p.table_name, p.ktext, p.body, p.hash, p.size, p.fits, CASE WHEN p.seq IS NOT NULL THEN "
-        "sum(CASE WHEN p.fits THEN p.size + 1"
-        "  ELSE 0 END) OVER (PARTITION BY p.scope, p.from_seq ORDER BY p.seq) > p.budget END,"
-        " p.position = $1::int"
-        " FROM (SELECT w.scope, w.from_seq, w.head, w.scope_name, w.budget, r.seq, r.codec,"
-        "  r.key, r.table_name, r.ktext, r.body, r.hash, r.size, r.size + 1 <= w.budget AS fits,"
-        "  r.position"
-        "  FROM (SELECT DISTINCT n.scope, n.sent AS from_seq, n.head, n.scope_name,"
+        "INSERT INTO pg_temp.magic_sync_pick (origin, scope, grp, head, scope_name, budget, seq,"
+        " codec, key, table_name, ktext, body, hash, size, fits, dropped, last_fetched, echo)"
+        " SELECT p.origin, p.scope, p.grp, p.head, p.scope_name, p.budget, p.seq, p.codec, p.key,"
+        " p.table_name, p.ktext, p.body, p.hash, p.size, p.fits, CASE WHEN p.grp = 0 THEN"
+        "  sum(CASE WHEN p.fits THEN p.size + 1 ELSE 0 END)"
+        "  OVER (PARTITION BY p.scope, p.origin ORDER BY p.seq) > p.budget"
+        "  WHEN p.grp > 0 THEN false END,"
+        " p.position % $1::int = 0, p.echo"
+        " FROM (SELECT w.origin, w.scope, (r.position - 1) / $1::int AS grp, w.head, w.scope_name,"
+        "  w.budget, r.seq, r.codec, r.key, r.table_name, r.ktext, r.body, r.hash, r.size,"
+        "  r.size + 1 <= w.budget AS fits, r.position, r.echo"
+        "  FROM (SELECT n.scope, n.sent AS origin, n.head, n.scope_name,"
         "   $2::int - sync.envelope_size('{*}', '{}')"
-        "   - sync.chunk_size(n.scope_name, n.sent, n.head) - 1 AS budget"
-        "   FROM pg_temp.magic_sync_need n WHERE n.chunk IS NULL) w"
+        "   - sync.chunk_size(n.scope_name, n.sent, n.head) - 1 AS budget,"
+        "   CASE WHEN n.sent > 0 THEN least(max(n.room), $3::int) ELSE 1 END AS chunks"
+        "   FROM pg_temp.magic_sync_need n WHERE n.chunk IS NULL"
+        "   GROUP BY n.scope, n.sent, n.head, n.scope_name) w"
         "  LEFT JOIN LATERAL (SELECT k.*, sync.row_size(k.table_name, k.ktext, k.body) AS size"
         "   FROM (SELECT x.seq, x.codec, x.key, c.table_name, sync.canonical(x.key) AS ktext,"
-        "    x.body, encode(x.hash, 'hex') AS hash, x.position"
-        "    FROM (SELECT y.seq, y.codec, y.key, y.body, y.hash,"
-        "     row_number() OVER (ORDER BY y.seq) AS position"
-        "     FROM (SELECT seq, codec, key, body, hash FROM sync.row"
-        "      WHERE scope = w.scope AND seq > w.from_seq AND seq <= w.head"
-        "      AND (w.from_seq > 0 OR NOT gone)"
-        "      AND (echo_of IS NULL OR w.from_seq < echo_prev OR EXISTS (SELECT FROM sync.member m"
+        "    x.body, encode(x.hash, 'hex') AS hash, x.position, x.echo"
+        "    FROM (SELECT y.*, row_number() OVER (ORDER BY y.seq) AS position"
+        "     FROM (SELECT seq, codec, key, body, hash, echo_of IS NOT NULL AS echo FROM sync.row"
+        "      WHERE scope = w.scope AND seq > w.origin AND seq <= w.head"
+        "      AND (w.origin > 0 OR NOT gone)"
+        "      AND (echo_of IS NULL OR w.origin < echo_prev OR EXISTS (SELECT FROM sync.member m"
         "       WHERE m.scope = w.scope AND m.replica <> sync.row.echo_of))"
-        "      ORDER BY seq LIMIT $1::int) y) x"
+        "      ORDER BY seq LIMIT $1::int * w.chunks) y) x"
         "    JOIN sync.codec c ON c.id = x.codec OFFSET 0) k) r ON true) p",
-        {rows_limit, bytes_limit});
+        {rows_limit, bytes_limit, std::to_string(ahead)});
     // A chunk covers the scope up to its head, or up to its last row when it was cut short. Its
     // rows are aggregated in one order, unsorted, and put in seq order by sync.encode_chunk: five
-    // aggregates each sorting its own input cost more than the encoding.
+    // aggregates each sorting its own input cost more than the encoding. The rows withheld from
+    // the chunks built are set aside.
     spi.execute(
-        "INSERT INTO sync.chunk (scope, from_seq, to_seq, built_head, rows, bytes, body, withheld)"
-        " SELECT g.scope, g.from_seq, t.to_seq, g.head, g.rows,"
-        " octet_length(b.body) + coalesce(g.withheld_bytes, 0), b.body,"
-        " coalesce(g.withheld, '[]')"
-        " FROM (SELECT scope, from_seq, max(head) AS head, max(scope_name) AS scope_name,"
+        "WITH runs AS (SELECT origin, scope, coalesce(grp, 0) AS grp, max(head) AS head,"
+        "  max(scope_name) AS scope_name, coalesce(bool_or(dropped), false) AS cut_by_bytes,"
         "  bool_or(dropped) OR bool_or(last_fetched) AS cut_short,"
         "  max(seq) FILTER (WHERE NOT dropped) AS last_seq,"
         "  count(*) FILTER (WHERE fits AND NOT dropped) AS rows,"
+        "  coalesce(sum(size + 1) FILTER (WHERE fits AND NOT dropped), 0) AS row_bytes,"
+        "  coalesce(bool_or(echo), false) AS echoes,"
         "  array_agg(seq) FILTER (WHERE fits AND NOT dropped) AS seqs,"
         "  array_agg(table_name) FILTER (WHERE fits AND NOT dropped) AS tables,"
         "  array_agg(ktext) FILTER (WHERE fits AND NOT dropped) AS keys,"
@@ -626,37 +638,54 @@ void build_chunks(Spi& spi) {
         "   ORDER BY seq) FILTER (WHERE NOT fits AND NOT dropped) AS withheld,"
         "  sum(sync.withheld_size(table_name, ktext, 'too big'))"
         "   FILTER (WHERE NOT fits AND NOT dropped) AS withheld_bytes"
-        "  FROM pg_temp.magic_sync_pick GROUP BY scope, from_seq) g"
-        " CROSS JOIN LATERAL (SELECT CASE WHEN g.cut_short THEN g.last_seq ELSE g.head END"
-        "  AS to_seq) t"
-        " CROSS JOIN LATERAL (SELECT sync.encode_chunk(g.scope_name, g.from_seq, t.to_seq,"
-        "  g.seqs, g.tables, g.keys, g.bodies, g.hashes) AS body OFFSET 0) b");
-    spi.execute(
-        "INSERT INTO sync.set_aside (kind, codec, key, reason)"
-        " SELECT 'row', codec, key, format('too big: %s bytes encoded, over the %s bytes a"
-        " message may hold (magic_sync.bytes_per_message)', size, budget)"
-        " FROM pg_temp.magic_sync_pick WHERE NOT fits AND NOT dropped"
+        "  FROM pg_temp.magic_sync_pick GROUP BY origin, scope, coalesce(grp, 0)),"
+        " started AS (SELECT r.*, CASE WHEN r.grp = 0 THEN r.origin ELSE"
+        "  lag(r.last_seq) OVER (PARTITION BY r.origin, r.scope ORDER BY r.grp) END AS from_seq"
+        "  FROM runs r),"
+        " linked AS (SELECT s.*, bool_and(CASE WHEN s.grp = 0 THEN NOT s.cut_by_bytes"
+        "   ELSE NOT s.echoes AND s.row_bytes <= $1::int - sync.envelope_size('{*}', '{}')"
+        "    - sync.chunk_size(s.scope_name, s.from_seq, s.head) - 1 END)"
+        "  OVER (PARTITION BY s.origin, s.scope ORDER BY s.grp) AS chained FROM started s),"
+        " built AS (INSERT INTO sync.chunk (scope, from_seq, to_seq, built_head, rows, bytes, body,"
+        "  withheld)"
+        "  SELECT l.scope, l.from_seq, t.to_seq, l.head, l.rows,"
+        "  octet_length(b.body) + coalesce(l.withheld_bytes, 0), b.body, coalesce(l.withheld, '[]')"
+        "  FROM linked l"
+        "  CROSS JOIN LATERAL (SELECT CASE WHEN l.cut_short THEN l.last_seq ELSE l.head END"
+        "   AS to_seq) t"
+        "  CROSS JOIN LATERAL (SELECT sync.encode_chunk(l.scope_name, l.from_seq, t.to_seq,"
+        "   l.seqs, l.tables, l.keys, l.bodies, l.hashes) AS body OFFSET 0) b"
+        "  WHERE l.grp = 0 OR l.chained RETURNING scope, from_seq, to_seq)"
+        " INSERT INTO sync.set_aside (kind, codec, key, reason)"
+        " SELECT DISTINCT ON (p.codec, p.key) 'row', p.codec, p.key, format('too big: %s bytes"
+        " encoded, over the %s bytes a message may hold (magic_sync.bytes_per_message)', p.size,"
+        " p.budget)"
+        " FROM pg_temp.magic_sync_pick p JOIN built b ON b.scope = p.scope AND p.seq > b.from_seq"
+        "  AND p.seq <= b.to_seq"
+        " WHERE NOT p.fits AND NOT p.dropped ORDER BY p.codec, p.key, p.budget"
         " ON CONFLICT (kind, codec, key) WHERE kind IN ('note', 'row') DO UPDATE"
-        " SET tries = sync.set_aside.tries + 1, last_try_at = now(), reason = excluded.reason");
+        " SET tries = sync.set_aside.tries + 1, last_try_at = now(), reason = excluded.reason",
+        {bytes_limit});
 }
 
 // 6. One round of messages: at most one new message for every replica with a cursor behind and
-// room in its window. Returns the number of messages written.
-int64_t write_messages(Spi& spi) {
+// room in its window. `rounds_left` counts this one. Returns the number of messages written.
+int64_t write_messages(Spi& spi, int rounds_left) {
     // Emptied by DELETE in one statement: the pass truncated whichever had grown large when it
-    // began, and a round adds at most one message's rows per replica.
+    // began, and a round adds at most the rows of the chunks the pass's rounds send.
     spi.execute(
         "WITH need AS (DELETE FROM pg_temp.magic_sync_need),"
         " picked AS (DELETE FROM pg_temp.magic_sync_picked),"
         " pick AS (DELETE FROM pg_temp.magic_sync_pick) SELECT");
     spi.execute(
-        "INSERT INTO pg_temp.magic_sync_need (replica, scope, sent, head, scope_name)"
+        "INSERT INTO pg_temp.magic_sync_need (replica, scope, sent, head, scope_name, room)"
         " SELECT m.replica, m.scope, m.sent, s.head,"
-        " sync.scope_name(s.match, s.value, s.partition)"
+        " sync.scope_name(s.match, s.value, s.partition), $1::int - u.unsent"
         " FROM sync.member m JOIN sync.scope s ON s.id = m.scope"
         " JOIN sync.replica r ON r.id = m.replica AND r.live"
-        " WHERE m.sent < s.head AND (SELECT count(*) FROM sync.outbox o"
-        "  WHERE o.replica = m.replica AND o.sent_at IS NULL) < $1::int",
+        " CROSS JOIN LATERAL (SELECT count(*) AS unsent FROM sync.outbox o"
+        "  WHERE o.replica = m.replica AND o.sent_at IS NULL) u"
+        " WHERE m.sent < s.head AND u.unsent < $1::int",
         {std::to_string(settings::window)});
     auto attach_chunks = [&] {
         spi.execute(
@@ -672,7 +701,7 @@ int64_t write_messages(Spi& spi) {
     attach_chunks();
     if (spi.scalar("SELECT EXISTS (SELECT FROM pg_temp.magic_sync_need WHERE chunk IS NULL)") ==
         "t") {
-        build_chunks(spi);
+        build_chunks(spi, rounds_left);
         attach_chunks();
     }
     // Pack each replica's next chunks into one message, within the row and byte limits.
@@ -745,7 +774,7 @@ PassCounts run_pass(Spi& spi) {
     counts.messages += move_answers(spi);
     counts.messages += plan_repairs(spi);
     for (int round = 0; round < settings::window; ++round) {
-        int64_t written = write_messages(spi);
+        int64_t written = write_messages(spi, settings::window - round);
         counts.messages += written;
         if (written == 0) break;
     }
