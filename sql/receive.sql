@@ -118,6 +118,19 @@ SELECT counted FROM shop.drawers WHERE register_id = '00000000-0000-0000-0000-00
 SELECT * FROM answers;
 SELECT forget();
 
+-- A both row with a NOT NULL column the replica may not write and the server gives no default
+-- (register_id): a change of what the replica may write keeps it; a new row without it cannot
+-- exist and is kept back with the reason.
+CREATE TABLE shop.tabs (id int PRIMARY KEY, register_id uuid NOT NULL, note text);
+SELECT sync.both('shop.tabs', "to" => 'register_id', replica_columns => ARRAY['note']);
+INSERT INTO shop.tabs VALUES (1, '00000000-0000-0000-0000-0000000000a1', 'open');
+SELECT sync.receive('00000000-0000-0000-0000-0000000000a1', up('10000000-0000-0000-0000-000000000041', $$[
+  {"t":"shop.tabs","r":{"id":1,"note":"paid"}},
+  {"t":"shop.tabs","r":{"id":2,"note":"new"}}]$$));
+SELECT id, register_id, note FROM shop.tabs ORDER BY id;
+SELECT * FROM answers;
+SELECT forget();
+
 -- The same upload received three times is filed once and answered three times, the same way.
 SELECT sync.receive('00000000-0000-0000-0000-0000000000a2', up('10000000-0000-0000-0000-000000000005', $$[
   {"t":"shop.lines","r":{"sale_id":"5a1e0000-0000-0000-0000-000000000005","n":1,"qty":1}},

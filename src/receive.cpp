@@ -59,6 +59,7 @@ struct Column {
     bool key = false;
     bool may_file = false;  // taken from an upload: record's columns, both's replica_columns
     bool stamp = false;
+    bool keeps_stored = false;  // NOT NULL, no default, not written by the replica (both)
 };
 
 struct Codec {
@@ -80,7 +81,8 @@ std::map<std::string, Codec> load_codecs(Spi& spi, const std::vector<protocol::U
             list += (list.empty() ? "" : ",") + json_string(row.table);
     std::map<std::string, Codec> codecs;
     auto found = spi.query(
-        "SELECT table_name, relation, kind, column_name, is_key, may_file, is_stamp"
+        "SELECT table_name, relation, kind, column_name, is_key, may_file, is_stamp,"
+        " keeps_stored"
         " FROM sync.receive_codecs(ARRAY(SELECT jsonb_array_elements_text($1::jsonb)))",
         {"[" + list + "]"});
     if (found.empty()) return codecs;
@@ -105,6 +107,7 @@ std::map<std::string, Codec> load_codecs(Spi& spi, const std::vector<protocol::U
         column.key = row[4] == "t";
         column.may_file = row[5] == "t";
         column.stamp = row[6] == "t";
+        column.keeps_stored = row[7] == "t";
         if (column.stamp) {
             std::string value(member(known_members, column.json_name).value_or("null"));
             codec.stamps += (codec.stamps.empty() ? "{" : ",") + column.json_name + ":" + value;
@@ -125,12 +128,16 @@ std::map<std::string, Codec> load_codecs(Spi& spi, const std::vector<protocol::U
 }
 
 // What a row's statement writes: on insert the key, the stamps and the columns the codec takes
-// that the row has; on conflict (both) those columns alone.
+// that the row has; on conflict (both) those columns alone. A both row that changes columns also
+// carries, into the insert it starts as, the stored value of every column it cannot be without
+// and may not write (`stored`): PostgreSQL checks NOT NULL before it finds the conflict, so
+// without it no such row could be changed; a new row still fails there, as it must.
 struct Shape {
     std::vector<const Column*> insert;
+    std::vector<const Column*> stored;
     std::vector<const Column*> update;
     bool operator==(const Shape& other) const {
-        return insert == other.insert && update == other.update;
+        return insert == other.insert && stored == other.stored && update == other.update;
     }
 };
 
@@ -142,6 +149,9 @@ Shape shape_of(const Codec& codec, const std::vector<Member>& members) {
         if (codec.kind == "both" && present && !column.key && !column.stamp)
             shape.update.push_back(&column);
     }
+    if (!shape.update.empty())
+        for (const Column& column : codec.columns)
+            if (column.keeps_stored) shape.stored.push_back(&column);
     return shape;
 }
 
@@ -156,8 +166,18 @@ std::string insert_statement(const Codec& codec, const Shape& shape) {
             (values.empty() ? "" : ", ") + std::string(column->stamp ? "s." : "p.") + column->name;
         stamped = stamped || column->stamp;
     }
-    for (const Column& column : codec.columns)
-        if (column.key) keys += (keys.empty() ? "" : ", ") + column.name;
+    std::string stored_join;
+    for (const Column* column : shape.stored) {
+        columns += ", " + column->name;
+        values += ", o." + column->name;
+    }
+    for (const Column& column : codec.columns) {
+        if (!column.key) continue;
+        keys += (keys.empty() ? "" : ", ") + column.name;
+        stored_join +=
+            (stored_join.empty() ? " LEFT JOIN " + codec.relation + " o ON o." : " AND o.") +
+            column.name + " = p." + column.name;
+    }
     for (const Column* column : shape.update)
         sets += (sets.empty() ? "" : ", ") + column->name + " = excluded." + column->name;
     return "INSERT INTO " + codec.relation + " (" + columns + ") SELECT " + values +
@@ -166,8 +186,8 @@ std::string insert_statement(const Codec& codec, const Shape& shape) {
            (stamped
                 ? " CROSS JOIN jsonb_populate_record(NULL::" + codec.relation + ", $2::jsonb) AS s"
                 : "") +
-           " ORDER BY p.ordinality ON CONFLICT (" + keys + ") " +
-           (sets.empty() ? "DO NOTHING" : "DO UPDATE SET " + sets);
+           (shape.stored.empty() ? "" : stored_join) + " ORDER BY p.ordinality ON CONFLICT (" +
+           keys + ") " + (sets.empty() ? "DO NOTHING" : "DO UPDATE SET " + sets);
 }
 
 // A row not filed: named in the answer (t, k, why) and set aside whole with the reason.
