@@ -299,7 +299,7 @@ std::vector<std::string> text_array(Spi& spi, const Value& array) {
     std::vector<std::string> result;
     if (!array) return result;
     for (const auto& row : spi.query("SELECT unnest($1::text[])", {*array}))
-        result.push_back(row[0].value_or(""));
+        result.push_back(row[0].value());
     return result;
 }
 

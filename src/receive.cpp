@@ -59,7 +59,7 @@ struct Column {
     bool key = false;
     bool may_file = false;  // taken from an upload: record's columns, both's replica_columns
     bool stamp = false;
-    bool keeps_stored = false;  // NOT NULL, no default, not written by the replica (both)
+    bool required = false;  // NOT NULL, with no default
 };
 
 struct Codec {
@@ -82,7 +82,7 @@ std::map<std::string, Codec> load_codecs(Spi& spi, const std::vector<protocol::U
     std::map<std::string, Codec> codecs;
     auto found = spi.query(
         "SELECT table_name, relation, kind, column_name, is_key, may_file, is_stamp,"
-        " keeps_stored"
+        " is_required"
         " FROM sync.receive_codecs(ARRAY(SELECT jsonb_array_elements_text($1::jsonb)))",
         {"[" + list + "]"});
     if (found.empty()) return codecs;
@@ -107,7 +107,7 @@ std::map<std::string, Codec> load_codecs(Spi& spi, const std::vector<protocol::U
         column.key = row[4] == "t";
         column.may_file = row[5] == "t";
         column.stamp = row[6] == "t";
-        column.keeps_stored = row[7] == "t";
+        column.required = row[7] == "t";
         if (column.stamp) {
             std::string value(member(known_members, column.json_name).value_or("null"));
             codec.stamps += (codec.stamps.empty() ? "{" : ",") + column.json_name + ":" + value;
@@ -151,7 +151,8 @@ Shape shape_of(const Codec& codec, const std::vector<Member>& members) {
     }
     if (!shape.update.empty())
         for (const Column& column : codec.columns)
-            if (column.keeps_stored) shape.stored.push_back(&column);
+            if (column.required && !column.key && !column.stamp && !column.may_file)
+                shape.stored.push_back(&column);
     return shape;
 }
 
@@ -166,17 +167,18 @@ std::string insert_statement(const Codec& codec, const Shape& shape) {
             (values.empty() ? "" : ", ") + std::string(column->stamp ? "s." : "p.") + column->name;
         stamped = stamped || column->stamp;
     }
-    std::string stored_join;
     for (const Column* column : shape.stored) {
         columns += ", " + column->name;
         values += ", o." + column->name;
     }
+    std::string stored_join;
     for (const Column& column : codec.columns) {
         if (!column.key) continue;
         keys += (keys.empty() ? "" : ", ") + column.name;
-        stored_join +=
-            (stored_join.empty() ? " LEFT JOIN " + codec.relation + " o ON o." : " AND o.") +
-            column.name + " = p." + column.name;
+        if (!shape.stored.empty())
+            stored_join +=
+                (stored_join.empty() ? " LEFT JOIN " + codec.relation + " o ON o." : " AND o.") +
+                column.name + " = p." + column.name;
     }
     for (const Column* column : shape.update)
         sets += (sets.empty() ? "" : ", ") + column->name + " = excluded." + column->name;
@@ -186,8 +188,8 @@ std::string insert_statement(const Codec& codec, const Shape& shape) {
            (stamped
                 ? " CROSS JOIN jsonb_populate_record(NULL::" + codec.relation + ", $2::jsonb) AS s"
                 : "") +
-           (shape.stored.empty() ? "" : stored_join) + " ORDER BY p.ordinality ON CONFLICT (" +
-           keys + ") " + (sets.empty() ? "DO NOTHING" : "DO UPDATE SET " + sets);
+           stored_join + " ORDER BY p.ordinality ON CONFLICT (" + keys + ") " +
+           (sets.empty() ? "DO NOTHING" : "DO UPDATE SET " + sets);
 }
 
 // A row not filed: named in the answer (t, k, why) and set aside whole with the reason.

@@ -51,7 +51,7 @@ $$;
 -- Generated columns are never written.
 CREATE FUNCTION sync.receive_codecs(tables text[])
 RETURNS TABLE (table_name text, relation text, kind text, column_name text, is_key boolean,
-               may_file boolean, is_stamp boolean, keeps_stored boolean)
+               may_file boolean, is_stamp boolean, is_required boolean)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -63,11 +63,8 @@ BEGIN
                        WHEN 'both' THEN a.attname = ANY (c.replica_columns)
                        ELSE false END,
            a.attname = ANY (c.stamp),
-           -- A both column the replica may not write that a row cannot be without: a changed
-           -- row keeps the value it has (an insert is checked for NOT NULL before its conflict).
-           c.kind = 'both' AND a.attnotnull AND NOT a.atthasdef AND a.attidentity = ''
-           AND a.attname <> ALL (c.key_columns) AND a.attname <> ALL (coalesce(c.replica_columns, '{}'))
-           AND a.attname <> ALL (coalesce(c.stamp, '{}'))
+           -- A row cannot be without it: NOT NULL, and nothing fills it in.
+           a.attnotnull AND NOT a.atthasdef AND a.attidentity = ''
     FROM sync.codec c
     JOIN pg_class t ON t.oid = c.relation
     JOIN pg_namespace n ON n.oid = t.relnamespace
