@@ -66,6 +66,13 @@ CREATE TABLE IF NOT EXISTS kept (
     why TEXT NOT NULL,
     upload TEXT NOT NULL
 );
+-- What the parts of a later answer to an upload named as still kept, until its last part.
+CREATE TABLE IF NOT EXISTS kept_named (
+    upload TEXT NOT NULL,
+    tbl TEXT NOT NULL,
+    key TEXT NOT NULL,
+    PRIMARY KEY (upload, tbl, key)
+);
 -- Uploads not answered by a `filed` yet; `sent`: the server took it; `body`: the last encoding.
 CREATE TABLE IF NOT EXISTS uploads (
     number INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -242,13 +249,13 @@ class Applier {
         }
     }
 
-    enum class Filing { kAnsweredBefore, kFiledWithoutRows, kFiledRows };
+    enum class Filing { kAnsweredBefore, kFiledWithoutRows, kFiledRows, kFiledLater };
 
     Filing file(const protocol::FiledMessage& filed) {
         Statement known = database_.prepare(
             "SELECT (SELECT count(*) FROM local_writes WHERE upload = ?1) FROM uploads WHERE id = "
             "?1");
-        if (!known.bind(1, filed.upload).step()) return Filing::kAnsweredBefore;
+        if (!known.bind(1, filed.upload).step()) return file_again(filed);
         bool had_rows = known.integer(0) > 0;
         known.run();
         std::map<std::pair<std::string, std::string>, std::string> kept;
@@ -293,6 +300,34 @@ class Applier {
         database_.prepare("DELETE FROM uploads WHERE id = ?1").bind(1, filed.upload).run();
         return had_rows ? Filing::kFiledRows : Filing::kFiledWithoutRows;
     }
+
+    // A later answer to an upload answered before names what is still kept of it: the server
+    // filed the rest on a retry. Its parts are gathered; with the last, what no part named is no
+    // longer kept. The same answer again (to a resend) changes nothing.
+    Filing file_again(const protocol::FiledMessage& filed) {
+        Statement named = database_.prepare(
+            "INSERT OR IGNORE INTO kept_named (upload, tbl, key) VALUES (?1, ?2, ?3)");
+        Statement why = database_.prepare(
+            "UPDATE kept SET why = ?4 WHERE upload = ?1 AND tbl = ?2 AND key = ?3");
+        for (const protocol::KeyNote& note : filed.kept) {
+            named.bind(1, filed.upload).bind(2, note.table).bind(3, note.key).run();
+            why.bind(1, filed.upload).bind(2, note.table).bind(3, note.key).bind(4, note.why).run();
+        }
+        if (filed.more) return Filing::kAnsweredBefore;
+        const char* const unnamed =
+            " FROM kept WHERE kept.upload = ?1 AND NOT EXISTS (SELECT 1 FROM kept_named n"
+            " WHERE n.upload = kept.upload AND n.tbl = kept.tbl AND n.key = kept.key)";
+        Statement filed_later = database_.prepare(std::string("SELECT tbl, key") + unnamed);
+        filed_later.bind(1, filed.upload);
+        while (filed_later.step())
+            filed_later_.push_back(filed_later.text(0) + " " + filed_later.text(1));
+        database_.prepare(std::string("DELETE") + unnamed).bind(1, filed.upload).run();
+        database_.prepare("DELETE FROM kept_named WHERE upload = ?1").bind(1, filed.upload).run();
+        return filed_later_.empty() ? Filing::kAnsweredBefore : Filing::kFiledLater;
+    }
+
+    // The kept rows a later answer said were filed ("table key").
+    const std::vector<std::string>& filed_later() const { return filed_later_; }
 
     // The upload's writes the server filed become the rows this replica holds: each over the
     // row it was written on, under the version the server gives that body, so the replica does not
@@ -425,6 +460,7 @@ class Applier {
     Statement delete_row_;
     Statement untaken_;
     size_t untaken_count_ = 0;
+    std::vector<std::string> filed_later_;
 };
 
 }  // namespace
@@ -546,10 +582,13 @@ ApplyResult Replica::apply(std::string_view message) {
         }
     } else if (const auto* filed = std::get_if<protocol::FiledMessage>(&decoded)) {
         Applier::Filing filing = applier.file(*filed);
-        wants_acknowledgement = filing == Applier::Filing::kFiledRows;
+        wants_acknowledgement =
+            filing == Applier::Filing::kFiledRows || filing == Applier::Filing::kFiledLater;
         if (filing == Applier::Filing::kAnsweredBefore) {
             add_notice("filed answer for upload " + filed->upload + " that was answered before");
         }
+        for (const std::string& row : applier.filed_later())
+            add_notice("filed by the server after it was kept: " + row);
     } else if (const auto* ranges = std::get_if<protocol::RangesMessage>(&decoded)) {
         applier.request_ranges(*ranges);
     } else {

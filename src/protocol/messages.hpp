@@ -7,7 +7,8 @@
 //           "withheld":[{"t":..,"k":{..},"why":".."},...]?
 //   filed:  "upload":UUID, "kept":[{"t":..,"k":{..},"why":".."},...], "more":true?
 //           (an answer too big for one message comes in parts; every part but the last says
-//           "more", and the upload is filed once the last has come)
+//           "more", and the upload is filed once the last has come; a later answer to the same
+//           upload, after the server filed kept rows of it, names what is still kept of it)
 //   ranges: "scope":.., "ranges":[[LO,HI],...]
 //   repair: "scope":.., "lo":LO, "hi":HI, "rows":[ROW,...]
 //   ROW = {"t":table,"k":{key},"r":{row},"h":"<64 hex v>"}, or {"t":..,"k":{..},"r":null} for a row

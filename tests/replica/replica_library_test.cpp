@@ -429,8 +429,56 @@ TEST_F(ReplicaTest, FiledAnswerKeepsRejectedRowsWithTheirReason) {
     EXPECT_TRUE(replica.rows(kSales).empty());
 
     // The same answer again (the server answered a resend) changes nothing.
-    replica.apply(filed_message(1, 2, upload->id, {{kSales, id_key(2), "duplicate key"}}));
+    replica.apply(filed_message(1, 2, upload->id,
+                                {{kSales, id_key(2), "duplicate key"},
+                                 {"shop.notes", R"({"code":"a"})", "unknown table"}}));
     EXPECT_EQ(replica.kept().size(), 2u);
+}
+
+// The server files a kept row later (its retry) and answers the upload again under its own id,
+// naming what is still kept of it: a row it no longer names was filed, and is not kept any more.
+TEST_F(ReplicaTest, ALaterAnswerToAnUploadSaysWhichOfItsKeptRowsWereFiled) {
+    for (int id = 1; id <= 4; ++id)
+        replica.write(kSales, R"({"id":)" + std::to_string(id) + R"(,"total":5})");
+    std::optional<PreparedUpload> upload = replica.prepare_upload();
+    ASSERT_TRUE(upload);
+    replica.mark_sent(upload->id);
+    replica.apply(filed_message(1, 1, upload->id,
+                                {{kSales, id_key(2), "no such sale"},
+                                 {kSales, id_key(3), "no such sale"},
+                                 {kSales, id_key(4), "negative total"}}));
+    ASSERT_EQ(replica.kept().size(), 3u);
+    auto kept_now = [&] {
+        std::vector<std::string> kept;
+        for (const KeptWrite& write : replica.kept()) kept.push_back(write.key + " " + write.why);
+        return kept;
+    };
+
+    // Row 2 was filed on a retry; row 3 is kept for another reason now.
+    ApplyResult result = replica.apply(filed_message(
+        1, 2, upload->id,
+        {{kSales, id_key(3), "still no such sale"}, {kSales, id_key(4), "negative total"}}));
+    EXPECT_EQ(result.outcome, Outcome::kApplied);
+    EXPECT_EQ(kept_now(), (std::vector<std::string>{id_key(3) + " still no such sale",
+                                                    id_key(4) + " negative total"}));
+    // A notice says so (after its time).
+    const std::string notice = replica.notices().back();
+    const std::string said = "filed by the server after it was kept: " + kSales + " " + id_key(2);
+    EXPECT_EQ(notice.substr(notice.size() - std::min(notice.size(), said.size())), said);
+    // It is applied like any message: the next upload says so.
+    std::optional<PreparedUpload> acknowledgement = replica.prepare_upload();
+    ASSERT_TRUE(acknowledgement);
+    EXPECT_EQ(acknowledgement->upload.applied, 2);
+
+    // An answer in parts: what no part names is filed once the last part has come.
+    replica.apply(filed_message(1, 3, upload->id, {{kSales, id_key(4), "negative total"}}, true));
+    EXPECT_EQ(replica.kept().size(), 2u);
+    replica.apply(filed_message(1, 4, upload->id));
+    EXPECT_EQ(kept_now(), (std::vector<std::string>{id_key(4) + " negative total"}));
+
+    // Everything filed.
+    replica.apply(filed_message(1, 5, upload->id));
+    EXPECT_TRUE(replica.kept().empty());
 }
 
 // An answer in parts: each part settles the writes it names as kept; the upload and its other
@@ -457,8 +505,10 @@ TEST_F(ReplicaTest, FiledAnswerInPartsFilesTheUploadWithItsLastPart) {
     std::sort(kept.begin(), kept.end());
     EXPECT_EQ(kept, (std::vector<std::string>{id_key(2) + " duplicate key",
                                               id_key(3) + " negative total"}));
-    // The last part filed the upload: one more answer for it is an answer seen before.
-    replica.apply(filed_message(1, 3, upload->id));
+    // The last part filed the upload: the same answer again (the server answered a resend)
+    // changes nothing.
+    replica.apply(filed_message(1, 3, upload->id, {{kSales, id_key(2), "duplicate key"}}, true));
+    replica.apply(filed_message(1, 4, upload->id, {{kSales, id_key(3), "negative total"}}));
     EXPECT_EQ(replica.kept().size(), 2u);
 }
 
