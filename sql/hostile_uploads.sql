@@ -239,13 +239,20 @@ WHERE c.upload IS NOT NULL AND NOT EXISTS (
       AND convert_from(sync.message(o.replica, o.seq), 'UTF8')::jsonb->>'upload' = c.upload::text)
 ORDER BY c.n;
 
--- On its retry timer the relay files again what was kept, as the route that sent it: everything
--- is kept again for the same reasons (another register's drawer included), but the message that
--- was over max_upload_bytes, now that the limit is raised, which is filed.
+-- On its retry timer the relay files again what was kept and may be filed now, as the route that
+-- sent it: the message that was over max_upload_bytes, now that the limit is raised, is filed;
+-- the rest waits for a change of what filing depends on. After one (a deploy, here a comment),
+-- everything is tried again and kept again for the same reasons (another register's drawer
+-- included).
 SET magic_sync.max_upload_bytes = '32MB';
 SELECT * FROM sync.retry_set_aside();
-RESET magic_sync.max_upload_bytes;
 SELECT s.tries, s.filed_as, count(*) AS kept FROM sync.set_aside s GROUP BY 1, 2 ORDER BY 1, 2;
+CREATE TEMP TABLE reasons_before AS SELECT id, reason FROM sync.set_aside;
+COMMENT ON SCHEMA shop IS 'deployed again';
+SELECT * FROM sync.retry_set_aside();
+RESET magic_sync.max_upload_bytes;
+SELECT s.tries, s.filed_as, count(*) AS kept, count(*) FILTER (WHERE s.reason <> b.reason) AS new_reasons
+FROM sync.set_aside s JOIN reasons_before b USING (id) GROUP BY 1, 2 ORDER BY 1, 2;
 SELECT short(id) AS id, short(body) AS body FROM shop.notes ORDER BY id;
 SELECT r.label, d.counted FROM shop.drawers d JOIN shop.registers r ON r.id = d.register_id ORDER BY 1;
 

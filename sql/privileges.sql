@@ -185,15 +185,18 @@ REVOKE EXECUTE ON FUNCTION shop.as_register(jsonb) FROM PUBLIC;
 SELECT receive_as_route('') AS filing_not_executable;
 GRANT EXECUTE ON FUNCTION shop.as_register(jsonb) TO PUBLIC;
 
--- A row the route's policy or privileges refused is kept, and the relay's retry (run by a
--- superuser, which bypasses both) files it again as the route's role: refused again. Here a
--- register writes another register's drawer, and a sale the route may not insert.
+-- A row the route's policy or privileges refused is kept until what filing depends on changes;
+-- then the relay's retry (run by a superuser, which bypasses both) files it again as the route's
+-- role: refused again. Here a register writes another register's drawer, and a sale the route
+-- may not insert.
 SET SESSION AUTHORIZATION priv_receiver;
 SELECT sync.receive('00000000-0000-0000-0000-0000000000a1', convert_to('{"v":1,"id":"10000000-0000-0000-0000-000000000003","rows":[
     {"t":"shop.drawers","r":{"register_id":"00000000-0000-0000-0000-0000000000b1","counted":0}},
     {"t":"shop.sales","r":{"id":1,"total":5}}]}', 'UTF8'));
 RESET SESSION AUTHORIZATION;
 SELECT kind, key, reason, tries, filed_as FROM sync.set_aside ORDER BY id;
+SELECT * FROM sync.retry_set_aside();
+COMMENT ON TABLE shop.drawers IS 'one per register';
 SELECT * FROM sync.retry_set_aside();
 SELECT current_user = session_user AS own_role, current_setting('role') AS role;
 SELECT kind, key, reason, tries, filed_as FROM sync.set_aside ORDER BY id;
@@ -206,28 +209,30 @@ SELECT * FROM sync.retry_set_aside();
 SELECT kind, key, reason, tries, filed_as FROM sync.set_aside ORDER BY id;
 SELECT * FROM shop.sales;
 SELECT * FROM shop.drawers;
--- The receiver may call keep_upload, the helper that keeps a message whole, itself: what it keeps
--- that way is filed by the retry as the receiver too, and refused the same.
+-- The receiver may call keep_message, the helper that keeps a message whole, itself: what it
+-- keeps that way is filed by the retry (after a change) as the receiver too, and refused the same.
 SET SESSION AUTHORIZATION priv_receiver;
-SELECT sync.keep_upload('00000000-0000-0000-0000-0000000000a1', convert_to('{"v":1,"id":"10000000-0000-0000-0000-000000000004","rows":[
+SELECT sync.keep_message('00000000-0000-0000-0000-0000000000a1', convert_to('{"v":1,"id":"10000000-0000-0000-0000-000000000004","rows":[
     {"t":"shop.drawers","r":{"register_id":"00000000-0000-0000-0000-0000000000b1","counted":-1}}]}', 'UTF8'), 'kept by hand');
 RESET SESSION AUTHORIZATION;
+COMMENT ON TABLE shop.drawers IS 'one per register, counted';
 SELECT * FROM sync.retry_set_aside();
 SELECT kind, key, reason, tries, filed_as FROM sync.set_aside ORDER BY id;
 SELECT * FROM shop.drawers;
 -- Naming the role to be filed again as gets a caller only a role its login may become anyway.
 SET SESSION AUTHORIZATION priv_receiver;
-SELECT sync.keep_upload('00000000-0000-0000-0000-0000000000a1', convert_to('not an upload', 'UTF8'),
-                        'it named the owner', 'priv_owner');
-SELECT sync.keep_upload('00000000-0000-0000-0000-0000000000a1', convert_to('not an upload', 'UTF8'),
-                        'it named a role that does not exist', 'priv_none');
+SELECT sync.keep_message('00000000-0000-0000-0000-0000000000a1', convert_to('not an upload', 'UTF8'),
+                         'it named the owner', 'priv_owner');
+SELECT sync.keep_message('00000000-0000-0000-0000-0000000000a1', convert_to('not an upload', 'UTF8'),
+                         'it named a role that does not exist', 'priv_none');
 RESET SESSION AUTHORIZATION;
 SELECT reason, filed_as FROM sync.set_aside WHERE reason LIKE 'it named%' ORDER BY id;
 DELETE FROM sync.set_aside WHERE reason LIKE 'it named%';
--- A kept upload whose role is gone is not filed by anyone else: it stays kept.
+-- A kept upload whose role is gone is not filed by anyone else: it stays kept, and says why.
 UPDATE sync.set_aside SET filed_as = 'priv_gone';
+COMMENT ON TABLE shop.drawers IS 'one per register, counted again';
 SELECT * FROM sync.retry_set_aside();
-SELECT kind, key, tries, filed_as FROM sync.set_aside ORDER BY id;
+SELECT kind, key, reason, tries, filed_as FROM sync.set_aside ORDER BY id;
 
 \c regression
 DROP DATABASE privileges_test;

@@ -305,7 +305,8 @@ SELECT p.proname, p.prosecdef AS security_definer,
        has_function_privilege('sync_receiver', p.oid, 'EXECUTE') AS receiver_can,
        has_function_privilege('public', p.oid, 'EXECUTE') AS public_can
 FROM pg_proc p WHERE p.pronamespace = 'sync'::regnamespace
-  AND (p.proname IN ('receive', 'encode_filed', 'keep_upload') OR p.proname LIKE 'receive_%'
+  AND (p.proname IN ('receive', 'encode_filed', 'keep_message', 'keep_upload')
+       OR p.proname LIKE 'receive_%'
        OR p.proname LIKE 'upload_%')
 ORDER BY p.proname;
 

@@ -406,16 +406,6 @@ std::string text_array_literal(Spi& spi, const std::vector<std::string>& items) 
     return array + "}";
 }
 
-void set_aside_note(Spi& spi, const std::string& codec, const std::string& key,
-                    const std::string& reason) {
-    spi.execute(
-        "INSERT INTO sync.set_aside (kind, codec, key, reason) VALUES ('note', $1::int,"
-        " $2::jsonb, $3) ON CONFLICT (kind, codec, key) WHERE kind IN ('note', 'row')"
-        " DO UPDATE SET tries = sync.set_aside.tries + 1, last_try_at = now(),"
-        " reason = excluded.reason",
-        {codec, key, reason});
-}
-
 // 4. Re-read the noted rows of one codec, encode them and find their scope. A codec whose rows
 // fail to encode as a set is planned note by note; a note that fails alone is set aside.
 int64_t encode_codec(Spi& spi, const Codec& codec, const ReplicaSet& replicas) {
@@ -437,8 +427,8 @@ int64_t encode_codec(Spi& spi, const Codec& codec, const ReplicaSet& replicas) {
                     spi.execute(statement, {codec.id, codec.table_name, hidden, key[0]});
                 });
             } catch (const pg::PgError& e) {
-                set_aside_note(spi, codec.id, key[0].value(),
-                               std::string("could not plan the row: ") + e.what());
+                spi.execute("SELECT sync.keep('note', ARRAY[$1::int], ARRAY[$2::jsonb], ARRAY[$3])",
+                            {codec.id, key[0], std::string("could not plan the row: ") + e.what()});
                 ++set_aside;
             }
         }
@@ -449,14 +439,10 @@ int64_t encode_codec(Spi& spi, const Codec& codec, const ReplicaSet& replicas) {
             "WITH unknown AS (DELETE FROM pg_temp.magic_sync_row p WHERE p.codec = $1::int"
             " AND p.body IS NOT NULL AND NOT EXISTS (SELECT FROM " +
                 replicas.relation +
-                " r WHERE r.id::text = p.value) RETURNING p.codec, p.key, p.value),"
-                " kept AS (INSERT INTO sync.set_aside (kind, codec, key, reason)"
-                " SELECT 'note', codec, key, format('%s names replica %s, which %s does not list',"
-                " $2, value, $3) FROM unknown"
-                " ON CONFLICT (kind, codec, key) WHERE kind IN ('note', 'row') DO UPDATE"
-                " SET tries = sync.set_aside.tries + 1, last_try_at = now(),"
-                " reason = excluded.reason)"
-                " SELECT count(*) FROM unknown",
+                " r WHERE r.id::text = p.value) RETURNING p.codec, p.key, p.value)"
+                " SELECT sync.keep('note', array_agg(codec), array_agg(key),"
+                " array_agg(format('%s names replica %s, which %s does not list', $2, value, $3)))"
+                " FROM unknown HAVING count(*) > 0",
             {codec.id, audience.names_replica, replicas.relation_name}));
     }
     return set_aside;
@@ -486,8 +472,9 @@ void mark_echoes(Spi& spi) {
 // tombstones where rows went or moved, and keep every scope's fingerprint.
 int64_t record_changes(Spi& spi) {
     spi.execute(
-        "DELETE FROM sync.set_aside s USING pg_temp.magic_sync_row p"
-        " WHERE s.kind = 'note' AND s.codec = p.codec AND s.key = p.key");
+        "SELECT sync.release_notes(array_agg(p.codec), array_agg(p.key))"
+        " FROM pg_temp.magic_sync_row p JOIN sync.set_aside s"
+        " ON s.kind = 'note' AND s.codec = p.codec AND s.key = p.key HAVING count(*) > 0");
     spi.execute(
         "INSERT INTO sync.scope (match, value, partition)"
         " SELECT DISTINCT match, value, part FROM pg_temp.magic_sync_row WHERE body IS NOT NULL"
@@ -656,15 +643,14 @@ void build_chunks(Spi& spi, int ahead) {
         "  CROSS JOIN LATERAL (SELECT sync.encode_chunk(l.scope_name, l.from_seq, t.to_seq,"
         "   l.seqs, l.tables, l.keys, l.bodies, l.hashes) AS body OFFSET 0) b"
         "  WHERE l.grp = 0 OR l.chained RETURNING scope, from_seq, to_seq)"
-        " INSERT INTO sync.set_aside (kind, codec, key, reason)"
-        " SELECT DISTINCT ON (p.codec, p.key) 'row', p.codec, p.key, format('too big: %s bytes"
+        " SELECT sync.keep('row', array_agg(w.codec), array_agg(w.key), array_agg(w.reason))"
+        " FROM (SELECT DISTINCT ON (p.codec, p.key) p.codec, p.key, format('too big: %s bytes"
         " encoded, over the %s bytes a message may hold (magic_sync.bytes_per_message)', p.size,"
-        " p.budget)"
+        " p.budget) AS reason"
         " FROM pg_temp.magic_sync_pick p JOIN built b ON b.scope = p.scope AND p.seq > b.from_seq"
         "  AND p.seq <= b.to_seq"
-        " WHERE NOT p.fits AND NOT p.dropped ORDER BY p.codec, p.key, p.budget"
-        " ON CONFLICT (kind, codec, key) WHERE kind IN ('note', 'row') DO UPDATE"
-        " SET tries = sync.set_aside.tries + 1, last_try_at = now(), reason = excluded.reason",
+        " WHERE NOT p.fits AND NOT p.dropped ORDER BY p.codec, p.key, p.budget) w"
+        " HAVING count(*) > 0",
         {bytes_limit});
 }
 

@@ -3,6 +3,9 @@
 // tables it writes only what the relay reads later (sync.upload, sync.answer, sync.confirmation,
 // sync.holding, sync.set_aside), through the SECURITY DEFINER helpers of 06_receive.sql, and never
 // a row that the relay pass locks.
+//
+// sync.refile(ids) files again what receive kept (the retry of 05_set_aside.sql): each kept item
+// as the role and under the settings the route had, after the same hooks, by the same code.
 #include <algorithm>
 #include <map>
 #include <optional>
@@ -192,24 +195,51 @@ std::string insert_statement(const Codec& codec, const Shape& shape) {
            (sets.empty() ? "DO NOTHING" : "DO UPDATE SET " + sets);
 }
 
+// Failures that the data may cure (a parent row that comes later, a duplicate that goes, a check
+// a trigger makes): the retry tries them again, backed off. Any other failure (a type, a check
+// constraint, a privilege, a policy, a table that does not sync) waits for a change of what
+// filing depends on: a deploy, a declaration, a grant.
+bool data_may_cure(int sqlstate) {
+    switch (sqlstate) {
+        case ERRCODE_FOREIGN_KEY_VIOLATION:
+        case ERRCODE_UNIQUE_VIOLATION:
+        case ERRCODE_EXCLUSION_VIOLATION:
+        case ERRCODE_RAISE_EXCEPTION:
+            return true;
+        default:
+            return is_transient(sqlstate);
+    }
+}
+
+std::string reason_of(const Error& error) {
+    std::string reason = error.what();
+    if (!error.detail().empty()) reason += " (" + error.detail() + ")";
+    return reason;
+}
+
 // A row not filed: named in the answer (t, k, why) and set aside whole with the reason.
 struct Kept {
+    size_t row;  // its place among the rows filed
     std::string table;
     std::string key;
     std::string why;
     std::string reason;
     std::string body;  // {"t":..,"r":..} as uploaded
+    bool waits;        // for a change of what filing depends on (see data_may_cure)
 };
 
-Kept kept_row(const protocol::UpRow& row, std::string key, const std::string& why,
-              const std::string& reason) {
-    return {row.table, std::move(key), why, reason, protocol::kept_body(row)};
+Kept kept_row(size_t i, const protocol::UpRow& row, std::string key, const std::string& why) {
+    return {i, row.table, std::move(key), why, why, protocol::kept_body(row), true};
 }
 
-Kept failed_row(const protocol::UpRow& row, std::string key, const pg::PgError& error) {
-    std::string reason = error.what();
-    if (!error.detail().empty()) reason += " (" + error.detail() + ")";
-    return kept_row(row, std::move(key), error.what(), reason);
+Kept failed_row(size_t i, const protocol::UpRow& row, std::string key, const pg::PgError& error) {
+    return {i,
+            row.table,
+            std::move(key),
+            error.what(),
+            reason_of(error),
+            protocol::kept_body(row),
+            !data_may_cure(error.sqlstate())};
 }
 
 std::string kept_json(const std::vector<Kept>& kept) {
@@ -217,7 +247,8 @@ std::string kept_json(const std::vector<Kept>& kept) {
     for (const Kept& k : kept) {
         out += (out.size() > 1 ? ",{\"t\":" : "{\"t\":") + json_string(k.table) +
                ",\"k\":" + k.key + ",\"why\":" + json_string(k.why) +
-               ",\"reason\":" + json_string(k.reason) + ",\"body\":" + json_string(k.body) + "}";
+               ",\"reason\":" + json_string(k.reason) + ",\"body\":" + json_string(k.body) +
+               ",\"waits\":" + (k.waits ? "true" : "false") + "}";
     }
     return out + "]";
 }
@@ -258,7 +289,7 @@ void file_run(Spi& spi, const Run& run, const std::vector<protocol::UpRow>& rows
     } catch (const pg::PgError& e) {
         if (is_transient(e.sqlstate())) throw;
         if (run.rows.size() == 1) {
-            kept.push_back(failed_row(rows[run.rows[0]], run.keys[0], e));
+            kept.push_back(failed_row(run.rows[0], rows[run.rows[0]], run.keys[0], e));
             return;
         }
     }
@@ -268,7 +299,7 @@ void file_run(Spi& spi, const Run& run, const std::vector<protocol::UpRow>& rows
             if (echoed) note_echo(echoes, rows[run.rows[n]], run.keys[n]);
         } catch (const pg::PgError& e) {
             if (is_transient(e.sqlstate())) throw;
-            kept.push_back(failed_row(rows[run.rows[n]], run.keys[n], e));
+            kept.push_back(failed_row(run.rows[n], rows[run.rows[n]], run.keys[n], e));
         }
     }
 }
@@ -291,7 +322,7 @@ std::vector<Kept> file_rows(Spi& spi, const std::vector<protocol::UpRow>& rows,
             std::string why = "table " + row.table +
                               " does not sync: uploads are filed only into tables declared with"
                               " sync.record() or sync.both()";
-            kept.push_back(kept_row(row, "{}", why, why));
+            kept.push_back(kept_row(i, row, "{}", why));
             continue;
         }
         const Codec& codec = found->second;
@@ -302,7 +333,7 @@ std::vector<Kept> file_rows(Spi& spi, const std::vector<protocol::UpRow>& rows,
             std::string why = "table " + row.table +
                               " is a catalog table: its rows come from the server, an upload of"
                               " one is not filed";
-            kept.push_back(kept_row(row, std::move(key), why, why));
+            kept.push_back(kept_row(i, row, std::move(key), why));
             continue;
         }
         Shape shape = shape_of(codec, members);
@@ -347,8 +378,9 @@ void finish_upload(Spi& spi, const std::string& replica, const std::string& id,
 }
 
 // A message that cannot be decoded is kept as it came and, when its id can be read, answered.
+// `waits`: for a change of what filing depends on (see data_may_cure).
 std::string keep_whole(Spi& spi, const std::string& replica, const std::string& message,
-                       const std::string& reason) {
+                       const std::string& reason, bool waits = true) {
     std::optional<std::string> id = protocol::recover_id(message);
     if (id) {
         if (Value kept = seen_before(spi, replica, *id)) {
@@ -356,8 +388,10 @@ std::string keep_whole(Spi& spi, const std::string& replica, const std::string& 
             return "answered again";
         }
     }
-    spi.execute("SELECT sync.keep_upload($1::uuid, decode($2, 'hex'), $3, current_user)",
-                {replica, hex_of(message), reason});
+    spi.execute(
+        "SELECT sync.keep_message($1::uuid, decode($2, 'hex'), $3, current_user, $4::uuid,"
+        " $5::boolean)",
+        {replica, hex_of(message), reason, id, waits ? "true" : "false"});
     if (!id) return "kept";
     std::string note = "[{\"t\":\"\",\"k\":{},\"why\":" + json_string(reason) +
                        ",\"reason\":" + json_string(reason) + "}]";
@@ -404,8 +438,17 @@ void become(Spi& spi, const std::string& role) {
     }
 }
 
-std::string receive(Spi& spi, const std::string& replica, const std::string& message) {
-    if (settings::role != nullptr && settings::role[0] != '\0') become(spi, settings::role);
+const char* const kNulReason =
+    "upload: a string holds U+0000 (\\u0000), which PostgreSQL cannot store";
+
+// What the senders' hooks say of `replica`: what known() returned, after filing() ran with it;
+// none, with which hook said so, when the replica is not known.
+struct Known {
+    Value known;
+    std::string unknown_because;
+};
+
+Known known_replica(Spi& spi, const std::string& replica) {
     const pg::Row setup =
         spi.query("SELECT known, filing, live FROM sync.receive_setup($1::uuid)", {replica}).at(0);
     const Value& known_function = setup[0];
@@ -415,30 +458,46 @@ std::string receive(Spi& spi, const std::string& replica, const std::string& mes
         known = spi.scalar("SELECT " + *known_function + "($1::uuid)::text", {replica});
     else if (setup[2] == "t")
         known = "{}";
-    if (!known) {
-        pg::log_line("magic_sync: dropped an upload from replica " + replica + ", which " +
-                     (known_function ? *known_function + "() does not know"
-                                     : std::string("is not a live replica")) +
-                     "; nothing was filed");
-        return "dropped";
-    }
+    if (!known)
+        return {std::nullopt, known_function ? *known_function + "() does not know"
+                                             : std::string("is not a live replica")};
     if (filing_function) spi.execute("SELECT " + *filing_function + "($1::jsonb)", {*known});
+    return {known, ""};
+}
 
-    protocol::Upload upload;
+protocol::Limits upload_limits() {
     protocol::Limits limits;
     limits.max_bytes = static_cast<size_t>(settings::max_upload_bytes);
+    return limits;
+}
+
+// A message that did not decode because it is over magic_sync.max_upload_bytes may decode once
+// the limit is raised: it is tried again, backed off. Any other message that does not decode
+// waits for a change (a new build).
+bool waits_for_a_change(const std::string& message) {
+    return message.size() <= upload_limits().max_bytes;
+}
+
+std::string receive(Spi& spi, const std::string& replica, const std::string& message) {
+    if (settings::role != nullptr && settings::role[0] != '\0') become(spi, settings::role);
+    const Known known = known_replica(spi, replica);
+    if (!known.known) {
+        pg::log_line("magic_sync: dropped an upload from replica " + replica + ", which " +
+                     known.unknown_because + "; nothing was filed");
+        return "dropped";
+    }
+
+    protocol::Upload upload;
     try {
-        upload = protocol::decode_upload(message, limits);
+        upload = protocol::decode_upload(message, upload_limits());
     } catch (const protocol::VersionTooNew& e) {
         throw Error(std::string(e.what()) + "; nothing was filed", kNotYet, "",
                     "Keep the upload and send it again once this server runs a magic_sync that"
                     " speaks that version.");
     } catch (const protocol::DecodeError& e) {
-        return keep_whole(spi, replica, message, e.what());
+        return keep_whole(spi, replica, message, e.what(), waits_for_a_change(message));
     }
-    if (holds_nul(upload))
-        return keep_whole(spi, replica, message,
-                          "upload: a string holds U+0000 (\\u0000), which PostgreSQL cannot store");
+    if (holds_nul(upload)) return keep_whole(spi, replica, message, kNulReason);
 
     std::string kept;
     std::string status;
@@ -447,7 +506,7 @@ std::string receive(Spi& spi, const std::string& replica, const std::string& mes
         status = "answered again";
     } else {
         std::string echoes;
-        kept = kept_json(file_rows(spi, upload.rows, *known, echoes));
+        kept = kept_json(file_rows(spi, upload.rows, *known.known, echoes));
         if (!echoes.empty())
             spi.execute("SELECT sync.upload_echoes($1::uuid, $2::uuid, $3::jsonb)",
                         {replica, upload.id, echoes + "]"});
@@ -458,6 +517,221 @@ std::string receive(Spi& spi, const std::string& replica, const std::string& mes
     finish_upload(spi, replica, upload.id, kept, applied, protocol::untaken_json(upload),
                   protocol::holds_json(upload), !upload.rows.empty() || kept != "[]");
     return status;
+}
+
+// Filing again ------------------------------------------------------------------------------------
+
+// A kept upload the retry files again: one row of an upload, or a message kept whole.
+struct KeptItem {
+    std::string id;
+    std::string replica;
+    bool whole = false;
+    std::string body;
+    Value filed_as;
+    std::string settings;  // {name: value}, as the route had them
+};
+
+// What filing it again came to: filed, or kept again with the reason, the key (its table may be
+// declared now) and whether it waits for a change.
+struct Refiled {
+    std::string id;
+    bool filed = false;
+    bool answered = false;  // a message kept whole, filed now: its answer is written
+    std::string key = "null";
+    std::string reason;
+    bool waits = false;
+};
+
+Refiled filed_now(const std::string& id, bool answered) {
+    Refiled refiled;
+    refiled.id = id;
+    refiled.filed = true;
+    refiled.answered = answered;
+    return refiled;
+}
+
+Refiled kept_again(const std::string& id, const std::string& reason, bool waits,
+                   const std::string& key = "null") {
+    Refiled refiled;
+    refiled.id = id;
+    refiled.key = key;
+    refiled.reason = reason;
+    refiled.waits = waits;
+    return refiled;
+}
+
+// A cancel or a shutdown ends the retry; any other error is the item's reason.
+bool ends_the_retry(int sqlstate) {
+    return ERRCODE_TO_CATEGORY(sqlstate) == ERRCODE_OPERATOR_INTERVENTION;
+}
+
+std::string bytes_of_hex(const std::string& hex) {
+    auto nibble = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
+    std::string bytes;
+    bytes.reserve(hex.size() / 2);
+    for (size_t at = 0; at + 1 < hex.size(); at += 2)
+        bytes += static_cast<char>(nibble(hex[at]) << 4 | nibble(hex[at + 1]));
+    return bytes;
+}
+
+// A message kept whole is decoded again under today's limits and, when it decodes, filed under its
+// own id and answered: the answer replaces "kept whole". What it said of the replica then (applied,
+// untaken, holds) is out of date and not taken.
+Refiled refile_message(Spi& spi, const KeptItem& item, const std::string& known) {
+    protocol::Upload upload;
+    try {
+        upload = protocol::decode_upload(item.body, upload_limits());
+    } catch (const protocol::DecodeError& e) {
+        return kept_again(item.id, e.what(), waits_for_a_change(item.body));
+    }
+    if (holds_nul(upload)) return kept_again(item.id, kNulReason, true);
+    try {
+        pg::subtransaction([&] {
+            seen_before(spi, item.replica, upload.id);
+            std::string echoes;
+            std::string kept = kept_json(file_rows(spi, upload.rows, known, echoes));
+            finish_upload(spi, item.replica, upload.id, kept, std::nullopt, "[]", "{}", true);
+        });
+    } catch (const Error& e) {
+        if (ends_the_retry(e.sqlstate())) throw;
+        return kept_again(item.id, reason_of(e), !data_may_cure(e.sqlstate()));
+    }
+    return filed_now(item.id, true);
+}
+
+// Kept rows, filed again as one upload would file them: consecutive rows of a table in one
+// statement and, when it fails, each in its own subtransaction. Their `filed` answer is the
+// retry's to write, under their own upload ids. Not echoed: the replica does not hold what it
+// was told was kept, so the rows go back to it like any change.
+void refile_rows(Spi& spi, const std::vector<const KeptItem*>& items, const std::string& known,
+                 std::vector<Refiled>& out) {
+    std::vector<protocol::UpRow> rows;
+    std::vector<const KeptItem*> filed_items;
+    for (const KeptItem* item : items) {
+        try {
+            rows.push_back(protocol::kept_row(item->body));
+            filed_items.push_back(item);
+        } catch (const protocol::DecodeError& e) {
+            out.push_back(kept_again(item->id, e.what(), true));
+        }
+    }
+    if (rows.empty()) return;
+    std::vector<Kept> kept;
+    try {
+        pg::subtransaction([&] {
+            std::string echoes;
+            kept = file_rows(spi, rows, known, echoes);
+        });
+    } catch (const Error& e) {
+        if (ends_the_retry(e.sqlstate())) throw;
+        for (const KeptItem* item : filed_items)
+            out.push_back(kept_again(item->id, reason_of(e), !data_may_cure(e.sqlstate())));
+        return;
+    }
+    std::vector<const Kept*> kept_by_row(rows.size(), nullptr);
+    for (const Kept& k : kept) kept_by_row[k.row] = &k;
+    for (size_t n = 0; n < rows.size(); ++n) {
+        const Kept* k = kept_by_row[n];
+        if (k == nullptr)
+            out.push_back(filed_now(filed_items[n]->id, false));
+        else
+            out.push_back(kept_again(filed_items[n]->id, k->reason, k->waits, k->key));
+    }
+}
+
+// The items of one replica kept as one role under the same settings, filed again as that role
+// under those settings, after the senders' hooks, as sync.receive filed them.
+void refile_group(Spi& spi, const std::vector<KeptItem>& items, size_t begin, size_t end,
+                  std::vector<Refiled>& out) {
+    const KeptItem& first = items[begin];
+    auto keep_all = [&](const std::string& reason, bool waits) {
+        for (size_t i = begin; i < end; ++i) out.push_back(kept_again(items[i].id, reason, waits));
+    };
+    if (first.filed_as &&
+        spi.scalar("SELECT CASE WHEN to_regrole($1) IS NULL THEN false ELSE"
+                   " has_function_privilege($1, 'sync.receive(uuid, bytea)', 'EXECUTE') END",
+                   {first.filed_as}) != "t") {
+        keep_all("role " + *first.filed_as +
+                     ", which sync.receive kept it as, cannot file uploads any more (it does not"
+                     " exist, or may not execute sync.receive): nothing was filed",
+                 false);
+        return;
+    }
+    const int level = pg::open_settings_level();
+    Known known;
+    try {
+        pg::subtransaction([&] {
+            if (first.filed_as)
+                spi.execute("SELECT set_config('role', $1, true)", {first.filed_as});
+            spi.execute("SELECT set_config(key, value, true) FROM jsonb_each_text($1::jsonb)",
+                        {first.settings});
+            known = known_replica(spi, first.replica);
+        });
+    } catch (const Error& e) {
+        pg::undo_settings(level);
+        if (ends_the_retry(e.sqlstate())) throw;
+        keep_all(reason_of(e), !data_may_cure(e.sqlstate()));
+        return;
+    }
+    if (!known.known) {
+        pg::undo_settings(level);
+        keep_all(
+            "replica " + first.replica + ", which " + known.unknown_because + ": nothing was filed",
+            false);
+        return;
+    }
+    try {
+        std::vector<const KeptItem*> rows;
+        for (size_t i = begin; i < end; ++i) {
+            if (items[i].whole)
+                out.push_back(refile_message(spi, items[i], *known.known));
+            else
+                rows.push_back(&items[i]);
+        }
+        refile_rows(spi, rows, *known.known, out);
+    } catch (...) {
+        pg::undo_settings(level);
+        throw;
+    }
+    pg::undo_settings(level);
+}
+
+std::string refiled_json(const std::vector<Refiled>& refiled) {
+    std::string out = "[";
+    for (const Refiled& r : refiled) {
+        out += std::string(out.size() > 1 ? "," : "") + "{\"id\":" + r.id +
+               ",\"filed\":" + (r.filed ? "true" : "false") +
+               ",\"answered\":" + (r.answered ? "true" : "false") + ",\"key\":" + r.key +
+               ",\"reason\":" + json_string(r.reason) +
+               ",\"waits\":" + (r.waits ? "true" : "false") + "}";
+    }
+    return out + "]";
+}
+
+// The kept uploads `ids` (a bigint[] literal), filed again; returns what became of each.
+std::string refile(Spi& spi, const std::string& ids) {
+    std::vector<KeptItem> items;
+    for (const pg::Row& row :
+         spi.query("SELECT s.id, s.replica, s.table_name IS NULL, encode(s.body, 'hex'),"
+                   " s.filed_as, coalesce(s.settings, '{}')::text"
+                   " FROM unnest($1::bigint[]) AS i(id) JOIN sync.set_aside s ON s.id = i.id"
+                   " WHERE s.kind = 'upload' AND s.replica IS NOT NULL"
+                   " ORDER BY s.replica, s.filed_as, s.settings::text, s.id",
+                   {ids})) {
+        items.push_back({row[0].value(), row[1].value(), row[2] == "t",
+                         bytes_of_hex(row[3].value_or("")), row[4], row[5].value()});
+    }
+    std::vector<Refiled> out;
+    for (size_t begin = 0; begin < items.size();) {
+        size_t end = begin + 1;
+        while (end < items.size() && items[end].replica == items[begin].replica &&
+               items[end].filed_as == items[begin].filed_as &&
+               items[end].settings == items[begin].settings)
+            ++end;
+        refile_group(spi, items, begin, end, out);
+        begin = end;
+    }
+    return refiled_json(out);
 }
 
 }  // namespace
@@ -483,4 +757,16 @@ MAGIC_SYNC_FUNCTION(magic_sync_receive) {
     magic_sync::pg::undo_settings(level);
     spi.finish();
     return magic_sync::pg::text_datum(status);
+}
+
+// sync.refile(ids bigint[]) → jsonb: the kept uploads `ids`, filed again (05_set_aside.sql), as
+// [{"id", "filed", "answered", "key", "reason", "waits"}, ...].
+MAGIC_SYNC_FUNCTION(magic_sync_refile) {
+    std::string ids = "{";
+    for (int64_t id : magic_sync::pg::int64_array_arg(fcinfo, 0))
+        ids += (ids.size() > 1 ? "," : "") + std::to_string(id);
+    magic_sync::pg::Spi spi;
+    std::string refiled = magic_sync::filing::refile(spi, ids + "}");
+    spi.finish();
+    return magic_sync::pg::jsonb_datum(refiled);
 }

@@ -5,7 +5,9 @@
 //
 // Each iteration: check that this database can relay (extension installed, magic_sync.role
 // usable), take the relay lock or stand by, run a pass, and on their timers retry what was set
-// aside, prune, report and raise alarms. An error ends the iteration, never the loop.
+// aside, prune, report and raise alarms. A retry of kept uploads runs one slice an iteration, in a
+// transaction of its own after the pass's, so passes go on while it lasts. An error ends the
+// iteration (or the retry), never the loop.
 //
 // The postmaster starts one launcher, connected to no database, which starts a relay worker for
 // each database of magic_sync.database that exists and starts it again when it stops. A relay
@@ -63,6 +65,9 @@ constexpr long kBlockedWaitMs = 5000;
 
 struct RelayState {
     bool holding;
+    bool retrying;     // a retry of kept uploads is under way, slice by slice
+    int64 refiled;     // what its slices filed so far
+    int64 kept_again;  // and kept again
     TimestampTz last_retry;
     TimestampTz last_prune;
     TimestampTz last_report;
@@ -147,6 +152,43 @@ bool can_relay(char* reason, size_t size) {
     return true;
 }
 
+// The relay's work runs as magic_sync.role, when it names one.
+void become_relay_role() {
+    if (settings::role == nullptr || settings::role[0] == '\0') return;
+    char sql[NAMEDATALEN * 2 + 32];
+    snprintf(sql, sizeof sql, "SET LOCAL ROLE %s", quote_identifier(settings::role));
+    if (SPI_execute(sql, false, 0) < 0) elog(ERROR, "magic_sync relay: %s failed", sql);
+}
+
+// A retry ends when nothing is due, or at an error; the next starts retry_every after.
+void end_retry(RelayState* state) {
+    if (state->refiled + state->kept_again > 0)
+        ereport(LOG, (errmsg("magic_sync relay: retrying kept uploads: " INT64_FORMAT
+                             " filed now, " INT64_FORMAT " kept again",
+                             state->refiled, state->kept_again)));
+    state->retrying = false;
+    state->last_retry = GetCurrentTimestamp();
+}
+
+// One slice of the retry of kept uploads, inside a transaction with SPI connected; the retry
+// ends, and says what it did, when none is due any more. Returns whether it goes on.
+bool retry_slice(RelayState* state) {
+    pgstat_report_activity(STATE_RUNNING, "magic_sync relay: retry");
+    become_relay_role();
+    if (SPI_execute("SELECT filed, kept, more FROM sync.retry_uploads()", false, 0) !=
+            SPI_OK_SELECT ||
+        SPI_processed != 1)
+        elog(ERROR, "magic_sync relay: sync.retry_uploads() failed");
+    HeapTuple slice = SPI_tuptable->vals[0];
+    bool null = false;
+    state->refiled += DatumGetInt64(SPI_getbinval(slice, SPI_tuptable->tupdesc, 1, &null));
+    state->kept_again += DatumGetInt64(SPI_getbinval(slice, SPI_tuptable->tupdesc, 2, &null));
+    Datum more = SPI_getbinval(slice, SPI_tuptable->tupdesc, 3, &null);
+    if (!null && DatumGetBool(more)) return true;
+    end_retry(state);
+    return false;
+}
+
 // One iteration, inside a transaction with SPI connected. Returns true when there is more work
 // to do at once.
 bool relay_step(RelayState* state) {
@@ -168,20 +210,21 @@ bool relay_step(RelayState* state) {
         single_value("SELECT sync.relay_lock()", 0, nullptr, nullptr);
         state->holding = true;
         register_relay_latch();
-        // Taking the lock is when a deploy shows: try again what was set aside.
+        // Taking the lock is when a deploy shows: try again what was set aside, kept uploads
+        // that wait for a change included.
+        single_value("SELECT sync.filing_changed()", 0, nullptr, nullptr);
         state->last_retry = 0;
+        state->retrying = false;
         snprintf(reason, sizeof reason, "took the relay lock of database \"%s\"; relaying",
                  get_database_name(MyDatabaseId));
         wait_for(state, reason);
     }
-    if (settings::role != nullptr && settings::role[0] != '\0') {
-        char sql[NAMEDATALEN * 2 + 32];
-        snprintf(sql, sizeof sql, "SET LOCAL ROLE %s", quote_identifier(settings::role));
-        if (SPI_execute(sql, false, 0) < 0) elog(ERROR, "magic_sync relay: %s failed", sql);
-    }
-    if (due(state->last_retry, settings::retry_every_s)) {
-        log_lines("SELECT level, line FROM sync.retry_set_aside()");
-        state->last_retry = GetCurrentTimestamp();
+    become_relay_role();
+    if (!state->retrying && due(state->last_retry, settings::retry_every_s)) {
+        log_lines("SELECT level, line FROM sync.retry_notes_and_rows()");
+        state->retrying = true;
+        state->refiled = 0;
+        state->kept_again = 0;
     }
     pgstat_report_activity(STATE_RUNNING, "magic_sync relay: pass");
     char* work = single_value("SELECT (notes > 0 OR messages > 0)::text FROM sync.pass()", 0,
@@ -211,7 +254,38 @@ long idle_timeout(const RelayState* state) {
                                                             : settings::idle_ms;
 }
 
-// The background worker's loop: one transaction per iteration.
+using Step = bool (*)(RelayState*);
+
+// Runs `step` in a transaction of its own with SPI connected. An error is reported and rolled
+// back, and the step found no more work to do.
+bool in_transaction(Step step, RelayState* state, MemoryContext loop_context) {
+    volatile bool more = false;
+    MemoryContextSwitchTo(loop_context);
+    SetCurrentStatementStartTimestamp();
+    StartTransactionCommand();
+    PushActiveSnapshot(GetTransactionSnapshot());
+    PG_TRY();
+    {
+        if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "magic_sync relay: SPI_connect failed");
+        more = step(state);
+        SPI_finish();
+        PopActiveSnapshot();
+        CommitTransactionCommand();
+    }
+    PG_CATCH();
+    {
+        // Report, roll back, and go on: the next iteration starts over.
+        MemoryContextSwitchTo(loop_context);
+        EmitErrorReport();
+        FlushErrorState();
+        AbortCurrentTransaction();
+        more = false;
+    }
+    PG_END_TRY();
+    return more;
+}
+
+// The background worker's loop: a transaction per iteration, and one per slice of a retry.
 [[noreturn]] void worker_loop() {
     RelayState state = {};
     MemoryContext loop_context =
@@ -222,37 +296,51 @@ long idle_timeout(const RelayState* state) {
             ConfigReloadPending = false;
             ProcessConfigFile(PGC_SIGHUP);
         }
-        volatile bool more = false;
-        MemoryContextSwitchTo(loop_context);
-        SetCurrentStatementStartTimestamp();
-        StartTransactionCommand();
-        PushActiveSnapshot(GetTransactionSnapshot());
-        PG_TRY();
-        {
-            if (SPI_connect() != SPI_OK_CONNECT)
-                elog(ERROR, "magic_sync relay: SPI_connect failed");
-            more = relay_step(&state);
-            SPI_finish();
-            PopActiveSnapshot();
-            CommitTransactionCommand();
-        }
-        PG_CATCH();
-        {
-            // Report, roll back, and go on: the next iteration starts over.
-            MemoryContextSwitchTo(loop_context);
-            EmitErrorReport();
-            FlushErrorState();
-            AbortCurrentTransaction();
-            more = false;
-        }
-        PG_END_TRY();
+        bool more = in_transaction(relay_step, &state, loop_context);
+        if (state.retrying && state.holding && !in_transaction(retry_slice, &state, loop_context) &&
+            state.retrying)
+            end_retry(&state);  // the slice failed: the next retry starts over
         pgstat_report_stat(false);
         MemoryContextReset(loop_context);
-        if (!more) wait_latch(idle_timeout(&state));
+        if (!more && !state.retrying) wait_latch(idle_timeout(&state));
     }
 }
 
-// CALL sync.relay(): the same loop in an ordinary session, committing between iterations.
+// One step of CALL sync.relay() in a subtransaction, committed after. A cancel or a termination
+// ends the loop; any other error only the step.
+bool in_subtransaction(Step step, RelayState* state, MemoryContext caller_context,
+                       ResourceOwner caller_owner) {
+    volatile bool more = false;
+    if (SPI_connect_ext(SPI_OPT_NONATOMIC) != SPI_OK_CONNECT)
+        elog(ERROR, "magic_sync relay: SPI_connect failed");
+    BeginInternalSubTransaction(nullptr);
+    PG_TRY();
+    {
+        more = step(state);
+        ReleaseCurrentSubTransaction();
+    }
+    PG_CATCH();
+    {
+        MemoryContextSwitchTo(caller_context);
+        ErrorData* error = CopyErrorData();
+        FlushErrorState();
+        RollbackAndReleaseCurrentSubTransaction();
+        if (error->sqlerrcode == ERRCODE_QUERY_CANCELED ||
+            error->sqlerrcode == ERRCODE_ADMIN_SHUTDOWN)
+            ReThrowError(error);
+        ereport(WARNING, (errmsg("magic_sync relay: %s", error->message)));
+        FreeErrorData(error);
+        more = false;
+    }
+    PG_END_TRY();
+    MemoryContextSwitchTo(caller_context);
+    CurrentResourceOwner = caller_owner;
+    SPI_commit();
+    SPI_finish();
+    return more;
+}
+
+// CALL sync.relay(): the same loop in an ordinary session, committing between steps.
 void procedure_loop(FunctionCallInfo fcinfo) {
     auto* call = reinterpret_cast<CallContext*>(fcinfo->context);
     if (call == nullptr || !IsA(call, CallContext) || call->atomic)
@@ -265,35 +353,11 @@ void procedure_loop(FunctionCallInfo fcinfo) {
     ResourceOwner caller_owner = CurrentResourceOwner;
     for (;;) {
         CHECK_FOR_INTERRUPTS();
-        volatile bool more = false;
-        if (SPI_connect_ext(SPI_OPT_NONATOMIC) != SPI_OK_CONNECT)
-            elog(ERROR, "magic_sync relay: SPI_connect failed");
-        BeginInternalSubTransaction(nullptr);
-        PG_TRY();
-        {
-            more = relay_step(&state);
-            ReleaseCurrentSubTransaction();
-        }
-        PG_CATCH();
-        {
-            MemoryContextSwitchTo(caller_context);
-            ErrorData* error = CopyErrorData();
-            FlushErrorState();
-            RollbackAndReleaseCurrentSubTransaction();
-            // A cancel or a termination ends the loop; any other error only this iteration.
-            if (error->sqlerrcode == ERRCODE_QUERY_CANCELED ||
-                error->sqlerrcode == ERRCODE_ADMIN_SHUTDOWN)
-                ReThrowError(error);
-            ereport(WARNING, (errmsg("magic_sync relay: %s", error->message)));
-            FreeErrorData(error);
-            more = false;
-        }
-        PG_END_TRY();
-        MemoryContextSwitchTo(caller_context);
-        CurrentResourceOwner = caller_owner;
-        SPI_commit();
-        SPI_finish();
-        if (!more) wait_latch(idle_timeout(&state));
+        bool more = in_subtransaction(relay_step, &state, caller_context, caller_owner);
+        if (state.retrying && state.holding &&
+            !in_subtransaction(retry_slice, &state, caller_context, caller_owner) && state.retrying)
+            end_retry(&state);
+        if (!more && !state.retrying) wait_latch(idle_timeout(&state));
     }
 }
 

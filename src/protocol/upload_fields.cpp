@@ -4,6 +4,7 @@
 
 #include "protocol/canonical.hpp"
 #include "protocol/hash.hpp"
+#include "protocol/json_tree.hpp"
 
 namespace magic_sync::protocol {
 
@@ -81,6 +82,21 @@ std::string key_of(const std::vector<std::string>& key_json_names,
 
 std::string kept_body(const UpRow& row) {
     return "{\"t\":" + json_string(row.table) + ",\"r\":" + row.row + "}";
+}
+
+UpRow kept_row(std::string_view body) {
+    // As an element of a list, its "r" is read as a row payload: canonical text.
+    const JsonNode list =
+        parse_json_tree("[" + std::string(body) + "]", Limits{}, PayloadPlacement::kRowFields);
+    const JsonNode* row = list.items.size() == 1 ? &list.items.front() : nullptr;
+    if (row == nullptr || row->type != JsonNode::Type::kObject)
+        throw DecodeError("a kept row is {\"t\": table, \"r\": row}, not " + quoted_excerpt(body));
+    const JsonNode* table = find_member(*row, "t");
+    const JsonNode* value = find_member(*row, "r");
+    if (table == nullptr || table->type != JsonNode::Type::kString || value == nullptr ||
+        value->type != JsonNode::Type::kPayload || value->text.front() != '{')
+        throw DecodeError("a kept row is {\"t\": table, \"r\": row}, not " + quoted_excerpt(body));
+    return UpRow{table->text, value->text};
 }
 
 std::string untaken_json(const Upload& upload) {

@@ -41,6 +41,8 @@ std::string key_of(const std::vector<std::string>& key_json_names,
 
 // How a kept row's body is stored: {"t": table, "r": row}.
 std::string kept_body(const UpRow& row);
+// The row of a kept body, for filing it again. Throws DecodeError when `body` is not one.
+UpRow kept_row(std::string_view body);
 
 // [{"seq", "t", "k", "why"}, ...]: the upload's untaken rows.
 std::string untaken_json(const Upload& upload);

@@ -189,23 +189,41 @@ CREATE TABLE sync.set_aside (
     last_try_at timestamptz NOT NULL DEFAULT now(),
     -- An upload's: the role whose sync.receive kept it (sync.filer). The retry files it again as
     -- that role, so what the route's privileges and row policies refused stays refused.
-    filed_as name
+    filed_as name,
+    -- An upload's, too: the id it came under (NULL: a message whose id could not be read), the
+    -- table its row names on the wire (NULL: the message kept whole), and the settings the route
+    -- filed under (sync.filing_settings), which the retry files it under again.
+    upload uuid,
+    table_name text,
+    settings jsonb,
+    -- When an upload is tried again (05_set_aside.sql): once next_try_at has passed (a failure
+    -- that data may cure, backed off), or, when it is NULL, only once something filing depends on
+    -- has changed since the change it was last tried under (sync.filing_change).
+    next_try_at timestamptz,
+    change_seen bigint
 );
 -- A note or row set aside again is counted, not repeated.
 CREATE UNIQUE INDEX set_aside_once ON sync.set_aside (kind, codec, key) WHERE kind IN ('note', 'row');
 -- A row a replica could not take, reported again, is counted, not repeated.
 CREATE UNIQUE INDEX set_aside_untaken_once ON sync.set_aside (replica, codec, key)
 WHERE kind = 'untaken';
+-- The kept uploads due for a retry, found without reading the others; and an upload's kept rows.
+CREATE INDEX set_aside_upload_due ON sync.set_aside (next_try_at) WHERE kind = 'upload';
+CREATE INDEX set_aside_upload_change ON sync.set_aside (change_seen) WHERE kind = 'upload';
+CREATE INDEX set_aside_upload_of ON sync.set_aside (replica, upload) WHERE kind = 'upload';
 
 -- Uploads filed, so one sent again is answered, not filed twice.
 CREATE TABLE sync.upload (
     replica uuid NOT NULL,
     id uuid NOT NULL,
     filed_at timestamptz NOT NULL DEFAULT now(),
-    -- The answer given the first time, so an upload sent again is answered the same.
+    -- The answer given last, so an upload sent again is answered the same.
     kept jsonb NOT NULL DEFAULT '[]',
+    -- The retry filed rows of it that it kept: answered again once none of its rows is due.
+    refiled boolean NOT NULL DEFAULT false,
     PRIMARY KEY (replica, id)
 );
+CREATE INDEX upload_refiled ON sync.upload (replica, id) WHERE refiled;
 
 -- What sync.receive() leaves for the relay: it never touches relay state itself, so a long
 -- filing transaction never holds a lock the pass needs. The pass moves answers into the outbox

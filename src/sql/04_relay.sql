@@ -82,7 +82,8 @@ LANGUAGE C STABLE STRICT
 SET search_path = pg_catalog, pg_temp;
 
 -- What the relay has pruned: tombstones every member of their scope confirmed, chunks no message
--- uses, filed-upload ids older than magic_sync.upload_memory.
+-- uses, filed-upload ids older than magic_sync.upload_memory (but those with rows still kept: the
+-- retry answers them again when it files those).
 CREATE FUNCTION sync.prune(OUT tombstones bigint, OUT chunks bigint, OUT uploads bigint)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -96,8 +97,10 @@ BEGIN
     DELETE FROM sync.chunk c
     WHERE NOT EXISTS (SELECT FROM sync.outbox o WHERE c.id = ANY (o.chunks));
     GET DIAGNOSTICS chunks = ROW_COUNT;
-    DELETE FROM sync.upload
-    WHERE filed_at < now() - current_setting('magic_sync.upload_memory')::interval;
+    DELETE FROM sync.upload u
+    WHERE u.filed_at < now() - current_setting('magic_sync.upload_memory')::interval
+      AND NOT EXISTS (SELECT FROM sync.set_aside s
+                      WHERE s.kind = 'upload' AND s.replica = u.replica AND s.upload = u.id);
     GET DIAGNOSTICS uploads = ROW_COUNT;
 END
 $$;

@@ -110,7 +110,8 @@ $$;
 -- After the rows: sets aside the kept rows that carry a body, remembers and answers the kept list
 -- (t, k, why), and takes what the upload says of the replica: `applied` (confirmed by the next
 -- pass), `untaken` (set aside, per replica and row) and `holds` (kept for verification).
--- `filed_as`: the role receive ran as (see sync.filer).
+-- `filed_as`: the role receive ran as (see sync.filer). The answer remembered is the last one: a
+-- message kept whole and filed by the retry is answered with what was filed of it.
 CREATE FUNCTION sync.upload_end(replica uuid, upload uuid, kept jsonb, applied bigint,
                                 untaken jsonb, holds jsonb, answered boolean,
                                 filed_as name DEFAULT NULL) RETURNS void
@@ -126,16 +127,11 @@ DECLARE
     last_sent bigint;
 BEGIN
     IF kept <> '[]' THEN
-        INSERT INTO sync.set_aside (kind, replica, codec, key, body, reason, filed_as)
-        SELECT 'upload', upload_end.replica, c.id, e->'k', convert_to(e->>'body', 'UTF8'), e->>'reason',
-               sync.filer(upload_end.filed_as)
-        FROM jsonb_array_elements(kept) WITH ORDINALITY AS x(e, i)
-        LEFT JOIN sync.codec c ON c.table_name = e->>'t'
-        WHERE e ? 'body'
-        ORDER BY i;
-        UPDATE sync.upload u SET kept = answer
-        WHERE u.replica = upload_end.replica AND u.id = upload_end.upload AND u.kept <> answer;
+        PERFORM sync.keep_upload(upload_end.replica, upload_end.upload,
+                                 sync.filer(upload_end.filed_as), kept);
     END IF;
+    UPDATE sync.upload u SET kept = answer
+    WHERE u.replica = upload_end.replica AND u.id = upload_end.upload AND u.kept <> answer;
     -- An upload that carried no rows (only applied, untaken, holds) is not answered: the answer
     -- would be one more message for the replica to confirm, and nothing to tell it.
     IF answered THEN
@@ -154,15 +150,7 @@ BEGIN
     END IF;
 
     IF untaken <> '[]' THEN
-        INSERT INTO sync.set_aside AS s (kind, replica, codec, key, body, reason)
-        SELECT DISTINCT ON (c.id, e->'k') 'untaken', upload_end.replica, c.id, e->'k',
-               convert_to(e::text, 'UTF8'), format('message %s: %s', e->>'seq', e->>'why')
-        FROM jsonb_array_elements(untaken) e
-        LEFT JOIN sync.codec c ON c.table_name = e->>'t'
-        ORDER BY c.id, e->'k', (e->>'seq')::bigint DESC
-        ON CONFLICT (replica, codec, key) WHERE kind = 'untaken' DO UPDATE
-            SET tries = s.tries + 1, last_try_at = now(), body = excluded.body,
-                reason = excluded.reason;
+        PERFORM sync.keep_untaken(upload_end.replica, untaken);
     END IF;
 
     IF holds <> '{}' THEN
@@ -177,15 +165,18 @@ BEGIN
 END
 $$;
 
--- A message that could not be decoded, kept as it came. `filed_as`: as for upload_end.
-CREATE FUNCTION sync.keep_upload(replica uuid, message bytea, reason text, filed_as name DEFAULT NULL)
+-- A message that could not be decoded, kept as it came, under its id when that could be read.
+-- `filed_as`: as for upload_end. `waits`: as for sync.keep_upload (a message over the size limit
+-- does not wait: it is filed once the limit is raised).
+CREATE FUNCTION sync.keep_message(replica uuid, message bytea, reason text, filed_as name DEFAULT NULL,
+                                  upload uuid DEFAULT NULL, waits boolean DEFAULT true)
 RETURNS void
 LANGUAGE sql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    INSERT INTO sync.set_aside (kind, replica, body, reason, filed_as)
-    VALUES ('upload', keep_upload.replica, keep_upload.message, keep_upload.reason,
-            sync.filer(keep_upload.filed_as))
+    SELECT sync.keep_upload(keep_message.replica, keep_message.upload,
+                            sync.filer(keep_message.filed_as), NULL, keep_message.message,
+                            keep_message.reason, keep_message.waits)
 $$;
 
 -- The `both` rows of an upload that were filed, as uploaded: [{"t", "k", "r"}] (see sync.echo).
@@ -203,11 +194,11 @@ REVOKE ALL ON FUNCTION sync.receive(uuid, bytea), sync.encode_filed(uuid, bigint
     sync.filed_parts(uuid, jsonb, bigint),
     sync.receive_setup(uuid), sync.receive_codecs(text[]), sync.upload_begin(uuid, uuid),
     sync.upload_end(uuid, uuid, jsonb, bigint, jsonb, jsonb, boolean, name),
-    sync.keep_upload(uuid, bytea, text, name), sync.filer(name),
+    sync.keep_message(uuid, bytea, text, name, uuid, boolean), sync.filer(name),
     sync.upload_echoes(uuid, uuid, jsonb)
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sync.receive(uuid, bytea), sync.receive_setup(uuid),
     sync.receive_codecs(text[]), sync.upload_begin(uuid, uuid),
     sync.upload_end(uuid, uuid, jsonb, bigint, jsonb, jsonb, boolean, name),
-    sync.keep_upload(uuid, bytea, text, name), sync.upload_echoes(uuid, uuid, jsonb)
+    sync.keep_message(uuid, bytea, text, name, uuid, boolean), sync.upload_echoes(uuid, uuid, jsonb)
     TO sync_receiver;

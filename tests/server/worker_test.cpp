@@ -366,6 +366,36 @@ TEST(Worker, RetriesWhatWasSetAsideAndReportsIt) {
     EXPECT_EQ(db.value("SELECT count(*) FROM sync.set_aside"), "0");
 }
 
+// A kept upload whose retry fails is kept with that failure as its reason, and the relay goes
+// on: here a message kept whole for its size which, once the limit is back, speaks a later
+// protocol version (an ERROR in sync.receive).
+TEST(Worker, AKeptUploadWhoseRetryFailsDoesNotStopTheRelay) {
+    Shop shop({"magic_sync.idle = 100", "magic_sync.retry_every = '1s'"});
+    Connection db(shop.cluster.conninfo("shop"));
+    ASSERT_TRUE(eventually([&] { return db.value("SELECT count(*) FROM sync.replica") == "1"; }))
+        << shop.cluster.log();
+    db.query("ALTER SYSTEM SET magic_sync.max_upload_bytes = 2048");
+    db.query("SELECT pg_reload_conf()");
+    ASSERT_TRUE(eventually([&] {
+        Connection route(shop.cluster.conninfo("shop"));
+        return route.value("SHOW magic_sync.max_upload_bytes") == "2kB";
+    }));
+    Connection route(shop.cluster.conninfo("shop"));
+    EXPECT_EQ(route.value("SELECT sync.receive('00000000-0000-0000-0000-000000000001', convert_to("
+                          "'{\"v\":2,\"id\":\"10000000-0000-0000-0000-000000000001\",\"rows\":"
+                          "[{\"t\":\"public.products\",\"r\":{\"id\":1,\"name\":\"' ||"
+                          " repeat('x', 3000) || '\"}}]}', 'UTF8'))"),
+              "kept");
+    db.query("ALTER SYSTEM RESET magic_sync.max_upload_bytes");
+    db.query("SELECT pg_reload_conf()");
+    ASSERT_TRUE(eventually([&] {
+        return db.value("SELECT reason FROM sync.set_aside WHERE kind = 'upload'") ==
+               "upload: message speaks protocol version 2; this build speaks up to version 1";
+    })) << shop.cluster.log();
+    db.query("INSERT INTO products VALUES (2, 'tea')");
+    EXPECT_TRUE(eventually([&] { return deliveries(db) == "2:1"; })) << shop.cluster.log();
+}
+
 TEST(Relay, CallSyncRelayRelaysUntilCancelled) {
     Cluster cluster({"magic_sync.database = ''"});
     cluster.create_database("shop");

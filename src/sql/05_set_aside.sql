@@ -1,0 +1,308 @@
+-- What could not be planned, sent or filed (DESIGN §3, §6, §13): sync.set_aside and its one owner.
+-- Everything that keeps an item, counts it again, tries it again or releases it is here; the pass,
+-- sync.receive's helpers and the relay loop call these functions and never write the table.
+--
+-- Kinds: `note`, a change the pass could not plan; `row`, a row it could not send (too big);
+-- `untaken`, a row a replica could not take; `upload`, a row of an upload, or a whole message,
+-- that sync.receive could not file.
+
+-- What filing depends on besides the rows themselves, as a counter: it moves on every DDL command
+-- (a deploy, a declaration, a grant, a policy), every change of the declarations or the senders'
+-- hooks, and whenever the relay takes its lock (a new build). A kept upload that no data can cure
+-- waits for it to move.
+CREATE SEQUENCE sync.filing_change;
+SELECT nextval('sync.filing_change');
+
+CREATE FUNCTION sync.filing_changed() RETURNS bigint
+LANGUAGE sql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+RETURN nextval('sync.filing_change');
+
+-- Temporary tables (the relay plans in some) change nothing filing depends on.
+CREATE FUNCTION sync.note_ddl() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF NOT EXISTS (SELECT FROM pg_event_trigger_ddl_commands())
+       OR EXISTS (SELECT FROM pg_event_trigger_ddl_commands() c
+                  WHERE coalesce(c.schema_name, '') NOT LIKE 'pg\_temp%') THEN
+        PERFORM sync.filing_changed();
+    END IF;
+END
+$$;
+CREATE EVENT TRIGGER magic_sync_filing_change ON ddl_command_end
+EXECUTE FUNCTION sync.note_ddl();
+
+CREATE FUNCTION sync.note_declaration() RETURNS trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM sync.filing_changed();
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER filing_change AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON sync.codec
+FOR EACH STATEMENT EXECUTE FUNCTION sync.note_declaration();
+CREATE TRIGGER filing_change AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON sync.sender_rule
+FOR EACH STATEMENT EXECUTE FUNCTION sync.note_declaration();
+
+-- The settings a value's text is read under when filing converts it to its column's type: dates
+-- and times, intervals, money, xml, arrays. Kept with what receive keeps, as the route had them,
+-- and set again when the retry files it.
+CREATE FUNCTION sync.filing_settings() RETURNS jsonb
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+RETURN (SELECT jsonb_object_agg(name, current_setting(name))
+        FROM unnest(ARRAY['DateStyle', 'IntervalStyle', 'TimeZone', 'lc_monetary', 'xmloption',
+                          'array_nulls']) AS name);
+
+-- How long a kept upload whose failure the data may cure waits after its `tries`-th try: no
+-- time after the first (the next retry), then 1, 3, 7, ... up to 63 times magic_sync.retry_every.
+CREATE FUNCTION sync.backoff(tries int) RETURNS interval
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+RETURN current_setting('magic_sync.retry_every')::interval * (2 ^ least(tries - 1, 6) - 1);
+
+-- Keeping ---------------------------------------------------------------------------------------
+
+-- Keeps notes or rows (`kind` 'note' or 'row') the pass could not plan or send, with their
+-- reasons; one kept already is counted again, its reason the latest. Returns how many.
+CREATE FUNCTION sync.keep(kind text, codecs int[], keys jsonb[], reasons text[]) RETURNS bigint
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH kept AS (
+        INSERT INTO sync.set_aside AS s (kind, codec, key, reason)
+        SELECT DISTINCT ON (i.codec, i.key) keep.kind, i.codec, i.key, i.reason
+        FROM unnest(codecs, keys, reasons) WITH ORDINALITY AS i(codec, key, reason, n)
+        ORDER BY i.codec, i.key, i.n DESC
+        ON CONFLICT (kind, codec, key) WHERE kind IN ('note', 'row') DO UPDATE
+            SET tries = s.tries + 1, last_try_at = now(), reason = excluded.reason
+        RETURNING 1)
+    SELECT count(*) FROM kept
+$$;
+
+-- Keeps the rows `replica` reported it could not take ([{"seq", "t", "k", "why"}]), the latest
+-- report of a row counted again.
+CREATE FUNCTION sync.keep_untaken(replica uuid, untaken jsonb) RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    INSERT INTO sync.set_aside AS s (kind, replica, codec, key, body, reason)
+    SELECT DISTINCT ON (c.id, e->'k') 'untaken', keep_untaken.replica, c.id, e->'k',
+           convert_to(e::text, 'UTF8'), format('message %s: %s', e->>'seq', e->>'why')
+    FROM jsonb_array_elements(untaken) e
+    LEFT JOIN sync.codec c ON c.table_name = e->>'t'
+    ORDER BY c.id, e->'k', (e->>'seq')::bigint DESC
+    ON CONFLICT (replica, codec, key) WHERE kind = 'untaken' DO UPDATE
+        SET tries = s.tries + 1, last_try_at = now(), body = excluded.body,
+            reason = excluded.reason
+$$;
+
+-- Keeps what sync.receive could not file of upload `upload` from `replica`, to be filed again as
+-- `filed_as` under the session's filing settings: the rows of `kept` that carry a body
+-- ([{"t", "k", "reason", "body", "waits"}]), or (`kept` NULL) `message` whole. `waits`: only a
+-- change of what filing depends on can cure it; otherwise it is tried again, backed off.
+CREATE FUNCTION sync.keep_upload(replica uuid, upload uuid, filed_as name, kept jsonb,
+                                 message bytea DEFAULT NULL, reason text DEFAULT NULL,
+                                 waits boolean DEFAULT true)
+RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    INSERT INTO sync.set_aside (kind, replica, upload, table_name, codec, key, body, reason,
+                                filed_as, settings, next_try_at, change_seen)
+    SELECT 'upload', keep_upload.replica, keep_upload.upload, e->>'t', c.id, e->'k',
+           coalesce(keep_upload.message, convert_to(e->>'body', 'UTF8')),
+           coalesce(e->>'reason', keep_upload.reason),
+           keep_upload.filed_as, sync.filing_settings(),
+           CASE WHEN coalesce((e->'waits')::boolean, keep_upload.waits) THEN NULL ELSE now() END,
+           (SELECT last_value FROM sync.filing_change)
+    FROM (SELECT e, i FROM jsonb_array_elements(keep_upload.kept) WITH ORDINALITY AS x(e, i)
+          WHERE e ? 'body'
+          UNION ALL SELECT NULL, 1 WHERE keep_upload.kept IS NULL) AS x
+    LEFT JOIN sync.codec c ON c.table_name = e->>'t'
+    ORDER BY x.i
+$$;
+
+-- Releasing -------------------------------------------------------------------------------------
+
+-- Releases the notes the pass planned now.
+CREATE FUNCTION sync.release_notes(codecs int[], keys jsonb[]) RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    DELETE FROM sync.set_aside s USING unnest(codecs, keys) AS i(codec, key)
+    WHERE s.kind = 'note' AND s.codec = i.codec AND s.key = i.key
+$$;
+
+-- Trying again ----------------------------------------------------------------------------------
+
+-- Files the kept uploads `ids` again (src/receive.cpp): [{"id", "filed", "answered", "key",
+-- "reason", "waits"}], one per item.
+CREATE FUNCTION sync.refile(ids bigint[]) RETURNS jsonb
+AS 'MODULE_PATHNAME', 'magic_sync_refile'
+LANGUAGE C VOLATILE STRICT
+SET search_path = pg_catalog, pg_temp
+SET plan_cache_mode = force_generic_plan;
+
+-- What the relay could not plan or send, tried again: notes are planned again; rows withheld as
+-- too big, or that a replica could not take, are sent again (a new seq in their scope, their
+-- content unchanged), so a deploy that fixed the cause lets them through. Run on the relay's
+-- retry_every timer and when it takes the lock. Returns what it did, as log lines.
+CREATE FUNCTION sync.retry_notes_and_rows() RETURNS TABLE (level text, line text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    notes bigint;
+    rows_again bigint;
+BEGIN
+    PERFORM sync.relay_lock();
+    INSERT INTO sync.note (codec, key) SELECT s.codec, s.key FROM sync.set_aside s WHERE s.kind = 'note';
+    GET DIAGNOSTICS notes = ROW_COUNT;
+    WITH again AS (
+        DELETE FROM sync.set_aside s WHERE s.kind IN ('row', 'untaken') RETURNING s.codec, s.key),
+    bumped AS (
+        UPDATE sync.row r SET seq = nextval('sync.row_seq')
+        FROM (SELECT DISTINCT sync.key_hash(c.table_name, a.key) AS k
+              FROM again a JOIN sync.codec c ON c.id = a.codec) a
+        WHERE r.k = a.k AND NOT r.gone
+        RETURNING r.scope, r.seq)
+    UPDATE sync.scope s SET head = greatest(s.head, b.seq)
+    FROM (SELECT scope, max(seq) AS seq FROM bumped GROUP BY scope) b
+    WHERE s.id = b.scope;
+    GET DIAGNOSTICS rows_again = ROW_COUNT;
+    IF notes + rows_again > 0 THEN
+        level := 'LOG';
+        line := format('retrying what was set aside: %s notes planned again, rows sent again in %s scopes',
+                       notes, rows_again);
+        RETURN NEXT;
+    END IF;
+END
+$$;
+
+-- One slice of the kept uploads that are due, filed again in the caller's transaction: chunks of
+-- at most 100 items (fewer when their bodies pass 64 MB) until `slice` items are done or `budget`
+-- has gone, so that a slice is short whatever each item costs. Each item is filed as its route
+-- filed it (as its role, under its settings, after the senders' hooks). Due: an item whose
+-- failure the data may cure, once its backoff has passed; any item, once sync.filing_change has
+-- moved since it was last tried. What is filed is released and its upload answered again, under
+-- its own id, once none of its items is due (the answer names what is still kept of it); what is
+-- kept again has its reason, its tries counted and its next try. `more`: items are still due.
+--
+-- The relay runs it in a transaction of its own per slice, passes between; by hand,
+-- sync.retry_set_aside() runs every slice.
+CREATE FUNCTION sync.retry_uploads(slice int DEFAULT 1000, budget interval DEFAULT '100 ms',
+                                   OUT filed bigint, OUT kept bigint, OUT more boolean)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    change bigint := (SELECT last_value FROM sync.filing_change);
+    started timestamptz := clock_timestamp();
+    chunk int;
+    due bigint[];
+    chunk_filed bigint;
+    chunk_kept bigint;
+BEGIN
+    PERFORM sync.relay_lock();
+    filed := 0;
+    kept := 0;
+    LOOP
+        chunk := least(100, slice - filed - kept);
+        -- Each candidate found through its index, whatever the table's statistics say: a chunk
+        -- costs the same with 2,000 items kept as with 100,000. What this slice did is no longer
+        -- due, so the next chunk finds the next items.
+        SELECT array_agg(d.id ORDER BY d.id) INTO due FROM (
+            SELECT l.id, sum(l.bytes) OVER (ORDER BY l.id) - l.bytes AS before
+            FROM (SELECT s.id, octet_length(s.body) AS bytes
+                  FROM ((SELECT a.id FROM sync.set_aside a
+                         WHERE a.kind = 'upload' AND a.next_try_at <= now()
+                         ORDER BY a.next_try_at LIMIT chunk)
+                        UNION
+                        (SELECT a.id FROM sync.set_aside a
+                         WHERE a.kind = 'upload' AND a.change_seen < change
+                         ORDER BY a.change_seen LIMIT chunk)) c
+                  JOIN sync.set_aside s ON s.id = c.id
+                  ORDER BY s.id LIMIT chunk FOR UPDATE OF s SKIP LOCKED) l) d
+        WHERE d.before < 64 * 1024 * 1024;
+        EXIT WHEN due IS NULL;
+
+        WITH outcome AS MATERIALIZED (
+            SELECT o.* FROM jsonb_to_recordset(sync.refile(due))
+                AS o(id bigint, filed boolean, answered boolean, key jsonb, reason text, waits boolean)),
+        released AS (
+            DELETE FROM sync.set_aside s USING outcome o
+            WHERE s.id = o.id AND o.filed
+            RETURNING s.replica, s.upload, o.answered),
+        refiled AS (
+            UPDATE sync.upload u SET refiled = true
+            FROM (SELECT DISTINCT r.replica, r.upload FROM released r WHERE NOT r.answered) r
+            WHERE u.replica = r.replica AND u.id = r.upload),
+        counted AS (
+            UPDATE sync.set_aside s
+            SET reason = o.reason, key = coalesce(o.key, s.key),
+                codec = (SELECT c.id FROM sync.codec c WHERE c.table_name = s.table_name),
+                tries = s.tries + 1, last_try_at = now(), change_seen = change,
+                next_try_at = CASE WHEN o.waits THEN NULL ELSE now() + sync.backoff(s.tries + 1) END
+            FROM outcome o
+            WHERE s.id = o.id AND NOT o.filed)
+        SELECT count(*) FILTER (WHERE o.filed), count(*) FILTER (WHERE NOT o.filed)
+        INTO chunk_filed, chunk_kept FROM outcome o;
+        filed := filed + chunk_filed;
+        kept := kept + chunk_kept;
+        EXIT WHEN filed + kept >= slice OR clock_timestamp() - started >= budget;
+    END LOOP;
+
+    -- Uploads whose kept rows the retry filed, and none of whose rows is due any more: answered
+    -- again under their own ids, with what is still kept of them.
+    WITH answered AS (
+        UPDATE sync.upload u SET refiled = false,
+            kept = coalesce((SELECT jsonb_agg(jsonb_build_object('t', s.table_name, 'k', s.key,
+                                                                 'why', s.reason) ORDER BY s.id)
+                             FROM sync.set_aside s
+                             WHERE s.kind = 'upload' AND s.replica = u.replica
+                               AND s.upload = u.id), '[]')
+        WHERE u.refiled AND NOT EXISTS (
+            SELECT FROM sync.set_aside s
+            WHERE s.kind = 'upload' AND s.replica = u.replica AND s.upload = u.id
+              AND (s.next_try_at <= now() OR s.change_seen < change))
+        RETURNING u.replica, u.id, u.kept)
+    INSERT INTO sync.answer (replica, kind, payload)
+    SELECT a.replica, 'filed', jsonb_build_object('upload', a.id, 'kept', a.kept) FROM answered a;
+
+    more := coalesce((SELECT min(s.next_try_at) FROM sync.set_aside s WHERE s.kind = 'upload')
+                     <= now(), false)
+            OR coalesce((SELECT min(s.change_seen) FROM sync.set_aside s WHERE s.kind = 'upload')
+                        < change, false);
+END
+$$;
+
+-- Everything that is due, tried again in this transaction: what the relay could not plan or
+-- send, and every slice of the kept uploads. Returns what it did, as log lines.
+CREATE FUNCTION sync.retry_set_aside() RETURNS TABLE (level text, line text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    slice record;
+    filed bigint := 0;
+    kept bigint := 0;
+BEGIN
+    RETURN QUERY SELECT * FROM sync.retry_notes_and_rows();
+    LOOP
+        slice := sync.retry_uploads();
+        filed := filed + slice.filed;
+        kept := kept + slice.kept;
+        EXIT WHEN NOT slice.more OR slice.filed + slice.kept = 0;
+    END LOOP;
+    IF filed + kept > 0 THEN
+        level := 'LOG';
+        line := format('retrying kept uploads: %s filed now, %s kept again', filed, kept);
+        RETURN NEXT;
+    END IF;
+END
+$$;
