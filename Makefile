@@ -301,3 +301,16 @@ build/bench/repair: bench/repair/repair_bench.cpp $(TEST_SUPPORT_SRCS) $(wildcar
 bench-repair: build/bench/repair build/bin/magic-sync-replica
 	$(MAKE) install
 	build/bench/repair 100000 1 10 100 1000
+
+# The retry of kept uploads (issue 21): time per kept row from 2,000 to 100,000 kept rows, and
+# commit-to-outbox latency of a catalog change while the relay worker retries 100,000 of them
+# (bench/README.md).
+build/bench/retry: bench/retry/retry_bench.cpp $(TEST_SUPPORT_SRCS) tests/server/pq.hpp
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) -Itests -o $@ bench/retry/retry_bench.cpp \
+		$(TEST_SUPPORT_SRCS) -lpq
+
+.PHONY: bench-retry
+bench-retry: build/bench/retry
+	$(MAKE) install
+	build/bench/retry 3 3

@@ -3,7 +3,6 @@
 // default) between passes when there is no work, so only the commit's wake-up can make the
 // latency smaller than that.
 #include <libpq-fe.h>
-#include <sys/select.h>
 
 #include <algorithm>
 #include <chrono>
@@ -13,11 +12,13 @@
 #include <thread>
 #include <vector>
 
+#include "server/pq.hpp"
 #include "support/cluster.hpp"
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using magic_sync::test::await_notify;
 
 PGconn* connect(const std::string& conninfo) {
     PGconn* connection = PQconnectdb(conninfo.c_str());
@@ -35,27 +36,6 @@ void exec(PGconn* connection, const std::string& sql) {
         throw std::runtime_error(error + " in: " + sql);
     }
     PQclear(result);
-}
-
-// Waits for a notification on `connection`; false after `timeout`.
-bool await_notify(PGconn* connection, std::chrono::milliseconds timeout) {
-    auto deadline = Clock::now() + timeout;
-    for (;;) {
-        PQconsumeInput(connection);
-        if (PGnotify* notify = PQnotifies(connection)) {
-            PQfreemem(notify);
-            return true;
-        }
-        auto left = std::chrono::duration_cast<std::chrono::microseconds>(deadline - Clock::now());
-        if (left.count() <= 0) return false;
-        int socket = PQsocket(connection);
-        fd_set readable;
-        FD_ZERO(&readable);
-        FD_SET(socket, &readable);
-        timeval wait{static_cast<long>(left.count() / 1000000),
-                     static_cast<long>(left.count() % 1000000)};
-        select(socket + 1, &readable, nullptr, nullptr, &wait);
-    }
 }
 
 double percentile(std::vector<double> values, double p) {

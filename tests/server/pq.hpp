@@ -2,6 +2,7 @@
 #pragma once
 
 #include <libpq-fe.h>
+#include <sys/select.h>
 
 #include <chrono>
 #include <optional>
@@ -67,6 +68,28 @@ class Connection {
   private:
     PGconn* connection_;
 };
+
+// Waits for a notification on `connection` (one that LISTENs); false after `timeout`.
+inline bool await_notify(PGconn* connection, std::chrono::milliseconds timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+        PQconsumeInput(connection);
+        if (PGnotify* notify = PQnotifies(connection)) {
+            PQfreemem(notify);
+            return true;
+        }
+        auto left = std::chrono::duration_cast<std::chrono::microseconds>(
+            deadline - std::chrono::steady_clock::now());
+        if (left.count() <= 0) return false;
+        int socket = PQsocket(connection);
+        fd_set readable;
+        FD_ZERO(&readable);
+        FD_SET(socket, &readable);
+        timeval wait{static_cast<long>(left.count() / 1000000),
+                     static_cast<long>(left.count() % 1000000)};
+        select(socket + 1, &readable, nullptr, nullptr, &wait);
+    }
+}
 
 // Polls `condition` until it holds or `timeout` passes; returns whether it held.
 template <typename Condition>
