@@ -1,5 +1,6 @@
 #include "protocol/messages.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <limits>
 #include <stdexcept>
@@ -354,6 +355,27 @@ size_t rows_envelope_overhead() {
     return overhead;
 }
 
+size_t rows_envelope_size(const std::vector<std::string>& reset,
+                          const std::vector<std::string>& drop) {
+    RowsMessage message;
+    message.header.replica = std::string(36, 'f');
+    message.header.gen = std::numeric_limits<int64_t>::max();
+    message.header.seq = std::numeric_limits<int64_t>::max();
+    message.reset = reset;
+    message.drop = drop;
+    // Room for the "withheld":[...] frame, in case a chunk brings withheld rows: with one note the
+    // message grows by frame + note, with a second by note + 1 (a comma).
+    const KeyNote note{"t", "{}", ""};
+    RowsMessage one_note = message;
+    one_note.withheld.push_back(note);
+    RowsMessage two_notes = one_note;
+    two_notes.withheld.push_back(note);
+    const size_t none = encode(message).size();
+    const size_t one = encode(one_note).size();
+    const size_t two = encode(two_notes).size();
+    return none + (one - none) - (two - one) + 1;
+}
+
 size_t chunk_overhead(std::string_view scope, int64_t from, int64_t to) {
     Chunk empty;
     empty.scope = std::string(scope);
@@ -370,6 +392,22 @@ size_t encoded_row_size(std::string_view table, std::string_view key,
     size_t size = std::string_view(R"({"t":,"k":,"r":})").size() + quoted_table.size() + key.size();
     if (!row) return size + std::string_view("null").size();
     return size + row->size() + std::string_view(R"(,"h":"")").size() + kHexDigestLength;
+}
+
+bool row_travels(std::string_view scope, std::string_view table, std::string_view key,
+                 std::string_view row, size_t max_bytes) {
+    constexpr int64_t kLargestSeq = std::numeric_limits<int64_t>::max();
+    static const size_t envelope = rows_envelope_size({"*"}, {});
+    RepairMessage repair;
+    repair.header = {std::string(36, 'f'), kLargestSeq, kLargestSeq};
+    repair.scope = std::string(scope);
+    repair.range.lo.fill(0xff);
+    repair.range.hi = repair.range.lo;
+    // A row travels in a rows message and, when a repair resends it, in a repair message.
+    const size_t around = std::max(envelope + chunk_overhead(scope, kLargestSeq, kLargestSeq),
+                                   encode(repair).size()) +
+                          1;
+    return around < max_bytes && encoded_row_size(table, key, row) + 1 <= max_bytes - around;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -217,9 +217,20 @@ Upload decode_upload(std::string_view text, const Limits& limits = Limits{});
 //   chunk_overhead(scope, from, to) + Σ encoded_row_size(row) + (number of rows - 1).
 // A repair's rows are counted the same way.
 size_t rows_envelope_overhead();  // no chunks, 36-byte replica, gen and seq of 19 digits
+// The most bytes a rows message with these reset and drop lists takes besides its chunks and
+// withheld rows, room for the "withheld" frame included (any replica, gen and seq).
+size_t rows_envelope_size(const std::vector<std::string>& reset,
+                          const std::vector<std::string>& drop);
 size_t chunk_overhead(std::string_view scope, int64_t from, int64_t to);  // a chunk with no rows
 // `row` none: the row is gone.
 size_t encoded_row_size(std::string_view table, std::string_view key,
                         std::optional<std::string_view> row);
+// Whether a row can travel at all: it fits, with the comma before it, a chunk of its scope at the
+// largest seqs in a rows message that resets everything, and a repair message of its scope,
+// within `max_bytes`. A row that does not
+// is withheld (DESIGN §4, §7): the rule depends on the row and its scope alone, never on where a
+// replica's cursor stands, so the server, the replica and an oracle agree on it.
+bool row_travels(std::string_view scope, std::string_view table, std::string_view key,
+                 std::string_view row, size_t max_bytes);
 
 }  // namespace magic_sync::protocol

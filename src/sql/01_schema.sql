@@ -32,11 +32,20 @@ CREATE TABLE sync.codec (
     relation regclass NOT NULL UNIQUE,
     table_name text NOT NULL UNIQUE,
     kind text NOT NULL CHECK (kind IN ('catalog', 'record', 'both')),
+    -- The rule as declared ("to"), and as parsed once, at declaration, into who receives a row:
+    -- nobody, all (of the partition), own (the replica whose id the row's to_column holds) or
+    -- group (every replica whose replica_column equals the row's to_column). Every audience and
+    -- membership is derived from these columns (sync.audience_sql, the pass), never from "to".
     "to" text,
+    audience text NOT NULL CHECK (audience IN ('nobody', 'all', 'own', 'group')),
+    to_column name CHECK ((to_column IS NOT NULL) = (audience IN ('own', 'group'))),
+    replica_column name CHECK ((replica_column IS NOT NULL) = (audience = 'group')),
     columns name[],
     replica_columns name[] NOT NULL DEFAULT '{}',
     stamp name[] NOT NULL DEFAULT '{}',
-    key_columns name[] NOT NULL
+    key_columns name[] NOT NULL,
+    -- The key columns' types when declared: a change of them changes every row's key.
+    key_types regtype[] NOT NULL
 );
 
 -- What the server knows of a replica that sends something up, and how a filing is set up.
@@ -88,6 +97,9 @@ CREATE TABLE sync.row (
     hash bytea,
     body text,
     gone boolean NOT NULL DEFAULT false,
+    -- Too big for any message (sync.row_travels): sent as a withheld note, and outside the
+    -- scope's fingerprint on both sides, so repair never chases it.
+    withheld boolean NOT NULL DEFAULT false,
     -- A version filed from this replica's upload that it holds already (sync.echo), and the seq
     -- of the version it replaced: not sent back to it while it is the scope's only member and
     -- was sent that older version.
@@ -256,7 +268,10 @@ CREATE TABLE sync.relay_state (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     last_pass_at timestamptz,
     last_pass jsonb,
-    replicas_scanned_at timestamptz
+    replicas_scanned_at timestamptz,
+    audited_at timestamptz,
+    -- The magic_sync.bytes_per_message the rows' withheld flags were worked out under.
+    bytes_per_message int
 );
 INSERT INTO sync.relay_state DEFAULT VALUES;
 

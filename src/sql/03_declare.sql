@@ -31,6 +31,15 @@ AS $$
     WHERE a.attrelid = relation AND a.attname = column_name AND a.attnum > 0 AND NOT a.attisdropped
 $$;
 
+-- The types of columns of a relation, in the order named (NULL for a column it does not have).
+CREATE FUNCTION sync.column_types(relation regclass, column_names name[]) RETURNS regtype[]
+LANGUAGE sql STABLE STRICT
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT array_agg(sync.column_type(relation, c.name) ORDER BY c.position)
+    FROM unnest(column_names) WITH ORDINALITY AS c(name, position)
+$$;
+
 -- The primary key columns of a table, in key order (NULL when it has none).
 CREATE FUNCTION sync.key_columns(relation regclass) RETURNS name[]
 LANGUAGE sql STABLE STRICT
@@ -208,7 +217,10 @@ DECLARE
     relkind "char" := (SELECT c.relkind FROM pg_class c WHERE c.oid = "table");
     keys name[] := sync.key_columns("table");
     replica_set sync.replica_set;
-    audience text[];
+    parsed text[];
+    audience text;
+    to_column name;
+    replica_column name;
     own_type regtype;
     replica_type regtype;
     codec_id int;
@@ -231,22 +243,30 @@ BEGIN
     END IF;
     SELECT * INTO replica_set FROM sync.replica_set;
 
-    -- Who receives a row: 'all', 'col' (holds a replica id), 'col = replica_col', or NULL.
+    -- Who receives a row: 'all', 'col' (holds a replica id), 'col = replica_col', or NULL. Parsed
+    -- here, once, into audience, to_column and replica_column; nothing parses "to" again.
     "to" := btrim("to");
-    IF "to" IS NOT NULL AND "to" <> 'all' THEN
-        audience := regexp_match("to", '^([A-Za-z_][A-Za-z0-9_$]*)\s*(?:=\s*([A-Za-z_][A-Za-z0-9_$]*))?$');
-        IF audience IS NULL THEN
+    IF "to" IS NULL THEN
+        audience := 'nobody';
+    ELSIF "to" = 'all' THEN
+        audience := 'all';
+    ELSE
+        parsed := regexp_match("to", '^([A-Za-z_][A-Za-z0-9_$]*)\s*(?:=\s*([A-Za-z_][A-Za-z0-9_$]*))?$');
+        IF parsed IS NULL THEN
             RAISE EXCEPTION 'to => ''%'' is not one of ''all'', ''column'' or ''column = replica_column''', "to"
                 USING ERRCODE = 'invalid_parameter_value',
                       HINT = 'E.g. to => ''register_id'' (the column holds a replica id) or '
                              'to => ''store_id = store_id'' (every replica of that store).';
         END IF;
-        PERFORM sync.require_columns("table", ARRAY[audience[1]]::name[], 'to');
-        own_type := sync.column_type("table", audience[1]);
-        IF audience[2] IS NULL THEN
+        to_column := parsed[1];
+        replica_column := parsed[2];
+        audience := CASE WHEN replica_column IS NULL THEN 'own' ELSE 'group' END;
+        PERFORM sync.require_columns("table", ARRAY[to_column], 'to');
+        own_type := sync.column_type("table", to_column);
+        IF audience = 'own' THEN
             IF own_type <> 'uuid'::regtype THEN
                 RAISE EXCEPTION 'to => ''%'': column %.% is of type %, but a column that names the '
-                                'receiving replica must be uuid', "to", table_name, audience[1], own_type
+                                'receiving replica must be uuid', "to", table_name, to_column, own_type
                     USING ERRCODE = 'datatype_mismatch',
                           HINT = 'Use to => ''column = replica_column'' to send a row to every '
                                  'replica whose column has the same value.';
@@ -257,16 +277,16 @@ BEGIN
                     USING ERRCODE = 'object_not_in_prerequisite_state',
                           HINT = 'Declare them first with sync.replicas().';
             END IF;
-            replica_type := sync.column_type(replica_set.relation, audience[2]);
+            replica_type := sync.column_type(replica_set.relation, replica_column);
             IF replica_type IS NULL THEN
                 RAISE EXCEPTION 'to => ''%'': the replicas relation % has no column "%"',
-                                "to", replica_set.relation_name, audience[2]
+                                "to", replica_set.relation_name, replica_column
                     USING ERRCODE = 'undefined_column';
             END IF;
             IF replica_type <> own_type THEN
                 RAISE EXCEPTION 'to => ''%'': column %.% is of type % but %.% is of type %',
-                                "to", table_name, audience[1], own_type,
-                                replica_set.relation_name, audience[2], replica_type
+                                "to", table_name, to_column, own_type,
+                                replica_set.relation_name, replica_column, replica_type
                     USING ERRCODE = 'datatype_mismatch',
                           HINT = 'The two columns are compared for equality: make them the same type.';
             END IF;
@@ -319,12 +339,16 @@ BEGIN
                   HINT = 'No row crosses a partition: add the column to the table.';
     END IF;
 
-    INSERT INTO sync.codec AS c (relation, table_name, kind, "to", columns, replica_columns, stamp, key_columns)
-    VALUES (relation, table_name, kind, "to", columns, replica_columns, stamp, keys)
+    INSERT INTO sync.codec AS c (relation, table_name, kind, "to", audience, to_column, replica_column,
+                                 columns, replica_columns, stamp, key_columns, key_types)
+    VALUES (relation, table_name, kind, "to", audience, to_column, replica_column,
+            columns, replica_columns, stamp, keys, sync.column_types("table", keys))
     ON CONFLICT ON CONSTRAINT codec_relation_key DO UPDATE
         SET table_name = excluded.table_name, kind = excluded.kind, "to" = excluded."to",
-            columns = excluded.columns, replica_columns = excluded.replica_columns,
-            stamp = excluded.stamp, key_columns = excluded.key_columns
+            audience = excluded.audience, to_column = excluded.to_column,
+            replica_column = excluded.replica_column, columns = excluded.columns,
+            replica_columns = excluded.replica_columns, stamp = excluded.stamp,
+            key_columns = excluded.key_columns, key_types = excluded.key_types
     RETURNING c.id INTO codec_id;
     PERFORM sync.install_capture(relation, codec_id, keys);
     -- The next pass looks at every row of the table under the new declaration.
@@ -472,17 +496,17 @@ BEGIN
         END IF;
         SELECT array_agg(x) INTO lost
         FROM unnest(c.key_columns || coalesce(c.columns, '{}') || c.replica_columns || c.stamp
-                    || (regexp_match(coalesce(c."to", ''), '^([A-Za-z_][A-Za-z0-9_$]*)'))::name[]) x
-        WHERE x <> 'all' AND sync.column_type(c.relation, x) IS NULL;
+                    || array_remove(ARRAY[c.to_column], NULL)) x
+        WHERE sync.column_type(c.relation, x) IS NULL;
         FOREACH wanted IN ARRAY coalesce(lost, '{}') LOOP
             problem := format('column "%s" of %s, named in its declaration, was dropped', wanted, current_name);
             fix := format('Add the column back, or redeclare %s without it.', current_name);
             RETURN NEXT;
         END LOOP;
-        wanted := (regexp_match(coalesce(c."to", ''), '=\s*([A-Za-z_][A-Za-z0-9_$]*)$'))[1];
-        IF wanted IS NOT NULL AND r.relation IS NOT NULL AND sync.column_type(r.relation, wanted) IS NULL THEN
+        IF c.replica_column IS NOT NULL AND r.relation IS NOT NULL
+           AND sync.column_type(r.relation, c.replica_column) IS NULL THEN
             problem := format('to => %L matches column "%s" of the replicas, which %s no longer has',
-                              c."to", wanted, r.relation_name);
+                              c."to", c.replica_column, r.relation_name);
             fix := format('Add the column back, or redeclare %s with another "to".', current_name);
             RETURN NEXT;
         END IF;
@@ -501,4 +525,26 @@ BEGIN
         END IF;
     END LOOP;
 END
+$$;
+
+-- The routing rule of a codec as SQL, its one owner: a boolean expression that is true when the
+-- row aliased `row_alias` (a row of the codec's table) is in the audience of the replica aliased
+-- `replica_alias` (a row of the replicas relation), partition included. Built from the rule as
+-- parsed at declaration (sync.codec.audience, to_column, replica_column); the aliases are quoted.
+CREATE FUNCTION sync.audience_sql(codec int, row_alias text, replica_alias text) RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT '(' || CASE c.audience
+                      WHEN 'all' THEN 'true'
+                      WHEN 'own' THEN format('%I.%I = %I.id', row_alias, c.to_column, replica_alias)
+                      WHEN 'group' THEN format('%I.%I = %I.%I', row_alias, c.to_column,
+                                               replica_alias, c.replica_column)
+                      ELSE 'false' END
+           || CASE WHEN s.partitioned_by IS NULL THEN ''
+                   ELSE format(' AND %I.%I IS NOT DISTINCT FROM %I.%I', row_alias, s.partitioned_by,
+                               replica_alias, s.partitioned_by) END
+           || ')'
+    FROM sync.codec c LEFT JOIN sync.replica_set s ON true
+    WHERE c.id = audience_sql.codec
 $$;
