@@ -121,6 +121,31 @@ void note_rows_the_limit_changed(Spi& spi) {
         {std::to_string(settings::bytes_per_message)});
 }
 
+// Codecs that ended (sync.dropped_codec): their rows leave the relay's state and their scopes'
+// fingerprints, and every live replica that is a member of a scope that held some is told to drop
+// the table (the name its rows travelled under). Each such scope gets a new head: a chunk built
+// over those rows is not reused, and a holding reported before is not compared again.
+void forget_dropped_codecs(Spi& spi) {
+    spi.execute(
+        "WITH dropped AS (DELETE FROM sync.dropped_codec RETURNING codec, table_name),"
+        " echoes AS (DELETE FROM sync.echo e USING dropped d WHERE e.codec = d.codec),"
+        " gone AS (DELETE FROM sync.row r USING dropped d WHERE r.codec = d.codec"
+        "  RETURNING r.scope, r.k, r.hash, r.gone OR r.withheld AS uncounted, d.table_name),"
+        " per_scope AS (SELECT scope,"
+        "  sync.fp_sum(sync.fp_element(k, hash)) FILTER (WHERE NOT uncounted) AS minus,"
+        "  count(*) FILTER (WHERE NOT uncounted) AS dn, array_agg(DISTINCT table_name) AS tables"
+        "  FROM gone GROUP BY scope),"
+        " scopes AS (UPDATE sync.scope s SET fp = sync.fp_sub(s.fp, coalesce(p.minus, "
+        "sync.fp_zero())),"
+        "  n = s.n - p.dn, head = nextval('sync.row_seq') FROM per_scope p WHERE s.id = p.scope),"
+        " told AS (SELECT m.replica, array_agg(DISTINCT t) AS tables"
+        "  FROM sync.member m JOIN per_scope p ON p.scope = m.scope, unnest(p.tables) t"
+        "  GROUP BY m.replica)"
+        " UPDATE sync.replica r SET pending_table_drops = ARRAY(SELECT DISTINCT x"
+        "  FROM unnest(r.pending_table_drops || t.tables) x ORDER BY x)"
+        " FROM told t WHERE r.id = t.replica AND r.live");
+}
+
 struct ReplicaSet {
     bool declared = false;
     std::string relation;  // quoted, schema-qualified
@@ -264,7 +289,8 @@ ReplicaCounts plan_replicas(Spi& spi, const ReplicaSet& replicas) {
                    " WHERE p.live AND (x.id IS NULL OR NOT x.live OR x.partition <> p.part)"
                    " ON CONFLICT (id) DO UPDATE SET gen = r.gen + 1, live = true,"
                    " partition = excluded.partition, provisioned_at = now(), reset_pending = true,"
-                   " pending_drops = '{}', backoff_until = NULL, backoff = NULL, last_error = NULL,"
+                   " pending_drops = '{}', pending_table_drops = '{}', backoff_until = NULL,"
+                   " backoff = NULL, last_error = NULL,"
                    " refusals = 0 RETURNING r.id),"
                    " kept AS (INSERT INTO pg_temp.magic_sync_fresh SELECT id FROM fresh)"
                    " SELECT count(*) FROM fresh"));
@@ -750,10 +776,12 @@ int64_t write_messages(Spi& spi, int rounds_left) {
         "  row_number() OVER w AS position, sum(n.chunk_rows) OVER w AS rows_so_far,"
         "  sum(n.chunk_bytes + 1) OVER w AS bytes_so_far,"
         "  $2::int - sync.envelope_size(CASE WHEN r.reset_pending THEN '{*}'::text[]"
-        "   ELSE '{}' END, r.pending_drops) AS budget"
+        "   ELSE '{}' END, r.pending_drops, r.pending_table_drops) AS budget,"
+        "  cardinality(r.pending_drops) + cardinality(r.pending_table_drops) > 0 AS drops"
         "  FROM pg_temp.magic_sync_need n JOIN sync.replica r ON r.id = n.replica"
         "  WINDOW w AS (PARTITION BY n.replica ORDER BY n.scope)) x"
-        " WHERE position = 1 OR (rows_so_far <= $1::int AND bytes_so_far <= budget)",
+        " WHERE (position = 1 AND NOT drops)"
+        " OR (bytes_so_far <= budget AND (position = 1 OR rows_so_far <= $1::int))",
         {std::to_string(settings::rows_per_message), std::to_string(settings::bytes_per_message)});
     int64_t messages = count_of(spi.scalar(
         "WITH message AS ("
@@ -761,16 +789,18 @@ int64_t write_messages(Spi& spi, int rounds_left) {
         "  jsonb_object_agg(scope::text, chunk_to) AS advances"
         "  FROM pg_temp.magic_sync_picked GROUP BY replica"
         "  UNION ALL SELECT r.id, '{}', '{}' FROM sync.replica r"
-        "  WHERE r.live AND (r.reset_pending OR cardinality(r.pending_drops) > 0)"
+        "  WHERE r.live AND (r.reset_pending OR cardinality(r.pending_drops) > 0"
+        "   OR cardinality(r.pending_table_drops) > 0)"
         "  AND NOT EXISTS (SELECT FROM pg_temp.magic_sync_picked p WHERE p.replica = r.id)"
         "  AND (SELECT count(*) FROM sync.outbox o WHERE o.replica = r.id AND o.sent_at IS NULL)"
         "   < $1::int),"
         " written AS (INSERT INTO sync.outbox (replica, seq, gen, kind, chunks, reset, drops,"
-        "  advances) SELECT m.replica, r.next_seq, r.gen, 'rows', m.chunks,"
+        "  table_drops, advances) SELECT m.replica, r.next_seq, r.gen, 'rows', m.chunks,"
         "  CASE WHEN r.reset_pending THEN '{*}'::text[] ELSE '{}' END, r.pending_drops,"
-        "  m.advances FROM message m JOIN sync.replica r ON r.id = m.replica RETURNING replica),"
+        "  r.pending_table_drops, m.advances FROM message m JOIN sync.replica r ON r.id = m.replica"
+        "  RETURNING replica),"
         " counted AS (UPDATE sync.replica r SET next_seq = r.next_seq + 1, reset_pending = false,"
-        "  pending_drops = '{}' FROM written w WHERE r.id = w.replica),"
+        "  pending_drops = '{}', pending_table_drops = '{}' FROM written w WHERE r.id = w.replica),"
         " advanced AS (UPDATE sync.member m SET sent = p.chunk_to"
         "  FROM pg_temp.magic_sync_picked p WHERE m.replica = p.replica AND m.scope = p.scope)"
         " SELECT count(*) FROM written",
@@ -792,6 +822,7 @@ PassCounts run_pass(Spi& spi) {
     PassCounts counts;
     ReplicaSet replicas = replica_set(spi);
     note_rows_the_limit_changed(spi);
+    forget_dropped_codecs(spi);
     counts.notes = take_notes(spi);
     expand_whole_codecs(spi, replicas);
     analyze_if_large(spi, "magic_sync_note",

@@ -112,16 +112,15 @@ MAGIC_SYNC_FUNCTION(magic_sync_chunk_size) {
     return Int32GetDatum(static_cast<int32>(size));
 }
 
-// sync.envelope_size(reset text[], drops text[]) → int: the most bytes a rows message with these
-// lists takes besides its chunks and withheld rows (any replica, gen and seq).
+// sync.envelope_size(reset text[], drops text[], table_drops text[]) → int: the most bytes a rows
+// message with these lists takes besides its chunks and withheld rows (any replica, gen and seq).
 MAGIC_SYNC_FUNCTION(magic_sync_envelope_size) {
-    std::vector<std::string> reset;
-    std::vector<std::string> drop;
-    for (auto& scope : magic_sync::pg::text_array_arg(fcinfo, 0))
-        if (scope) reset.push_back(*scope);
-    for (auto& scope : magic_sync::pg::text_array_arg(fcinfo, 1))
-        if (scope) drop.push_back(*scope);
-    return Int32GetDatum(static_cast<int32>(protocol::rows_envelope_size(reset, drop)));
+    std::vector<std::string> lists[3];
+    for (int list = 0; list < 3; ++list)
+        for (auto& name : magic_sync::pg::text_array_arg(fcinfo, list))
+            if (name) lists[list].push_back(*name);
+    return Int32GetDatum(
+        static_cast<int32>(protocol::rows_envelope_size(lists[0], lists[1], lists[2])));
 }
 
 // sync.row_travels(scope text, table text, key text, body text) → boolean: whether the row fits

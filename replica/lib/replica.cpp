@@ -203,6 +203,18 @@ class Applier {
         state.held = true;
     }
 
+    // A table no longer synced under this name: every row of it goes, from whichever scope.
+    void drop_table(const std::string& table) {
+        Statement rows = database_.prepare("SELECT scope, key, v FROM rows WHERE tbl = ?1");
+        rows.bind(1, table);
+        while (rows.step()) {
+            scope(rows.text(0))
+                .fingerprint.remove(protocol::element(protocol::key_hash(table, rows.text(1)),
+                                                      digest_of(rows.blob(2))));
+        }
+        database_.prepare("DELETE FROM rows WHERE tbl = ?1").bind(1, table).run();
+    }
+
     // A row the server withholds (too big for any message) is outside both sides' fingerprints:
     // a version of it held from before goes.
     void withhold(const protocol::KeyNote& note) {
@@ -552,6 +564,7 @@ ApplyResult Replica::apply(std::string_view message) {
             }
         }
         for (const std::string& scope : rows->drop) applier.empty_scope(scope, false);
+        for (const std::string& table : rows->drop_tables) applier.drop_table(table);
         for (const protocol::Chunk& chunk : rows->chunks) applier.apply_chunk(chunk);
         for (const protocol::KeyNote& note : rows->withheld) {
             applier.withhold(note);

@@ -45,7 +45,10 @@ CREATE TABLE sync.codec (
     stamp name[] NOT NULL DEFAULT '{}',
     key_columns name[] NOT NULL,
     -- The key columns' types when declared: a change of them changes every row's key.
-    key_types regtype[] NOT NULL
+    key_types regtype[] NOT NULL,
+    -- The table's columns and their types when declared or last planned whole (sync.table_shape):
+    -- a schema change that alters them plans the table again.
+    shape text NOT NULL DEFAULT ''
 );
 
 -- What the server knows of a replica that sends something up, and how a filing is set up.
@@ -109,6 +112,14 @@ CREATE TABLE sync.row (
 );
 CREATE INDEX row_scope_seq ON sync.row (scope, seq);
 
+-- Codecs that ended (sync.drop, a dropped table, a declaration under another name or key): the
+-- next pass forgets their rows and tells every replica that held some to drop their table.
+CREATE TABLE sync.dropped_codec (
+    codec int PRIMARY KEY,
+    table_name text NOT NULL,
+    dropped_at timestamptz NOT NULL DEFAULT now()
+);
+
 -- Seqs of rows: drawn only by the relay's lock holder, so seq order is commit order.
 CREATE SEQUENCE sync.row_seq;
 
@@ -122,6 +133,8 @@ CREATE TABLE sync.replica (
     -- What the next rows message must carry: a full reset, scopes left.
     reset_pending boolean NOT NULL DEFAULT true,
     pending_drops text[] NOT NULL DEFAULT '{}',
+    -- Tables whose rows the next rows message drops (sync.dropped_codec).
+    pending_table_drops text[] NOT NULL DEFAULT '{}',
     applied bigint NOT NULL DEFAULT 0,
     backoff_until timestamptz,
     backoff interval,
@@ -129,7 +142,8 @@ CREATE TABLE sync.replica (
     refusals int NOT NULL DEFAULT 0
 );
 -- Replicas whose next message must carry a reset or a drop.
-CREATE INDEX replica_pending ON sync.replica (id) WHERE reset_pending OR cardinality(pending_drops) > 0;
+CREATE INDEX replica_pending ON sync.replica (id)
+WHERE reset_pending OR cardinality(pending_drops) > 0 OR cardinality(pending_table_drops) > 0;
 
 -- A replica's cursor in each of its scopes: sent through, and confirmed through.
 CREATE TABLE sync.member (
@@ -178,6 +192,7 @@ CREATE TABLE sync.outbox (
     chunks bigint[] NOT NULL DEFAULT '{}',
     reset text[] NOT NULL DEFAULT '{}',
     drops text[] NOT NULL DEFAULT '{}',
+    table_drops text[] NOT NULL DEFAULT '{}',
     body bytea,
     advances jsonb,
     created_at timestamptz NOT NULL DEFAULT now(),

@@ -27,7 +27,8 @@ AS 'MODULE_PATHNAME', 'magic_sync_row_size' LANGUAGE C IMMUTABLE PARALLEL SAFE;
 CREATE FUNCTION sync.chunk_size(scope text, from_seq bigint, to_seq bigint) RETURNS int
 AS 'MODULE_PATHNAME', 'magic_sync_chunk_size' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
-CREATE FUNCTION sync.envelope_size(reset text[], drops text[]) RETURNS int
+CREATE FUNCTION sync.envelope_size(reset text[], drops text[], table_drops text[] DEFAULT '{}')
+RETURNS int
 AS 'MODULE_PATHNAME', 'magic_sync_envelope_size' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
 -- Whether a row can travel at all within magic_sync.bytes_per_message (protocol::row_travels);
