@@ -103,7 +103,7 @@ BEGIN
     WHERE NOT EXISTS (SELECT FROM sync.outbox o WHERE c.id = ANY (o.chunks));
     GET DIAGNOSTICS chunks = ROW_COUNT;
     DELETE FROM sync.upload
-    WHERE filed_at < now() - current_setting('magic_sync.upload_memory')::interval;
+    WHERE filed_at < now() - sync.setting('upload_memory')::interval;
     GET DIAGNOSTICS uploads = ROW_COUNT;
 END
 $$;
