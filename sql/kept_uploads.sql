@@ -126,7 +126,7 @@ TRUNCATE sync.answer;
 -- reason, and it waits for a deploy; the retry does not stop at it.
 SET magic_sync.max_upload_bytes = 1024;
 SELECT route(up('10000000-0000-0000-0000-000000000002',
-                '[{"t":"insp.secret","r":{"id":2,"note":"' || repeat('x', 2000) || '"}}]', 2));
+                '[{"t":"insp.secret","r":{"id":2,"note":"' || repeat('x', 2000) || '"}}]', 3));
 RESET magic_sync.max_upload_bytes;
 SELECT * FROM kept;
 SET client_min_messages = warning;

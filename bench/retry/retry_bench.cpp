@@ -164,8 +164,9 @@ void latency_while_retrying(int rounds) {
         db.query("COMMENT ON TABLE lines IS 'round " + std::to_string(round) + "'");
         magic_sync::test::eventually(
             [&] {
-                return db.value("SELECT EXISTS (SELECT FROM sync.set_aside WHERE change_seen ="
-                                " (SELECT last_value FROM sync.filing_change))") == "t";
+                return db.value(
+                           "SELECT EXISTS (SELECT FROM sync.set_aside WHERE change_seen ="
+                           " (SELECT last_value FROM sync.filing_change))") == "t";
             },
             std::chrono::seconds(30));
         while (await_notify(listener.raw(), std::chrono::milliseconds(0))) {
@@ -194,8 +195,8 @@ void latency_while_retrying(int rounds) {
         "retries 100,000 kept rows (%d rounds, %.0f s, %zu changes):\n",
         rounds, seconds, latencies.size());
     std::printf("  median %.1f ms   p90 %.1f ms   p99 %.1f ms   max %.1f ms   missed %d\n",
-                percentile(latencies, 0.5), percentile(latencies, 0.9),
-                percentile(latencies, 0.99), percentile(latencies, 1.0), missed);
+                percentile(latencies, 0.5), percentile(latencies, 0.9), percentile(latencies, 0.99),
+                percentile(latencies, 1.0), missed);
     std::printf("  goal: p99 at most 1 s: %s\n",
                 percentile(latencies, 0.99) <= 1000.0 && missed == 0 ? "met" : "NOT met");
 }

@@ -27,8 +27,14 @@ AS 'MODULE_PATHNAME', 'magic_sync_row_size' LANGUAGE C IMMUTABLE PARALLEL SAFE;
 CREATE FUNCTION sync.chunk_size(scope text, from_seq bigint, to_seq bigint) RETURNS int
 AS 'MODULE_PATHNAME', 'magic_sync_chunk_size' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
-CREATE FUNCTION sync.envelope_size(reset text[], drops text[]) RETURNS int
+CREATE FUNCTION sync.envelope_size(reset text[], drops text[], table_drops text[] DEFAULT '{}')
+RETURNS int
 AS 'MODULE_PATHNAME', 'magic_sync_envelope_size' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+-- Whether a row can travel at all within magic_sync.bytes_per_message (protocol::row_travels);
+-- one that cannot is withheld. A property of the row and its scope, not of any replica's cursor.
+CREATE FUNCTION sync.row_travels(scope text, "table" text, key text, body text) RETURNS boolean
+AS 'MODULE_PATHNAME', 'magic_sync_row_travels' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 
 CREATE FUNCTION sync.withheld_size("table" text, key text, why text) RETURNS int
 AS 'MODULE_PATHNAME', 'magic_sync_withheld_size' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
@@ -63,7 +69,10 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE match WHEN '*' THEN 'all' ELSE match || '=' || value END
        || CASE WHEN part <> '' THEN '@' || part ELSE '' END;
 
--- One pass: takes the relay lock (or refuses), plans, writes the outbox. Returns its counts.
+-- One pass: takes the relay lock (or refuses), plans, writes the outbox. Returns its counts. It
+-- writes keys, rows and scope values under fixed settings (TimeZone, IntervalStyle,
+-- extra_float_digits, bytea_output), as sync.expected reads them: a row's canonical form is the
+-- same whatever the server's or a session's settings.
 -- The pass analyzes its temporary tables when it fills them and sync.row after many changes, so
 -- the statements after join them by plan: the planner needs their sizes and ranges, not fine
 -- histograms, and a sample of 3,000 rows instead of 30,000 took an analyze of sync.row from
@@ -73,7 +82,10 @@ CREATE FUNCTION sync.pass(OUT notes bigint, OUT rows_changed bigint, OUT provisi
 AS 'MODULE_PATHNAME', 'magic_sync_pass'
 LANGUAGE C VOLATILE
 SET search_path = pg_catalog, pg_temp
-SET default_statistics_target = 10;
+SET default_statistics_target = 10
+-- How values are written out (keys, rows, scope values) depends on no session or server setting.
+SET TimeZone = 'UTC' SET IntervalStyle = 'postgres' SET extra_float_digits = 1
+SET bytea_output = 'hex';
 
 -- A message of a replica's outbox, assembled exactly as the sender sends it.
 CREATE FUNCTION sync.message(replica uuid, seq bigint) RETURNS bytea
@@ -98,14 +110,14 @@ BEGIN
     WHERE NOT EXISTS (SELECT FROM sync.outbox o WHERE c.id = ANY (o.chunks));
     GET DIAGNOSTICS chunks = ROW_COUNT;
     DELETE FROM sync.upload u
-    WHERE u.filed_at < now() - current_setting('magic_sync.upload_memory')::interval
+    WHERE u.filed_at < now() - sync.setting('upload_memory')::interval
       AND NOT EXISTS (SELECT FROM sync.set_aside s
                       WHERE s.kind = 'upload' AND s.replica = u.replica AND s.upload = u.id);
     GET DIAGNOSTICS uploads = ROW_COUNT;
 END
 $$;
 
--- sync.status (one row per replica) is defined with the repair state, in 08_repair.sql.
+-- sync.status (one row per replica) is defined with the truth functions, in 09_truth.sql.
 
 -- Health of the relay, one row: the notes backlog, the lock holder, the last pass, what is set
 -- aside, and the transaction horizon. Friendly to psql and to a Prometheus SQL exporter (numbers,

@@ -63,7 +63,7 @@ RETURN (SELECT jsonb_object_agg(name, current_setting(name))
 CREATE FUNCTION sync.backoff(tries int) RETURNS interval
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
-RETURN current_setting('magic_sync.retry_every')::interval * (2 ^ least(tries - 1, 6) - 1);
+RETURN sync.setting('retry_every')::interval * (2 ^ least(tries - 1, 6) - 1);
 
 -- Keeping ---------------------------------------------------------------------------------------
 
@@ -129,13 +129,24 @@ $$;
 
 -- Releasing -------------------------------------------------------------------------------------
 
--- Releases the notes the pass planned now.
-CREATE FUNCTION sync.release_notes(codecs int[], keys jsonb[]) RETURNS void
+-- Releases what the pass planned now: its notes, and its rows set aside (planned again, a row
+-- is sent as its new version, or withheld again).
+CREATE FUNCTION sync.release_planned(codecs int[], keys jsonb[]) RETURNS void
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 AS $$
     DELETE FROM sync.set_aside s USING unnest(codecs, keys) AS i(codec, key)
-    WHERE s.kind = 'note' AND s.codec = i.codec AND s.key = i.key
+    WHERE s.kind IN ('note', 'row') AND s.codec = i.codec AND s.key = i.key
+$$;
+
+-- Releases what the relay set aside of codecs that ended (sync.drop(), a dropped table): their
+-- notes, rows and untaken rows. Kept uploads stay: a table declared again files them.
+CREATE FUNCTION sync.release_codecs(codecs int[]) RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    DELETE FROM sync.set_aside s
+    WHERE s.codec = ANY (codecs) AND s.kind IN ('note', 'row', 'untaken')
 $$;
 
 -- Trying again ----------------------------------------------------------------------------------
