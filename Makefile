@@ -313,7 +313,7 @@ bench-repair: build/bench/repair build/bin/magic-sync-replica
 
 # The simulation: `make sim SEED=n` replays one seed, `make sim SEEDS=200` runs seeds 1..200,
 # `make sim` the seeds of `make test`; SIM_ARGS passes options (build/tests/sim --help).
-SIM_TEST_SEEDS ?= $(shell sed -n 's/^sim_seeds=//p' scripts/run-tests.sh)
+SIM_TEST_SEEDS ?= $(shell sed -n 's/^sim_seeds="\(.*\)"/\1/p' scripts/run-tests.sh)
 .PHONY: sim
 sim: build/tests/sim build/bin/magic-sync-sender build/bin/magic-sync-replica
 	$(MAKE) install
