@@ -102,8 +102,24 @@ SELECT table_name, kind, key_columns FROM sync.codec WHERE table_name = 'shop.ev
 
 -- sync.check(): nothing wrong now...
 SELECT * FROM sync.check();
--- ...then the schema changes under the declarations.
+-- A schema change that would break a declaration is refused, saying why and what to do first.
+ALTER TABLE shop.drawers DROP COLUMN counted;
+ALTER TABLE shop.registers RENAME COLUMN active TO enabled;
+ALTER TABLE shop.registers RENAME COLUMN store_id TO shop_id;
+ALTER TABLE shop.prices ALTER COLUMN store_id TYPE bigint;
+ALTER TABLE shop.drawers DROP CONSTRAINT drawers_pkey;
+-- A dropped table stops syncing, as with sync.drop().
 BEGIN;
+CREATE TABLE shop.scratch (id int PRIMARY KEY);
+SELECT sync.catalog('shop.scratch');
+DROP TABLE shop.scratch;
+SELECT table_name FROM sync.codec WHERE table_name = 'shop.scratch';
+SELECT table_name FROM sync.dropped_codec WHERE table_name = 'shop.scratch';
+ROLLBACK;
+-- ...then the schema changes under the declarations where no event trigger runs (as with
+-- session_replication_role = replica): sync.check() says what broke and how to fix it.
+BEGIN;
+SET LOCAL session_replication_role = replica;
 ALTER TABLE shop.promotions RENAME TO promos;
 SELECT sync.catalog('shop.promos');
 ALTER TABLE shop.promos RENAME TO promotions_2026;

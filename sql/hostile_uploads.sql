@@ -148,7 +148,7 @@ INSERT INTO cases VALUES
 (61, 'the id of an upload with a row kept, other rows', id(47)::uuid, up(47, '[{"t":"shop.sales","r":{"id":61,"total":1}}]')),
 (62, 'a cut short upload''s id, now whole', id(4)::uuid, up(4, '[{"t":"shop.sales","r":{"id":4,"total":4}}]')),
 -- A later protocol version: the one ERROR (send it again after the upgrade); nothing kept.
-(63, 'a later version', NULL, convert_to(format('{"v":2,"id":"%s","rows":[]}', id(63)), 'UTF8')),
+(63, 'a later version', NULL, convert_to(format('{"v":3,"id":"%s","rows":[]}', id(63)), 'UTF8')),
 (64, 'a version past 2^64', id(64)::uuid, convert_to(format('{"v":99999999999999999999,"id":"%s","rows":[]}', id(64)), 'UTF8'));
 
 -- What changes outside what receive writes for the relay (set_aside, answer, upload): the app's

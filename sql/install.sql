@@ -29,7 +29,9 @@ WHERE p.pronamespace = 'sync'::regnamespace
   AND p.provolatile <> 'i'  -- immutable wire and fingerprint functions read no catalog
   AND p.prokind <> 'p'      -- a procedure with SET cannot commit: sync.relay() qualifies its names
   AND p.oid <> 'sync.capture()'::regprocedure  -- qualifies its names: a SET would cost every write
-  AND p.oid <> 'sync.encode_row(record, text[])'::regprocedure;  -- resolves no name: a row's type by oid
+  AND p.oid <> 'sync.encode_row(record, text[])'::regprocedure  -- resolves no name: a row's type by oid
+  AND p.oid <> 'sync.row_travels(text, text, text, text)'::regprocedure  -- reads a setting, no name
+  AND p.oid <> 'sync.setting(text)'::regprocedure;  -- reads a setting, no name
 
 -- The extension cannot be moved to another schema.
 ALTER EXTENSION magic_sync SET SCHEMA public;

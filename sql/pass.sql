@@ -151,7 +151,17 @@ INSERT INTO shop.manuals VALUES (100, repeat('y', 2000)), (101, 'short');
 SELECT * FROM sync.pass();
 SELECT register, seq, rows, withheld FROM messages WHERE register = 'a1';
 SELECT kind, codec, key, reason FROM sync.set_aside;
+SELECT key, withheld FROM sync.row WHERE codec = (SELECT id FROM sync.codec WHERE table_name = 'shop.manuals')
+  AND key->>'id' IN ('100', '101') ORDER BY key;
+-- Raised again, the limit lets the withheld row travel: the next pass plans it again, sends it,
+-- and it is set aside no more.
+SELECT deliver_all();
 RESET magic_sync.bytes_per_message;
+SELECT * FROM sync.pass();
+SELECT register, seq, left(rows, 40) AS rows, withheld FROM messages WHERE register = 'a1';
+SELECT key, withheld FROM sync.row WHERE codec = (SELECT id FROM sync.codec WHERE table_name = 'shop.manuals')
+  AND key->>'id' IN ('100', '101') ORDER BY key;
+SELECT count(*) AS set_aside FROM sync.set_aside;
 
 -- A note that cannot be planned is set aside; the rest of the pass goes on. Here a drawer names
 -- a register that does not exist.

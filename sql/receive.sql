@@ -187,7 +187,7 @@ SELECT forget();
 DO $$
 BEGIN
     PERFORM sync.receive('00000000-0000-0000-0000-0000000000a1',
-                         convert_to('{"v":2,"id":"10000000-0000-0000-0000-00000000000d","rows":[]}', 'UTF8'));
+                         convert_to('{"v":3,"id":"10000000-0000-0000-0000-00000000000d","rows":[]}', 'UTF8'));
 EXCEPTION WHEN OTHERS THEN
     RAISE NOTICE '% %', SQLSTATE, SQLERRM;
 END

@@ -142,7 +142,7 @@ DELETE FROM sync.holding WHERE scope = 'store_id=9';
 -- An upload of a newer protocol is refused whole: its holds are not stored, nothing repaired.
 SET ROLE sync_receiver;
 SELECT sync.receive('00000000-0000-0000-0000-0000000000a1',
-    convert_to('{"v":2,"id":"10000000-0000-0000-0000-000000000001","rows":[],"holds":{"all":{"through":1,"fp":"' || repeat('0', 64) || '","n":1}}}', 'UTF8'));
+    convert_to('{"v":3,"id":"10000000-0000-0000-0000-000000000001","rows":[],"holds":{"all":{"through":1,"fp":"' || repeat('0', 64) || '","n":1}}}', 'UTF8'));
 RESET ROLE;
 SELECT count(*) FROM sync.holding WHERE n = 1;
 SELECT deliver();

@@ -47,7 +47,7 @@ protocol::FiledMessage filed_of(const std::string& function, const std::string& 
     const std::string usage = function + ": " + kFiledUsage;
     if (payload.size() < 2 || payload.front() != '{')
         throw magic_sync::Error(usage + ", not " + payload, ERRCODE_INVALID_PARAMETER_VALUE);
-    std::string text = "{\"v\":" + std::to_string(protocol::kVersion) +
+    std::string text = "{\"v\":" + std::to_string(protocol::kFirstVersion) +
                        ",\"kind\":\"filed\",\"replica\":\"" + replica +
                        "\",\"gen\":" + std::to_string(gen) + ",\"seq\":" + std::to_string(seq);
     text += payload == "{}" ? "}" : "," + payload.substr(1);

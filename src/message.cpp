@@ -38,6 +38,9 @@ std::string assemble(magic_sync::pg::Spi& spi, const std::string& replica, const
     message.drop = column_of(spi.query(
         "SELECT unnest(drops) FROM sync.outbox WHERE replica = $1::uuid AND seq = $2::bigint",
         key));
+    message.drop_tables = column_of(spi.query(
+        "SELECT unnest(table_drops) FROM sync.outbox WHERE replica = $1::uuid AND seq = $2::bigint",
+        key));
     for (const auto& note :
          spi.query("SELECT w->>'t', sync.canonical(w->'k'), w->>'why' FROM sync.outbox o,"
                    " unnest(o.chunks) WITH ORDINALITY AS u(id, position)"

@@ -30,7 +30,8 @@ const char* const kTempTables[] = {
     " match text NOT NULL, value text, part text NOT NULL, body text, hash bytea)"
     "",
     "CREATE TEMP TABLE magic_sync_change (codec int NOT NULL, key jsonb NOT NULL, k bytea NOT NULL,"
-    " old_scope bigint, old_hash bytea, new_scope bigint, new_hash bytea, body text,"
+    " old_scope bigint, old_hash bytea, old_withheld boolean, new_scope bigint, new_hash bytea,"
+    " new_withheld boolean, body text,"
     " tomb_seq bigint, new_seq bigint, echo_of uuid, echo_prev bigint)",
     "CREATE TEMP TABLE magic_sync_replica (id uuid NOT NULL, live boolean NOT NULL,"
     " part text NOT NULL, groups jsonb NOT NULL)",
@@ -102,6 +103,47 @@ int64_t take_notes(Spi& spi) {
                    " SELECT DISTINCT codec, key FROM taken)"
                    " SELECT count(*) FROM taken",
                    {std::to_string(settings::notes_per_pass)}));
+}
+
+// Whether a row is withheld depends on magic_sync.bytes_per_message: when it changed, the rows
+// whose flag it changed are noted, so the pass plans them again (sent, or withheld, and their
+// scopes' fingerprints with them).
+void note_rows_the_limit_changed(Spi& spi) {
+    spi.execute(
+        "WITH changed AS (UPDATE sync.relay_state SET bytes_per_message = $1::int"
+        "  WHERE bytes_per_message IS DISTINCT FROM $1::int RETURNING 1)"
+        " INSERT INTO sync.note (codec, key)"
+        " SELECT r.codec, r.key FROM sync.row r"
+        " JOIN sync.codec c ON c.id = r.codec JOIN sync.scope s ON s.id = r.scope"
+        " WHERE EXISTS (SELECT FROM changed) AND NOT r.gone"
+        " AND r.withheld = sync.row_travels(sync.scope_name(s.match, s.value, s.partition),"
+        "  c.table_name, sync.canonical(r.key), r.body)",
+        {std::to_string(settings::bytes_per_message)});
+}
+
+// Codecs that ended (sync.dropped_codec): their rows leave the relay's state and their scopes'
+// fingerprints, and every live replica that is a member of a scope that held some is told to drop
+// the table (the name its rows travelled under). Each such scope gets a new head: a chunk built
+// over those rows is not reused, and a holding reported before is not compared again.
+void forget_dropped_codecs(Spi& spi) {
+    spi.execute(
+        "WITH dropped AS (DELETE FROM sync.dropped_codec RETURNING codec, table_name),"
+        " echoes AS (DELETE FROM sync.echo e USING dropped d WHERE e.codec = d.codec),"
+        " gone AS (DELETE FROM sync.row r USING dropped d WHERE r.codec = d.codec"
+        "  RETURNING r.scope, r.k, r.hash, r.gone OR r.withheld AS uncounted, d.table_name),"
+        " per_scope AS (SELECT scope,"
+        "  sync.fp_sum(sync.fp_element(k, hash)) FILTER (WHERE NOT uncounted) AS minus,"
+        "  count(*) FILTER (WHERE NOT uncounted) AS dn, array_agg(DISTINCT table_name) AS tables"
+        "  FROM gone GROUP BY scope),"
+        " scopes AS (UPDATE sync.scope s SET fp = sync.fp_sub(s.fp, coalesce(p.minus, "
+        "sync.fp_zero())),"
+        "  n = s.n - p.dn, head = nextval('sync.row_seq') FROM per_scope p WHERE s.id = p.scope),"
+        " told AS (SELECT m.replica, array_agg(DISTINCT t) AS tables"
+        "  FROM sync.member m JOIN per_scope p ON p.scope = m.scope, unnest(p.tables) t"
+        "  GROUP BY m.replica)"
+        " UPDATE sync.replica r SET pending_table_drops = ARRAY(SELECT DISTINCT x"
+        "  FROM unnest(r.pending_table_drops || t.tables) x ORDER BY x)"
+        " FROM told t WHERE r.id = t.replica AND r.live");
 }
 
 struct ReplicaSet {
@@ -201,8 +243,7 @@ ReplicaCounts plan_replicas(Spi& spi, const ReplicaSet& replicas) {
     // The replica columns that `to => 'col = replica_col'` codecs match on.
     std::string groups = "jsonb_build_object(";
     auto group_columns = spi.query(
-        "SELECT DISTINCT (regexp_match(\"to\", '=\\s*([A-Za-z_][A-Za-z0-9_$]*)$'))[1] AS g"
-        " FROM sync.codec WHERE \"to\" ~ '=' ORDER BY 1");
+        "SELECT DISTINCT replica_column FROM sync.codec WHERE audience = 'group' ORDER BY 1");
     for (size_t i = 0; i < group_columns.size(); ++i) {
         const std::string& name = group_columns[i][0].value();
         groups += (i ? ", " : "") + pg::quote_literal(name) + ", t." + pg::quote_identifier(name) +
@@ -248,7 +289,8 @@ ReplicaCounts plan_replicas(Spi& spi, const ReplicaSet& replicas) {
                    " WHERE p.live AND (x.id IS NULL OR NOT x.live OR x.partition <> p.part)"
                    " ON CONFLICT (id) DO UPDATE SET gen = r.gen + 1, live = true,"
                    " partition = excluded.partition, provisioned_at = now(), reset_pending = true,"
-                   " pending_drops = '{}', backoff_until = NULL, backoff = NULL, last_error = NULL,"
+                   " pending_drops = '{}', pending_table_drops = '{}', backoff_until = NULL,"
+                   " backoff = NULL, last_error = NULL,"
                    " refusals = 0 RETURNING r.id),"
                    " kept AS (INSERT INTO pg_temp.magic_sync_fresh SELECT id FROM fresh)"
                    " SELECT count(*) FROM fresh"));
@@ -287,7 +329,9 @@ struct Codec {
     std::string id;
     std::string relation;  // quoted, schema-qualified
     std::string table_name;
-    std::string to;  // empty: nobody
+    std::string audience;  // nobody, all, own or group (sync.codec)
+    std::string to_column;
+    std::string replica_column;
     std::vector<std::string> keys;
     // The type of each key column, when a key's jsonb field casts straight to it (a scalar whose
     // text form to_jsonb writes); empty when not.
@@ -306,7 +350,8 @@ std::vector<std::string> text_array(Spi& spi, const Value& array) {
 std::vector<Codec> noted_codecs(Spi& spi) {
     std::vector<Codec> codecs;
     auto rows = spi.query(
-        "SELECT c.id, c.relation::regclass::text, c.table_name, c.\"to\", c.key_columns::text[],"
+        "SELECT c.id, c.relation::regclass::text, c.table_name, c.audience, c.to_column,"
+        " c.replica_column, c.key_columns::text[],"
         " (SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_attribute a"
         "  WHERE a.attrelid = c.relation AND a.attnum > 0 AND NOT a.attisdropped"
         "  AND c.columns IS NOT NULL AND a.attname <> ALL (c.columns))"
@@ -323,10 +368,12 @@ std::vector<Codec> noted_codecs(Spi& spi) {
         codec.id = row[0].value();
         codec.relation = row[1].value();
         codec.table_name = row[2].value();
-        codec.to = row[3].value_or("");
-        codec.keys = text_array(spi, row[4]);
-        codec.hidden = text_array(spi, row[5]);
-        codec.key_casts = text_array(spi, row[6]);
+        codec.audience = row[3].value();
+        codec.to_column = row[4].value_or("");
+        codec.replica_column = row[5].value_or("");
+        codec.keys = text_array(spi, row[6]);
+        codec.hidden = text_array(spi, row[7]);
+        codec.key_casts = text_array(spi, row[8]);
         codecs.push_back(std::move(codec));
     }
     return codecs;
@@ -340,18 +387,11 @@ struct Audience {
 };
 
 Audience audience_of(const Codec& codec) {
-    if (codec.to.empty()) return {"*", "NULL::text", ""};
-    if (codec.to == "all") return {"*", "''", ""};
-    auto equals = codec.to.find('=');
-    if (equals == std::string::npos)
-        return {"id", "t." + pg::quote_identifier(codec.to) + "::text", codec.to};
-    auto trim = [](std::string s) {
-        s.erase(0, s.find_first_not_of(" \t"));
-        s.erase(s.find_last_not_of(" \t") + 1);
-        return s;
-    };
-    return {trim(codec.to.substr(equals + 1)),
-            "t." + pg::quote_identifier(trim(codec.to.substr(0, equals))) + "::text", ""};
+    if (codec.audience == "all") return {"*", "''", ""};
+    const std::string column = "t." + pg::quote_identifier(codec.to_column) + "::text";
+    if (codec.audience == "own") return {"id", column, codec.to_column};
+    if (codec.audience == "group") return {codec.replica_column, column, ""};
+    return {"*", "NULL::text", ""};
 }
 
 // The noted keys of a codec joined to its table's rows: by each key field cast to its column's
@@ -487,15 +527,16 @@ void mark_echoes(Spi& spi) {
 int64_t record_changes(Spi& spi) {
     spi.execute(
         "DELETE FROM sync.set_aside s USING pg_temp.magic_sync_row p"
-        " WHERE s.kind = 'note' AND s.codec = p.codec AND s.key = p.key");
+        " WHERE s.kind IN ('note', 'row') AND s.codec = p.codec AND s.key = p.key");
     spi.execute(
         "INSERT INTO sync.scope (match, value, partition)"
         " SELECT DISTINCT match, value, part FROM pg_temp.magic_sync_row WHERE body IS NOT NULL"
         " ON CONFLICT (match, value, partition) DO NOTHING");
     int64_t changed = static_cast<int64_t>(spi.execute(
-        "INSERT INTO pg_temp.magic_sync_change"
-        " (codec, key, k, old_scope, old_hash, new_scope, new_hash, body, tomb_seq, new_seq)"
-        " SELECT p.codec, p.key, p.k, r.scope, r.hash, s.id, p.hash, p.body,"
+        "INSERT INTO pg_temp.magic_sync_change (codec, key, k, old_scope, old_hash, old_withheld,"
+        " new_scope, new_hash, new_withheld, body, tomb_seq, new_seq)"
+        " SELECT p.codec, p.key, p.k, r.scope, r.hash, r.withheld, s.id, p.hash, w.withheld,"
+        " p.body,"
         " CASE WHEN r.scope IS NOT NULL AND r.scope IS DISTINCT FROM s.id"
         "  THEN nextval('sync.row_seq') END,"
         " CASE WHEN s.id IS NOT NULL THEN nextval('sync.row_seq') END"
@@ -503,7 +544,11 @@ int64_t record_changes(Spi& spi) {
         " LEFT JOIN sync.scope s ON p.body IS NOT NULL AND s.match = p.match"
         "  AND s.value = p.value AND s.partition = p.part"
         " LEFT JOIN sync.row r ON r.k = p.k AND NOT r.gone"
-        " WHERE r.scope IS DISTINCT FROM s.id OR r.hash IS DISTINCT FROM p.hash"));
+        " CROSS JOIN LATERAL (SELECT s.id IS NOT NULL AND NOT sync.row_travels("
+        "  sync.scope_name(s.match, s.value, s.partition), c.table_name, sync.canonical(p.key),"
+        "  p.body) AS withheld FROM sync.codec c WHERE c.id = p.codec) w"
+        " WHERE r.scope IS DISTINCT FROM s.id OR r.hash IS DISTINCT FROM p.hash"
+        " OR coalesce(r.withheld, false) <> w.withheld"));
     if (spi.scalar("SELECT EXISTS (SELECT FROM sync.echo)") == "t") {
         if (changed > 0) mark_echoes(spi);
         spi.execute(
@@ -514,21 +559,25 @@ int64_t record_changes(Spi& spi) {
     analyze_if_large(spi, "magic_sync_change", changed);
     spi.execute(
         "UPDATE sync.row r SET gone = true, seq = c.tomb_seq, hash = NULL, body = NULL,"
-        " echo_of = NULL, echo_prev = NULL"
+        " withheld = false, echo_of = NULL, echo_prev = NULL"
         " FROM pg_temp.magic_sync_change c WHERE c.tomb_seq IS NOT NULL"
         " AND r.k = c.k AND r.scope = c.old_scope");
     spi.execute(
-        "INSERT INTO sync.row (codec, key, k, scope, seq, hash, body, gone, echo_of, echo_prev)"
-        " SELECT codec, key, k, new_scope, new_seq, new_hash, body, false, echo_of, echo_prev"
-        " FROM pg_temp.magic_sync_change WHERE new_scope IS NOT NULL"
+        "INSERT INTO sync.row (codec, key, k, scope, seq, hash, body, gone, withheld, echo_of,"
+        " echo_prev)"
+        " SELECT codec, key, k, new_scope, new_seq, new_hash, body, false, new_withheld, echo_of,"
+        " echo_prev FROM pg_temp.magic_sync_change WHERE new_scope IS NOT NULL"
         " ON CONFLICT (k, scope) DO UPDATE SET seq = excluded.seq,"
         " hash = excluded.hash, body = excluded.body, gone = false,"
-        " echo_of = excluded.echo_of, echo_prev = excluded.echo_prev");
+        " withheld = excluded.withheld, echo_of = excluded.echo_of, echo_prev = "
+        "excluded.echo_prev");
     spi.execute(
         "WITH d AS ("
-        " SELECT old_scope AS scope, sync.fp_element(k, old_hash) AS e, -1 AS sign,"
-        " tomb_seq AS seq FROM pg_temp.magic_sync_change WHERE old_scope IS NOT NULL"
-        " UNION ALL SELECT new_scope, sync.fp_element(k, new_hash), 1, new_seq"
+        " SELECT old_scope AS scope, CASE WHEN NOT old_withheld THEN sync.fp_element(k, old_hash)"
+        " END AS e, CASE WHEN old_withheld THEN 0 ELSE -1 END AS sign, tomb_seq AS seq"
+        " FROM pg_temp.magic_sync_change WHERE old_scope IS NOT NULL"
+        " UNION ALL SELECT new_scope, CASE WHEN NOT new_withheld THEN"
+        " sync.fp_element(k, new_hash) END, CASE WHEN new_withheld THEN 0 ELSE 1 END, new_seq"
         " FROM pg_temp.magic_sync_change WHERE new_scope IS NOT NULL),"
         " per_scope AS (SELECT scope,"
         " coalesce(sync.fp_sum(e) FILTER (WHERE sign = 1), sync.fp_zero()) AS plus,"
@@ -538,6 +587,18 @@ int64_t record_changes(Spi& spi) {
         " n = s.n + p.dn, head = greatest(s.head, coalesce(p.head, 0))"
         " FROM per_scope p WHERE s.id = p.scope");
     return changed;
+}
+
+// Scopes the truth audit found drifted from their tables (sync.drifted_scope): their running
+// fingerprints counted again from sync.row, which the codecs the audit noted whole plan again.
+void recount_drifted_scopes(Spi& spi) {
+    spi.execute(
+        "WITH drifted AS (DELETE FROM sync.drifted_scope RETURNING scope),"
+        " counted AS (SELECT d.scope,"
+        "  coalesce(sync.fp_sum(sync.fp_element(r.k, r.hash)), sync.fp_zero()) AS fp,"
+        "  count(r.k) AS n FROM drifted d LEFT JOIN sync.row r ON r.scope = d.scope"
+        "  AND NOT r.gone AND NOT r.withheld GROUP BY d.scope)"
+        " UPDATE sync.scope s SET fp = c.fp, n = c.n FROM counted c WHERE s.id = c.scope");
 }
 
 // Confirmations left by sync.receive(): messages a replica applied leave its outbox and confirm
@@ -592,13 +653,14 @@ void build_chunks(Spi& spi, int ahead) {
         " codec, key, table_name, ktext, body, hash, size, fits, dropped, last_fetched, echo)"
         " SELECT p.origin, p.scope, p.grp, p.head, p.scope_name, p.budget, p.seq, p.codec, p.key,"
         " p.table_name, p.ktext, p.body, p.hash, p.size, p.fits, CASE WHEN p.grp = 0 THEN"
-        "  sum(CASE WHEN p.fits THEN p.size + 1 ELSE 0 END)"
+        "  sum(CASE WHEN p.fits THEN p.size + 1"
+        "   ELSE sync.withheld_size(p.table_name, p.ktext, 'too big') END)"
         "  OVER (PARTITION BY p.scope, p.origin ORDER BY p.seq) > p.budget"
         "  WHEN p.grp > 0 THEN false END,"
         " p.position % $1::int = 0, p.echo"
         " FROM (SELECT w.origin, w.scope, (r.position - 1) / $1::int AS grp, w.head, w.scope_name,"
         "  w.budget, r.seq, r.codec, r.key, r.table_name, r.ktext, r.body, r.hash, r.size,"
-        "  r.size + 1 <= w.budget AS fits, r.position, r.echo"
+        "  NOT r.withheld AND r.size + 1 <= w.budget AS fits, r.position, r.echo"
         "  FROM (SELECT n.scope, n.sent AS origin, n.head, n.scope_name,"
         "   $2::int - sync.envelope_size('{*}', '{}')"
         "   - sync.chunk_size(n.scope_name, n.sent, n.head) - 1 AS budget,"
@@ -607,9 +669,10 @@ void build_chunks(Spi& spi, int ahead) {
         "   GROUP BY n.scope, n.sent, n.head, n.scope_name) w"
         "  LEFT JOIN LATERAL (SELECT k.*, sync.row_size(k.table_name, k.ktext, k.body) AS size"
         "   FROM (SELECT x.seq, x.codec, x.key, c.table_name, sync.canonical(x.key) AS ktext,"
-        "    x.body, encode(x.hash, 'hex') AS hash, x.position, x.echo"
+        "    x.body, encode(x.hash, 'hex') AS hash, x.withheld, x.position, x.echo"
         "    FROM (SELECT y.*, row_number() OVER (ORDER BY y.seq) AS position"
-        "     FROM (SELECT seq, codec, key, body, hash, echo_of IS NOT NULL AS echo FROM sync.row"
+        "     FROM (SELECT seq, codec, key, body, hash, withheld, echo_of IS NOT NULL AS echo"
+        "      FROM sync.row"
         "      WHERE scope = w.scope AND seq > w.origin AND seq <= w.head"
         "      AND (w.origin > 0 OR NOT gone)"
         "      AND (echo_of IS NULL OR w.origin < echo_prev OR EXISTS (SELECT FROM sync.member m"
@@ -627,7 +690,9 @@ void build_chunks(Spi& spi, int ahead) {
         "  bool_or(dropped) OR bool_or(last_fetched) AS cut_short,"
         "  max(seq) FILTER (WHERE NOT dropped) AS last_seq,"
         "  count(*) FILTER (WHERE fits AND NOT dropped) AS rows,"
-        "  coalesce(sum(size + 1) FILTER (WHERE fits AND NOT dropped), 0) AS row_bytes,"
+        "  coalesce(sum(size + 1) FILTER (WHERE fits AND NOT dropped), 0)"
+        "  + coalesce(sum(sync.withheld_size(table_name, ktext, 'too big'))"
+        "   FILTER (WHERE NOT fits AND NOT dropped), 0) AS row_bytes,"
         "  coalesce(bool_or(echo), false) AS echoes,"
         "  array_agg(seq) FILTER (WHERE fits AND NOT dropped) AS seqs,"
         "  array_agg(table_name) FILTER (WHERE fits AND NOT dropped) AS tables,"
@@ -711,10 +776,12 @@ int64_t write_messages(Spi& spi, int rounds_left) {
         "  row_number() OVER w AS position, sum(n.chunk_rows) OVER w AS rows_so_far,"
         "  sum(n.chunk_bytes + 1) OVER w AS bytes_so_far,"
         "  $2::int - sync.envelope_size(CASE WHEN r.reset_pending THEN '{*}'::text[]"
-        "   ELSE '{}' END, r.pending_drops) AS budget"
+        "   ELSE '{}' END, r.pending_drops, r.pending_table_drops) AS budget,"
+        "  cardinality(r.pending_drops) + cardinality(r.pending_table_drops) > 0 AS drops"
         "  FROM pg_temp.magic_sync_need n JOIN sync.replica r ON r.id = n.replica"
         "  WINDOW w AS (PARTITION BY n.replica ORDER BY n.scope)) x"
-        " WHERE position = 1 OR (rows_so_far <= $1::int AND bytes_so_far <= budget)",
+        " WHERE (position = 1 AND NOT drops)"
+        " OR (bytes_so_far <= budget AND (position = 1 OR rows_so_far <= $1::int))",
         {std::to_string(settings::rows_per_message), std::to_string(settings::bytes_per_message)});
     int64_t messages = count_of(spi.scalar(
         "WITH message AS ("
@@ -722,16 +789,18 @@ int64_t write_messages(Spi& spi, int rounds_left) {
         "  jsonb_object_agg(scope::text, chunk_to) AS advances"
         "  FROM pg_temp.magic_sync_picked GROUP BY replica"
         "  UNION ALL SELECT r.id, '{}', '{}' FROM sync.replica r"
-        "  WHERE r.live AND (r.reset_pending OR cardinality(r.pending_drops) > 0)"
+        "  WHERE r.live AND (r.reset_pending OR cardinality(r.pending_drops) > 0"
+        "   OR cardinality(r.pending_table_drops) > 0)"
         "  AND NOT EXISTS (SELECT FROM pg_temp.magic_sync_picked p WHERE p.replica = r.id)"
         "  AND (SELECT count(*) FROM sync.outbox o WHERE o.replica = r.id AND o.sent_at IS NULL)"
         "   < $1::int),"
         " written AS (INSERT INTO sync.outbox (replica, seq, gen, kind, chunks, reset, drops,"
-        "  advances) SELECT m.replica, r.next_seq, r.gen, 'rows', m.chunks,"
+        "  table_drops, advances) SELECT m.replica, r.next_seq, r.gen, 'rows', m.chunks,"
         "  CASE WHEN r.reset_pending THEN '{*}'::text[] ELSE '{}' END, r.pending_drops,"
-        "  m.advances FROM message m JOIN sync.replica r ON r.id = m.replica RETURNING replica),"
+        "  r.pending_table_drops, m.advances FROM message m JOIN sync.replica r ON r.id = m.replica"
+        "  RETURNING replica),"
         " counted AS (UPDATE sync.replica r SET next_seq = r.next_seq + 1, reset_pending = false,"
-        "  pending_drops = '{}' FROM written w WHERE r.id = w.replica),"
+        "  pending_drops = '{}', pending_table_drops = '{}' FROM written w WHERE r.id = w.replica),"
         " advanced AS (UPDATE sync.member m SET sent = p.chunk_to"
         "  FROM pg_temp.magic_sync_picked p WHERE m.replica = p.replica AND m.scope = p.scope)"
         " SELECT count(*) FROM written",
@@ -752,6 +821,8 @@ PassCounts run_pass(Spi& spi) {
     clear_all_temp_tables(spi);
     PassCounts counts;
     ReplicaSet replicas = replica_set(spi);
+    note_rows_the_limit_changed(spi);
+    forget_dropped_codecs(spi);
     counts.notes = take_notes(spi);
     expand_whole_codecs(spi, replicas);
     analyze_if_large(spi, "magic_sync_note",
@@ -770,6 +841,7 @@ PassCounts run_pass(Spi& spi) {
     analyze_if_large(spi, "magic_sync_row",
                      count_of(spi.scalar("SELECT count(*) FROM pg_temp.magic_sync_row")));
     counts.rows_changed = record_changes(spi);
+    recount_drifted_scopes(spi);
     apply_confirmations(spi);
     counts.messages += move_answers(spi);
     counts.messages += plan_repairs(spi);

@@ -281,7 +281,7 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
     for (const auto& row :
          spi.query("SELECT left(encode(k, 'hex'), $2::int), encode(sync.fp_sum(sha256(k || hash)), "
                    "'hex'),"
-                   " count(*) FROM sync.row WHERE scope = $1::bigint AND NOT gone"
+                   " count(*) FROM sync.row WHERE scope = $1::bigint AND NOT gone AND NOT withheld"
                    " AND left(encode(k, 'hex'), $2::int) IN (SELECT unnest($3::text[])) GROUP BY 1",
                    {target.scope, std::to_string(level), text_array(target.asked)}))
         server[row[0].value()] = {row[1].value(), count_of(row[2])};
@@ -318,7 +318,7 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
              spi.query("SELECT left(encode(r.k, 'hex'), $2::int), encode(r.k, 'hex'), c.table_name,"
                        " sync.canonical(r.key), r.body, encode(r.hash, 'hex')"
                        " FROM sync.row r JOIN sync.codec c ON c.id = r.codec"
-                       " WHERE r.scope = $1::bigint AND NOT r.gone"
+                       " WHERE r.scope = $1::bigint AND NOT r.gone AND NOT r.withheld"
                        " AND left(encode(r.k, 'hex'), $2::int) IN (SELECT unnest($3::text[]))"
                        " ORDER BY r.k",
                        {target.scope, std::to_string(level), text_array(leaves)})) {

@@ -8,6 +8,7 @@
 
 #include "pg/bridge.hpp"
 #include "pg/jsonb_canonical.hpp"
+#include "pg/settings.hpp"
 #include "pg/values.hpp"
 #include "protocol/canonical.hpp"
 #include "protocol/fingerprint.hpp"
@@ -111,29 +112,25 @@ MAGIC_SYNC_FUNCTION(magic_sync_chunk_size) {
     return Int32GetDatum(static_cast<int32>(size));
 }
 
-// sync.envelope_size(reset text[], drops text[]) → int: the most bytes a rows message with these
-// lists takes besides its chunks and withheld rows (any replica, gen and seq).
+// sync.envelope_size(reset text[], drops text[], table_drops text[]) → int: the most bytes a rows
+// message with these lists takes besides its chunks and withheld rows (any replica, gen and seq).
 MAGIC_SYNC_FUNCTION(magic_sync_envelope_size) {
-    protocol::RowsMessage message;
-    message.header.replica = std::string(36, 'f');
-    message.header.gen = INT64_MAX;
-    message.header.seq = INT64_MAX;
-    for (auto& scope : magic_sync::pg::text_array_arg(fcinfo, 0))
-        if (scope) message.reset.push_back(*scope);
-    for (auto& scope : magic_sync::pg::text_array_arg(fcinfo, 1))
-        if (scope) message.drop.push_back(*scope);
-    // Room for the "withheld":[...] frame, in case a chunk brings withheld rows: with one note the
-    // message grows by frame + note, with a second by note + 1 (a comma).
-    const protocol::KeyNote note{"t", "{}", ""};
-    protocol::RowsMessage one_note = message;
-    one_note.withheld.push_back(note);
-    protocol::RowsMessage two_notes = one_note;
-    two_notes.withheld.push_back(note);
-    const size_t none = protocol::encode(message).size();
-    const size_t one = protocol::encode(one_note).size();
-    const size_t two = protocol::encode(two_notes).size();
-    const size_t frame = (one - none) - (two - one) + 1;
-    return Int32GetDatum(static_cast<int32>(none + frame));
+    std::vector<std::string> lists[3];
+    for (int list = 0; list < 3; ++list)
+        for (auto& name : magic_sync::pg::text_array_arg(fcinfo, list))
+            if (name) lists[list].push_back(*name);
+    return Int32GetDatum(
+        static_cast<int32>(protocol::rows_envelope_size(lists[0], lists[1], lists[2])));
+}
+
+// sync.row_travels(scope text, table text, key text, body text) → boolean: whether the row fits
+// a message of magic_sync.bytes_per_message at all (protocol::row_travels); one that does not is
+// withheld.
+MAGIC_SYNC_FUNCTION(magic_sync_row_travels) {
+    return BoolGetDatum(protocol::row_travels(
+        magic_sync::pg::text_arg(fcinfo, 0), magic_sync::pg::text_arg(fcinfo, 1),
+        magic_sync::pg::text_arg(fcinfo, 2), magic_sync::pg::text_arg(fcinfo, 3),
+        static_cast<size_t>(magic_sync::settings::bytes_per_message)));
 }
 
 // sync.withheld_size(table text, key text, why text) → int: the bytes a withheld note adds

@@ -203,6 +203,30 @@ class Applier {
         state.held = true;
     }
 
+    // A table no longer synced under this name: every row of it goes, from whichever scope.
+    void drop_table(const std::string& table) {
+        Statement rows = database_.prepare("SELECT scope, key, v FROM rows WHERE tbl = ?1");
+        rows.bind(1, table);
+        while (rows.step()) {
+            scope(rows.text(0))
+                .fingerprint.remove(protocol::element(protocol::key_hash(table, rows.text(1)),
+                                                      digest_of(rows.blob(2))));
+        }
+        database_.prepare("DELETE FROM rows WHERE tbl = ?1").bind(1, table).run();
+    }
+
+    // A row the server withholds (too big for any message) is outside both sides' fingerprints:
+    // a version of it held from before goes.
+    void withhold(const protocol::KeyNote& note) {
+        if (!find_row_.bind(1, note.table).bind(2, note.key).step()) return;
+        const std::string held_scope = find_row_.text(0);
+        const Digest v = digest_of(find_row_.blob(1));
+        find_row_.run();
+        scope(held_scope)
+            .fingerprint.remove(protocol::element(protocol::key_hash(note.table, note.key), v));
+        delete_row_.bind(1, note.table).bind(2, note.key).run();
+    }
+
     void apply_repair(const protocol::RepairMessage& repair) {
         Statement in_range = select_range(database_, "k, v, tbl, key", repair.scope, repair.range);
         std::vector<std::pair<std::string, std::string>> removed;
@@ -540,8 +564,10 @@ ApplyResult Replica::apply(std::string_view message) {
             }
         }
         for (const std::string& scope : rows->drop) applier.empty_scope(scope, false);
+        for (const std::string& table : rows->drop_tables) applier.drop_table(table);
         for (const protocol::Chunk& chunk : rows->chunks) applier.apply_chunk(chunk);
         for (const protocol::KeyNote& note : rows->withheld) {
+            applier.withhold(note);
             add_notice("withheld by the server: " + note.table + " " + note.key + ": " + note.why);
         }
     } else if (const auto* filed = std::get_if<protocol::FiledMessage>(&decoded)) {

@@ -5,11 +5,15 @@ extern "C" {
 
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "utils/guc.h"
 }
+
+#include <string>
 
 #include "pg/bridge.hpp"
 #include "pg/relay_worker.hpp"
 #include "pg/settings.hpp"
+#include "pg/values.hpp"
 #include "pg/wake.hpp"
 
 extern "C" {
@@ -28,4 +32,15 @@ void _PG_init(void) {
 MAGIC_SYNC_FUNCTION(magic_sync_wake) {
     magic_sync::pg::wake_relay_at_commit();
     return Datum(0);
+}
+
+// sync.setting(name) → text: the setting magic_sync.<name> with its unit, as SHOW gives it. Being
+// in this library, calling it loads the library, and with it the settings: without
+// shared_preload_libraries a session has no magic_sync.* settings until it loads the library, so
+// the extension's SQL reads them through here, never through current_setting().
+MAGIC_SYNC_FUNCTION(magic_sync_setting) {
+    const std::string name = "magic_sync." + magic_sync::pg::text_arg(fcinfo, 0);
+    const char* value =
+        magic_sync::pg::guard([&] { return GetConfigOptionByName(name.c_str(), nullptr, false); });
+    return magic_sync::pg::text_datum(value);
 }

@@ -64,6 +64,7 @@ constexpr long kBlockedWaitMs = 5000;
 struct RelayState {
     bool holding;
     TimestampTz last_retry;
+    TimestampTz last_audit;
     TimestampTz last_prune;
     TimestampTz last_report;
     char waiting_for[512];  // what the loop last said it waits for; said again only when it changes
@@ -187,6 +188,17 @@ bool relay_step(RelayState* state) {
     char* work = single_value("SELECT (notes > 0 OR messages > 0)::text FROM sync.pass()", 0,
                               nullptr, nullptr);
     log_lines("SELECT 'WARNING', line FROM sync.alarms()");
+    // The first audit waits a whole period: a relay starting over does not read every table.
+    if (state->last_audit == 0) state->last_audit = GetCurrentTimestamp();
+    if (settings::audit_every_s > 0 && due(state->last_audit, settings::audit_every_s)) {
+        pgstat_report_activity(STATE_RUNNING, "magic_sync relay: audit");
+        log_lines(
+            "SELECT 'WARNING', format('the relay''s state had drifted from the tables (scope "
+            "%s%s): "
+            "%s; planned again from the tables. Deploy a fix: this is a bug', scope,"
+            " coalesce(', replica ' || replica, ''), problem) FROM sync.audit()");
+        state->last_audit = GetCurrentTimestamp();
+    }
     if (due(state->last_prune, settings::prune_every_s)) {
         pgstat_report_activity(STATE_RUNNING, "magic_sync relay: prune");
         single_value("SELECT 1 FROM sync.prune()", 0, nullptr, nullptr);

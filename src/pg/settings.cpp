@@ -3,6 +3,7 @@
 extern "C" {
 #include "postgres.h"
 
+#include "miscadmin.h"
 #include "utils/guc.h"
 }
 
@@ -20,6 +21,7 @@ int rows_per_message = 200;
 int bytes_per_message = 256 * 1024;
 int window = 8;
 int retry_every_s = 3600;
+int audit_every_s = 3600;
 int prune_every_s = 300;
 int report_every_s = 300;
 int send_timeout_ms = 30000;
@@ -62,11 +64,15 @@ void define_int(const char* name, const char* description, int* variable, int de
 }  // namespace
 
 void define() {
-    DefineCustomStringVariable("magic_sync.database",
-                               "Database the relay worker connects to (a comma-separated list "
-                               "starts one worker per database).",
-                               nullptr, &database, "postgres", PGC_POSTMASTER, 0, nullptr, nullptr,
-                               nullptr);
+    // Only the postmaster starts relay workers, and a setting only it reads cannot be created in
+    // a session (a FATAL): without shared_preload_libraries there is no magic_sync.database, and
+    // the relay runs as CALL sync.relay().
+    if (process_shared_preload_libraries_in_progress)
+        DefineCustomStringVariable("magic_sync.database",
+                                   "Database the relay worker connects to (a comma-separated "
+                                   "list starts one worker per database).",
+                                   nullptr, &database, "postgres", PGC_POSTMASTER, 0, nullptr,
+                                   nullptr, nullptr);
     DefineCustomStringVariable("magic_sync.role",
                                "Role every transaction of the engine's own assumes (empty: none).",
                                nullptr, &role, "", PGC_SUSET, 0, nullptr, nullptr, nullptr);
@@ -83,6 +89,9 @@ void define() {
                10000, 0);
     define_int("magic_sync.retry_every", "How often what was set aside is tried again.",
                &retry_every_s, kHour, 1, 30 * kDay, GUC_UNIT_S);
+    define_int("magic_sync.audit_every",
+               "How often the relay holds its state against the tables (sync.audit); 0: never.",
+               &audit_every_s, kHour, 0, 30 * kDay, GUC_UNIT_S);
     define_int("magic_sync.prune_every", "How often confirmed state is pruned.", &prune_every_s,
                300, 1, kDay, GUC_UNIT_S);
     define_int("magic_sync.report_every", "How often the relay logs what needs someone.",

@@ -12,6 +12,7 @@ extern int rows_per_message;
 extern int bytes_per_message;
 extern int window;
 extern int retry_every_s;
+extern int audit_every_s;
 extern int prune_every_s;
 extern int report_every_s;
 extern int send_timeout_ms;

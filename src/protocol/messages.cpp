@@ -1,5 +1,6 @@
 #include "protocol/messages.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <limits>
 #include <stdexcept>
@@ -36,8 +37,8 @@ bool operator==(const Chunk& a, const Chunk& b) {
     return std::tie(a.scope, a.from, a.to, a.rows) == std::tie(b.scope, b.from, b.to, b.rows);
 }
 bool operator==(const RowsMessage& a, const RowsMessage& b) {
-    return std::tie(a.header, a.reset, a.drop, a.chunks, a.withheld) ==
-           std::tie(b.header, b.reset, b.drop, b.chunks, b.withheld);
+    return std::tie(a.header, a.reset, a.drop, a.drop_tables, a.chunks, a.withheld) ==
+           std::tie(b.header, b.reset, b.drop, b.drop_tables, b.chunks, b.withheld);
 }
 bool operator==(const FiledMessage& a, const FiledMessage& b) {
     return std::tie(a.header, a.upload, a.kept, a.more) ==
@@ -156,9 +157,12 @@ void append_key_range(std::string& out, const KeyRange& range) {
     out += ']';
 }
 
-ObjectWriter open_down(std::string& out, std::string_view kind, const MessageHeader& header) {
+// `version`: the lowest that reads the message right (a build that does not know its fields
+// refuses it rather than apply half of it).
+ObjectWriter open_down(std::string& out, std::string_view kind, const MessageHeader& header,
+                       int64_t version = kFirstVersion) {
     ObjectWriter object(out);
-    object.integer_field("v", kVersion);
+    object.integer_field("v", version);
     object.string_field("kind", kind);
     object.string_field("replica", header.replica);
     object.integer_field("gen", header.gen);
@@ -169,9 +173,13 @@ ObjectWriter open_down(std::string& out, std::string_view kind, const MessageHea
 template <typename ChunkTexts>
 std::string encode_rows_with(const RowsMessage& message, const ChunkTexts& chunks) {
     std::string out;
-    ObjectWriter object = open_down(out, "rows", message.header);
+    ObjectWriter object = open_down(out, "rows", message.header,
+                                    message.drop_tables.empty() ? kFirstVersion : kVersion);
     if (!message.reset.empty()) append_scopes(object.field("reset"), message.reset);
     if (!message.drop.empty()) append_scopes(object.field("drop"), message.drop);
+    if (!message.drop_tables.empty()) {
+        append_scopes(object.field("drop_tables"), message.drop_tables);
+    }
     append_list(object.field("chunks"), chunks,
                 [](std::string& o, std::string_view chunk) { o += chunk; });
     if (!message.withheld.empty()) {
@@ -294,7 +302,7 @@ std::string encode(const DownMessage& message) {
 std::string encode(const Upload& upload) {
     std::string out;
     ObjectWriter object(out);
-    object.integer_field("v", kVersion);
+    object.integer_field("v", kFirstVersion);  // nothing of a later version in an upload
     object.string_field("id", upload.id);
     append_list(object.field("rows"), upload.rows, [](std::string& o, const UpRow& row) {
         ObjectWriter row_object(o);
@@ -354,6 +362,29 @@ size_t rows_envelope_overhead() {
     return overhead;
 }
 
+size_t rows_envelope_size(const std::vector<std::string>& reset,
+                          const std::vector<std::string>& drop,
+                          const std::vector<std::string>& drop_tables) {
+    RowsMessage message;
+    message.header.replica = std::string(36, 'f');
+    message.header.gen = std::numeric_limits<int64_t>::max();
+    message.header.seq = std::numeric_limits<int64_t>::max();
+    message.reset = reset;
+    message.drop = drop;
+    message.drop_tables = drop_tables;
+    // Room for the "withheld":[...] frame, in case a chunk brings withheld rows: with one note the
+    // message grows by frame + note, with a second by note + 1 (a comma).
+    const KeyNote note{"t", "{}", ""};
+    RowsMessage one_note = message;
+    one_note.withheld.push_back(note);
+    RowsMessage two_notes = one_note;
+    two_notes.withheld.push_back(note);
+    const size_t none = encode(message).size();
+    const size_t one = encode(one_note).size();
+    const size_t two = encode(two_notes).size();
+    return none + (one - none) - (two - one) + 1;
+}
+
 size_t chunk_overhead(std::string_view scope, int64_t from, int64_t to) {
     Chunk empty;
     empty.scope = std::string(scope);
@@ -370,6 +401,22 @@ size_t encoded_row_size(std::string_view table, std::string_view key,
     size_t size = std::string_view(R"({"t":,"k":,"r":})").size() + quoted_table.size() + key.size();
     if (!row) return size + std::string_view("null").size();
     return size + row->size() + std::string_view(R"(,"h":"")").size() + kHexDigestLength;
+}
+
+bool row_travels(std::string_view scope, std::string_view table, std::string_view key,
+                 std::string_view row, size_t max_bytes) {
+    constexpr int64_t kLargestSeq = std::numeric_limits<int64_t>::max();
+    static const size_t envelope = rows_envelope_size({"*"}, {}, {});
+    RepairMessage repair;
+    repair.header = {std::string(36, 'f'), kLargestSeq, kLargestSeq};
+    repair.scope = std::string(scope);
+    repair.range.lo.fill(0xff);
+    repair.range.hi = repair.range.lo;
+    // A row travels in a rows message and, when a repair resends it, in a repair message.
+    const size_t around = std::max(envelope + chunk_overhead(scope, kLargestSeq, kLargestSeq),
+                                   encode(repair).size()) +
+                          1;
+    return around < max_bytes && encoded_row_size(table, key, row) + 1 <= max_bytes - around;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -600,6 +647,7 @@ RowsMessage decode_rows(const Field& message, RowBudget& budget) {
     rows.header = decode_header(message);
     rows.reset = decode_scopes(message.optional_member("reset"));
     rows.drop = decode_scopes(message.optional_member("drop"));
+    rows.drop_tables = decode_scopes(message.optional_member("drop_tables"));
     for (const Field& item : message.member("chunks").items()) {
         Chunk chunk;
         chunk.scope = item.member("scope").string();

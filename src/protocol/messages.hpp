@@ -1,8 +1,8 @@
 // The messages between server and replica (DESIGN §8) and their JSON codec. The wire below is
 // pinned by tests/unit/protocol_messages_test.cpp; it changes only with a kVersion bump.
 //
-// Down (server → replica); every one starts {"v":1,"kind":K,"replica":UUID,"gen":G,"seq":S, then:
-//   rows:   "reset":[scope,...]?, "drop":[scope,...]?,
+// Down (server → replica); every one starts {"v":V,"kind":K,"replica":UUID,"gen":G,"seq":S, then:
+//   rows:   "reset":[scope,...]?, "drop":[scope,...]?, "drop_tables":[table,...]?,
 //           "chunks":[{"scope":..,"from":F,"to":T,"rows":[ROW,...]},...],
 //           "withheld":[{"t":..,"k":{..},"why":".."},...]?
 //   filed:  "upload":UUID, "kept":[{"t":..,"k":{..},"why":".."},...], "more":true?
@@ -16,6 +16,8 @@
 //   {"v":1,"id":UUID,"rows":[{"t":..,"r":{..}},...],"applied":N?,
 //    "untaken":[{"seq":N,"t":..,"k":{..},"why":".."},...]?,
 //    "holds":{scope:{"through":N,"fp":"<64 hex>","n":N,"ranges":[[LO,HI,"<64 hex fp>",N],...]?}}?}
+// V is the lowest version that reads the message right: 2 for a rows message that drops tables
+// (a build of version 1 would not know the field and keep the rows), 1 for every other message.
 // Fields marked ? are left out when empty. Encoding writes fields in exactly this order with no
 // whitespace, so equal messages encode to equal bytes. Decoding accepts any order, ignores fields
 // it does not know and refuses duplicate keys.
@@ -42,7 +44,9 @@
 
 namespace magic_sync::protocol {
 
-inline constexpr int64_t kVersion = 1;
+// The newest protocol version this build speaks, and the first one.
+inline constexpr int64_t kVersion = 2;
+inline constexpr int64_t kFirstVersion = 1;
 
 // How deep a row payload sits in the deepest message (rows → "chunks" → chunk → "rows" → row): a
 // row whose JSON nests d levels makes a message that nests d + kRowDepthInMessage levels.
@@ -96,6 +100,9 @@ struct RowsMessage {
     MessageHeader header;
     std::vector<std::string> reset;  // scopes to empty before the chunks; "*" = everything
     std::vector<std::string> drop;   // scopes the replica leaves
+    // Tables the replica drops every row of, in every scope (a table no longer synced, or synced
+    // under another name or key), after the scopes and before the chunks.
+    std::vector<std::string> drop_tables;
     std::vector<Chunk> chunks;
     std::vector<KeyNote> withheld;
 };
@@ -217,9 +224,21 @@ Upload decode_upload(std::string_view text, const Limits& limits = Limits{});
 //   chunk_overhead(scope, from, to) + Σ encoded_row_size(row) + (number of rows - 1).
 // A repair's rows are counted the same way.
 size_t rows_envelope_overhead();  // no chunks, 36-byte replica, gen and seq of 19 digits
+// The most bytes a rows message with these reset and drop lists takes besides its chunks and
+// withheld rows, room for the "withheld" frame included (any replica, gen and seq).
+size_t rows_envelope_size(const std::vector<std::string>& reset,
+                          const std::vector<std::string>& drop,
+                          const std::vector<std::string>& drop_tables);
 size_t chunk_overhead(std::string_view scope, int64_t from, int64_t to);  // a chunk with no rows
 // `row` none: the row is gone.
 size_t encoded_row_size(std::string_view table, std::string_view key,
                         std::optional<std::string_view> row);
+// Whether a row can travel at all: it fits, with the comma before it, a chunk of its scope at the
+// largest seqs in a rows message that resets everything, and a repair message of its scope,
+// within `max_bytes`. A row that does not
+// is withheld (DESIGN §4, §7): the rule depends on the row and its scope alone, never on where a
+// replica's cursor stands, so the server, the replica and an oracle agree on it.
+bool row_travels(std::string_view scope, std::string_view table, std::string_view key,
+                 std::string_view row, size_t max_bytes);
 
 }  // namespace magic_sync::protocol

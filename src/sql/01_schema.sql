@@ -32,11 +32,23 @@ CREATE TABLE sync.codec (
     relation regclass NOT NULL UNIQUE,
     table_name text NOT NULL UNIQUE,
     kind text NOT NULL CHECK (kind IN ('catalog', 'record', 'both')),
+    -- The rule as declared ("to"), and as parsed once, at declaration, into who receives a row:
+    -- nobody, all (of the partition), own (the replica whose id the row's to_column holds) or
+    -- group (every replica whose replica_column equals the row's to_column). Every audience and
+    -- membership is derived from these columns (sync.audience_sql, the pass), never from "to".
     "to" text,
+    audience text NOT NULL CHECK (audience IN ('nobody', 'all', 'own', 'group')),
+    to_column name CHECK ((to_column IS NOT NULL) = (audience IN ('own', 'group'))),
+    replica_column name CHECK ((replica_column IS NOT NULL) = (audience = 'group')),
     columns name[],
     replica_columns name[] NOT NULL DEFAULT '{}',
     stamp name[] NOT NULL DEFAULT '{}',
-    key_columns name[] NOT NULL
+    key_columns name[] NOT NULL,
+    -- The key columns' types when declared: a change of them changes every row's key.
+    key_types regtype[] NOT NULL,
+    -- The table's columns and their types when declared or last planned whole (sync.table_shape):
+    -- a schema change that alters them plans the table again.
+    shape text NOT NULL DEFAULT ''
 );
 
 -- What the server knows of a replica that sends something up, and how a filing is set up.
@@ -88,6 +100,9 @@ CREATE TABLE sync.row (
     hash bytea,
     body text,
     gone boolean NOT NULL DEFAULT false,
+    -- Too big for any message (sync.row_travels): sent as a withheld note, and outside the
+    -- scope's fingerprint on both sides, so repair never chases it.
+    withheld boolean NOT NULL DEFAULT false,
     -- A version filed from this replica's upload that it holds already (sync.echo), and the seq
     -- of the version it replaced: not sent back to it while it is the scope's only member and
     -- was sent that older version.
@@ -96,6 +111,14 @@ CREATE TABLE sync.row (
     PRIMARY KEY (k, scope)
 );
 CREATE INDEX row_scope_seq ON sync.row (scope, seq);
+
+-- Codecs that ended (sync.drop, a dropped table, a declaration under another name or key): the
+-- next pass forgets their rows and tells every replica that held some to drop their table.
+CREATE TABLE sync.dropped_codec (
+    codec int PRIMARY KEY,
+    table_name text NOT NULL,
+    dropped_at timestamptz NOT NULL DEFAULT now()
+);
 
 -- Seqs of rows: drawn only by the relay's lock holder, so seq order is commit order.
 CREATE SEQUENCE sync.row_seq;
@@ -110,6 +133,8 @@ CREATE TABLE sync.replica (
     -- What the next rows message must carry: a full reset, scopes left.
     reset_pending boolean NOT NULL DEFAULT true,
     pending_drops text[] NOT NULL DEFAULT '{}',
+    -- Tables whose rows the next rows message drops (sync.dropped_codec).
+    pending_table_drops text[] NOT NULL DEFAULT '{}',
     applied bigint NOT NULL DEFAULT 0,
     backoff_until timestamptz,
     backoff interval,
@@ -117,7 +142,8 @@ CREATE TABLE sync.replica (
     refusals int NOT NULL DEFAULT 0
 );
 -- Replicas whose next message must carry a reset or a drop.
-CREATE INDEX replica_pending ON sync.replica (id) WHERE reset_pending OR cardinality(pending_drops) > 0;
+CREATE INDEX replica_pending ON sync.replica (id)
+WHERE reset_pending OR cardinality(pending_drops) > 0 OR cardinality(pending_table_drops) > 0;
 
 -- A replica's cursor in each of its scopes: sent through, and confirmed through.
 CREATE TABLE sync.member (
@@ -166,6 +192,7 @@ CREATE TABLE sync.outbox (
     chunks bigint[] NOT NULL DEFAULT '{}',
     reset text[] NOT NULL DEFAULT '{}',
     drops text[] NOT NULL DEFAULT '{}',
+    table_drops text[] NOT NULL DEFAULT '{}',
     body bytea,
     advances jsonb,
     created_at timestamptz NOT NULL DEFAULT now(),
@@ -256,7 +283,10 @@ CREATE TABLE sync.relay_state (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),
     last_pass_at timestamptz,
     last_pass jsonb,
-    replicas_scanned_at timestamptz
+    replicas_scanned_at timestamptz,
+    audited_at timestamptz,
+    -- The magic_sync.bytes_per_message the rows' withheld flags were worked out under.
+    bytes_per_message int
 );
 INSERT INTO sync.relay_state DEFAULT VALUES;
 

@@ -1,5 +1,9 @@
 -- The relay lock ---------------------------------------------------------------------------------
 
+-- A magic_sync.* setting, read through the library so that it is loaded (src/pg/init.cpp).
+CREATE FUNCTION sync.setting(name text) RETURNS text
+AS 'MODULE_PATHNAME', 'magic_sync_setting' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+
 -- The pid of the session holding the relay's session advisory lock in this database, if any.
 CREATE FUNCTION sync.relay_lock_holder() RETURNS int
 LANGUAGE sql STABLE

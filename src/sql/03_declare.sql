@@ -31,6 +31,27 @@ AS $$
     WHERE a.attrelid = relation AND a.attname = column_name AND a.attnum > 0 AND NOT a.attisdropped
 $$;
 
+-- The types of columns of a relation, in the order named (NULL for a column it does not have).
+CREATE FUNCTION sync.column_types(relation regclass, column_names name[]) RETURNS regtype[]
+LANGUAGE sql STABLE STRICT
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT array_agg(sync.column_type(relation, c.name) ORDER BY c.position)
+    FROM unnest(column_names) WITH ORDINALITY AS c(name, position)
+$$;
+
+-- A table's columns and their types, in order: what a schema change that matters to its rows
+-- changes.
+CREATE FUNCTION sync.table_shape(relation regclass) RETURNS text
+LANGUAGE sql STABLE STRICT
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(string_agg(format('%I %s', a.attname, format_type(a.atttypid, a.atttypmod)), ', '
+                               ORDER BY a.attnum), '')
+    FROM pg_attribute a
+    WHERE a.attrelid = relation AND a.attnum > 0 AND NOT a.attisdropped
+$$;
+
 -- The primary key columns of a table, in key order (NULL when it has none).
 CREATE FUNCTION sync.key_columns(relation regclass) RETURNS name[]
 LANGUAGE sql STABLE STRICT
@@ -195,6 +216,32 @@ BEGIN
 END
 $$;
 
+-- The replicas columns that group codecs match on: a replica's groups are a scope each.
+CREATE FUNCTION sync.group_columns() RETURNS name[]
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(array_agg(DISTINCT c.replica_column ORDER BY c.replica_column), '{}')
+    FROM sync.codec c WHERE c.audience = 'group'
+$$;
+
+-- After a declaration changed: the next pass looks at every row of the codec, and at every
+-- replica too when the columns that group them changed (they join or leave those scopes).
+CREATE FUNCTION sync.declared(codec int, groups_before name[]) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    IF codec IS NOT NULL THEN
+        INSERT INTO sync.note (codec, key) VALUES (declared.codec, NULL);
+    END IF;
+    IF sync.group_columns() IS DISTINCT FROM groups_before THEN
+        INSERT INTO sync.note (codec, key) VALUES (0, NULL);
+    END IF;
+    PERFORM sync.wake();
+END
+$$;
+
 -- Declares how a table syncs. sync.catalog(), sync.record() and sync.both() are sugar for it.
 CREATE FUNCTION sync.codec("table" regclass, kind text, "to" text DEFAULT NULL,
                            columns name[] DEFAULT NULL, replica_columns name[] DEFAULT '{}',
@@ -208,7 +255,13 @@ DECLARE
     relkind "char" := (SELECT c.relkind FROM pg_class c WHERE c.oid = "table");
     keys name[] := sync.key_columns("table");
     replica_set sync.replica_set;
-    audience text[];
+    previous sync.codec;
+    holder regclass;
+    groups_before name[] := sync.group_columns();
+    parsed text[];
+    audience text;
+    to_column name;
+    replica_column name;
     own_type regtype;
     replica_type regtype;
     codec_id int;
@@ -230,23 +283,41 @@ BEGIN
                                 'ALTER TABLE %s ADD PRIMARY KEY (id).', table_name);
     END IF;
     SELECT * INTO replica_set FROM sync.replica_set;
+    SELECT * INTO previous FROM sync.codec c WHERE c.relation = "table";
+    SELECT c.relation INTO holder FROM sync.codec c
+    WHERE c.table_name = sync.relation_name("table") AND c.relation <> "table";
+    IF holder IS NOT NULL THEN
+        RAISE EXCEPTION 'the name % is still declared for table %, which was renamed', table_name,
+                        coalesce(sync.relation_name(holder), '(dropped)')
+            USING ERRCODE = 'duplicate_object',
+                  HINT = format('Redeclare that table under its new name first, or sync.drop(%L).',
+                                coalesce(sync.relation_name(holder), table_name));
+    END IF;
 
-    -- Who receives a row: 'all', 'col' (holds a replica id), 'col = replica_col', or NULL.
+    -- Who receives a row: 'all', 'col' (holds a replica id), 'col = replica_col', or NULL. Parsed
+    -- here, once, into audience, to_column and replica_column; nothing parses "to" again.
     "to" := btrim("to");
-    IF "to" IS NOT NULL AND "to" <> 'all' THEN
-        audience := regexp_match("to", '^([A-Za-z_][A-Za-z0-9_$]*)\s*(?:=\s*([A-Za-z_][A-Za-z0-9_$]*))?$');
-        IF audience IS NULL THEN
+    IF "to" IS NULL THEN
+        audience := 'nobody';
+    ELSIF "to" = 'all' THEN
+        audience := 'all';
+    ELSE
+        parsed := regexp_match("to", '^([A-Za-z_][A-Za-z0-9_$]*)\s*(?:=\s*([A-Za-z_][A-Za-z0-9_$]*))?$');
+        IF parsed IS NULL THEN
             RAISE EXCEPTION 'to => ''%'' is not one of ''all'', ''column'' or ''column = replica_column''', "to"
                 USING ERRCODE = 'invalid_parameter_value',
                       HINT = 'E.g. to => ''register_id'' (the column holds a replica id) or '
                              'to => ''store_id = store_id'' (every replica of that store).';
         END IF;
-        PERFORM sync.require_columns("table", ARRAY[audience[1]]::name[], 'to');
-        own_type := sync.column_type("table", audience[1]);
-        IF audience[2] IS NULL THEN
+        to_column := parsed[1];
+        replica_column := parsed[2];
+        audience := CASE WHEN replica_column IS NULL THEN 'own' ELSE 'group' END;
+        PERFORM sync.require_columns("table", ARRAY[to_column], 'to');
+        own_type := sync.column_type("table", to_column);
+        IF audience = 'own' THEN
             IF own_type <> 'uuid'::regtype THEN
                 RAISE EXCEPTION 'to => ''%'': column %.% is of type %, but a column that names the '
-                                'receiving replica must be uuid', "to", table_name, audience[1], own_type
+                                'receiving replica must be uuid', "to", table_name, to_column, own_type
                     USING ERRCODE = 'datatype_mismatch',
                           HINT = 'Use to => ''column = replica_column'' to send a row to every '
                                  'replica whose column has the same value.';
@@ -257,16 +328,16 @@ BEGIN
                     USING ERRCODE = 'object_not_in_prerequisite_state',
                           HINT = 'Declare them first with sync.replicas().';
             END IF;
-            replica_type := sync.column_type(replica_set.relation, audience[2]);
+            replica_type := sync.column_type(replica_set.relation, replica_column);
             IF replica_type IS NULL THEN
                 RAISE EXCEPTION 'to => ''%'': the replicas relation % has no column "%"',
-                                "to", replica_set.relation_name, audience[2]
+                                "to", replica_set.relation_name, replica_column
                     USING ERRCODE = 'undefined_column';
             END IF;
             IF replica_type <> own_type THEN
                 RAISE EXCEPTION 'to => ''%'': column %.% is of type % but %.% is of type %',
-                                "to", table_name, audience[1], own_type,
-                                replica_set.relation_name, audience[2], replica_type
+                                "to", table_name, to_column, own_type,
+                                replica_set.relation_name, replica_column, replica_type
                     USING ERRCODE = 'datatype_mismatch',
                           HINT = 'The two columns are compared for equality: make them the same type.';
             END IF;
@@ -319,17 +390,28 @@ BEGIN
                   HINT = 'No row crosses a partition: add the column to the table.';
     END IF;
 
-    INSERT INTO sync.codec AS c (relation, table_name, kind, "to", columns, replica_columns, stamp, key_columns)
-    VALUES (relation, table_name, kind, "to", columns, replica_columns, stamp, keys)
+    -- Rows travel under the table's name and are found by its key: declared under another name or
+    -- key, the table's rows are other rows. The codec ends (every replica drops its rows under the
+    -- old name) and a new one begins, whose rows are all sent again.
+    IF previous.id IS NOT NULL
+       AND (previous.table_name <> table_name OR previous.key_columns <> keys
+            OR previous.key_types IS DISTINCT FROM sync.column_types("table", keys)) THEN
+        PERFORM sync.end_codec(previous.id);
+    END IF;
+    INSERT INTO sync.codec AS c (relation, table_name, kind, "to", audience, to_column, replica_column,
+                                 columns, replica_columns, stamp, key_columns, key_types, shape)
+    VALUES (relation, table_name, kind, "to", audience, to_column, replica_column,
+            columns, replica_columns, stamp, keys, sync.column_types("table", keys),
+            sync.table_shape("table"))
     ON CONFLICT ON CONSTRAINT codec_relation_key DO UPDATE
         SET table_name = excluded.table_name, kind = excluded.kind, "to" = excluded."to",
-            columns = excluded.columns, replica_columns = excluded.replica_columns,
-            stamp = excluded.stamp, key_columns = excluded.key_columns
+            audience = excluded.audience, to_column = excluded.to_column,
+            replica_column = excluded.replica_column, columns = excluded.columns,
+            replica_columns = excluded.replica_columns, stamp = excluded.stamp,
+            key_columns = excluded.key_columns, key_types = excluded.key_types, shape = excluded.shape
     RETURNING c.id INTO codec_id;
     PERFORM sync.install_capture(relation, codec_id, keys);
-    -- The next pass looks at every row of the table under the new declaration.
-    INSERT INTO sync.note (codec, key) VALUES (codec_id, NULL);
-    PERFORM sync.wake();
+    PERFORM sync.declared(codec_id, groups_before);
 END
 $$;
 
@@ -354,7 +436,27 @@ LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 AS $$ SELECT sync.codec("table", 'both', "to", columns, replica_columns, stamp) $$;
 
--- Stops syncing a table: its declaration, capture triggers and pending notes go.
+-- Ends a codec: its declaration and pending notes go, and the next pass forgets its rows and has
+-- every replica that holds some drop the table (sync.dropped_codec).
+CREATE FUNCTION sync.end_codec(codec int) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    groups_before name[] := sync.group_columns();
+BEGIN
+    INSERT INTO sync.dropped_codec (codec, table_name)
+    SELECT c.id, c.table_name FROM sync.codec c WHERE c.id = end_codec.codec
+    ON CONFLICT DO NOTHING;
+    DELETE FROM sync.note n WHERE n.codec = end_codec.codec;
+    DELETE FROM sync.set_aside s WHERE s.kind IN ('note', 'row') AND s.codec = end_codec.codec;
+    DELETE FROM sync.codec c WHERE c.id = end_codec.codec;
+    PERFORM sync.declared(NULL, groups_before);
+END
+$$;
+
+-- Stops syncing a table: its declaration, capture triggers and pending notes go, and every
+-- replica drops its rows.
 CREATE FUNCTION sync.drop("table" regclass) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -368,8 +470,7 @@ BEGIN
                   HINT = 'SELECT table_name FROM sync.codec lists the tables that sync.';
     END IF;
     PERFORM sync.remove_capture("table");
-    DELETE FROM sync.note WHERE codec = codec_id;
-    DELETE FROM sync.codec WHERE id = codec_id;
+    PERFORM sync.end_codec(codec_id);
 END
 $$;
 
@@ -406,99 +507,232 @@ BEGIN
 END
 $$;
 
--- One row per problem with the declarations, saying what is wrong and how to fix it: tables
--- dropped or renamed, columns dropped, triggers gone.
-CREATE FUNCTION sync.check()
-RETURNS TABLE (declaration text, problem text, fix text)
+-- What is wrong with the replicas' declaration now, one row each, and how to fix it. `refuses`: a
+-- schema change that causes it is refused (sync.on_ddl), since nothing could sync meanwhile.
+CREATE FUNCTION sync.replica_set_problems()
+RETURNS TABLE (problem text, fix text, refuses boolean)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    c sync.codec;
     r sync.replica_set;
     current_name text;
-    wanted name;
-    lost name[];
 BEGIN
     SELECT * INTO r FROM sync.replica_set;
-    IF r.relation IS NOT NULL THEN
-        declaration := format('replicas %s (%s)', r.name, r.relation_name);
-        current_name := sync.relation_name(r.relation);
-        IF current_name IS NULL THEN
-            problem := format('relation %s was dropped', r.relation_name);
-            fix := 'Create it again and redeclare it with sync.replicas().';
-            RETURN NEXT;
-        ELSE
-            IF current_name <> r.relation_name THEN
-                problem := format('relation %s was renamed to %s', r.relation_name, current_name);
-                fix := format('Redeclare it: SELECT sync.replicas(%L, %L, %L).', current_name, r.name, r.live);
-                RETURN NEXT;
-            END IF;
-            IF sync.column_type(r.relation, 'id') IS DISTINCT FROM 'uuid'::regtype THEN
-                problem := format('%s has no column "id" of type uuid any more', current_name);
-                fix := 'Add it back: every replica is identified by an id uuid.';
-                RETURN NEXT;
-            END IF;
-            IF r.partitioned_by IS NOT NULL AND sync.column_type(r.relation, r.partitioned_by) IS NULL THEN
-                problem := format('%s has no column "%s" (partitioned_by) any more', current_name, r.partitioned_by);
-                fix := 'Add it back, or redeclare the replicas without partitioned_by.';
-                RETURN NEXT;
-            END IF;
-            BEGIN
-                PERFORM sync.require_live(r.relation, r.live);
-            EXCEPTION WHEN OTHERS THEN
-                problem := SQLERRM;
-                fix := 'Redeclare the replicas with a live expression that holds now.';
-                RETURN NEXT;
-            END;
-        END IF;
+    IF r.relation IS NULL THEN
+        RETURN;
     END IF;
+    current_name := sync.relation_name(r.relation);
+    IF current_name IS NULL THEN
+        RETURN QUERY SELECT format('relation %s was dropped', r.relation_name),
+                            'Create it again and redeclare it with sync.replicas().', false;
+        RETURN;
+    END IF;
+    IF current_name <> r.relation_name THEN
+        RETURN QUERY SELECT format('relation %s was renamed to %s', r.relation_name, current_name),
+                            format('Redeclare it: SELECT sync.replicas(%L, %L, %L).', current_name,
+                                   r.name, r.live), false;
+    END IF;
+    IF sync.column_type(r.relation, 'id') IS DISTINCT FROM 'uuid'::regtype THEN
+        RETURN QUERY SELECT format('%s has no column "id" of type uuid any more', current_name),
+                            'Add it back: every replica is identified by an id uuid.', true;
+    END IF;
+    IF r.partitioned_by IS NOT NULL AND sync.column_type(r.relation, r.partitioned_by) IS NULL THEN
+        RETURN QUERY SELECT format('%s has no column "%s" (partitioned_by) any more', current_name,
+                                   r.partitioned_by),
+                            'Add it back, or redeclare the replicas without partitioned_by.', true;
+    END IF;
+    BEGIN
+        PERFORM sync.require_live(r.relation, r.live);
+    EXCEPTION WHEN OTHERS THEN
+        RETURN QUERY SELECT SQLERRM, 'Redeclare the replicas with a live expression that holds now.', true;
+    END;
+END
+$$;
 
-    FOR c IN SELECT * FROM sync.codec ORDER BY table_name LOOP
-        declaration := format('%s %s', c.kind, c.table_name);
-        current_name := sync.relation_name(c.relation);
-        IF current_name IS NULL THEN
-            problem := format('table %s was dropped', c.table_name);
-            fix := format('Create the table again and redeclare it, or remove the declaration: '
-                          'DELETE FROM sync.codec WHERE table_name = %L.', c.table_name);
-            RETURN NEXT;
-            CONTINUE;
+-- What is wrong with a codec's declaration now, one row each, and how to fix it (`refuses`: as for
+-- sync.replica_set_problems).
+CREATE FUNCTION sync.codec_problems(c sync.codec)
+RETURNS TABLE (problem text, fix text, refuses boolean)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    r sync.replica_set;
+    current_name text := sync.relation_name(c.relation);
+    wanted name;
+    lost name[];
+    own_type regtype;
+BEGIN
+    SELECT * INTO r FROM sync.replica_set;
+    IF current_name IS NULL THEN
+        RETURN QUERY SELECT format('table %s was dropped', c.table_name),
+                            format('Create the table again and redeclare it, or stop syncing it (every '
+                                   'replica drops its rows): SELECT sync.end_codec(%s).', c.id), false;
+        RETURN;
+    END IF;
+    IF current_name <> c.table_name THEN
+        RETURN QUERY SELECT format('table %s was renamed to %s; replicas know it by its old name',
+                                   c.table_name, current_name),
+                            format('Redeclare it: SELECT sync.%s(%L, ...) with its new name.', c.kind,
+                                   current_name), false;
+    END IF;
+    SELECT array_agg(x) INTO lost
+    FROM unnest(c.key_columns || coalesce(c.columns, '{}') || c.replica_columns || c.stamp
+                || array_remove(ARRAY[c.to_column], NULL)) x
+    WHERE sync.column_type(c.relation, x) IS NULL;
+    FOREACH wanted IN ARRAY coalesce(lost, '{}') LOOP
+        RETURN QUERY SELECT format('column "%s" of %s, named in its declaration, was dropped', wanted,
+                                   current_name),
+                            format('Add the column back, or redeclare %s without it.', current_name), true;
+    END LOOP;
+    IF c.replica_column IS NOT NULL AND r.relation IS NOT NULL
+       AND sync.column_type(r.relation, c.replica_column) IS NULL THEN
+        RETURN QUERY SELECT format('to => %L matches column "%s" of the replicas, which %s no longer has',
+                                   c."to", c.replica_column, r.relation_name),
+                            format('Add the column back, or redeclare %s with another "to".', current_name),
+                            true;
+    END IF;
+    own_type := sync.column_type(c.relation, c.to_column);
+    IF c.audience = 'own' AND own_type <> 'uuid'::regtype
+       OR c.audience = 'group' AND r.relation IS NOT NULL
+          AND own_type <> sync.column_type(r.relation, c.replica_column) THEN
+        RETURN QUERY SELECT format('to => %L: column %s.%s is of type %s now', c."to", current_name,
+                                   c.to_column, own_type),
+                            format('Change it back, or redeclare %s with another "to".', current_name),
+                            true;
+    END IF;
+    IF sync.key_columns(c.relation) IS DISTINCT FROM c.key_columns THEN
+        RETURN QUERY SELECT format('the primary key of %s changed from (%s) to (%s)', current_name,
+                                   array_to_string(c.key_columns, ', '),
+                                   coalesce(array_to_string(sync.key_columns(c.relation), ', '), 'none')),
+                            format('Redeclare %s so its rows are keyed by the new primary key.', current_name),
+                            true;
+    ELSIF sync.column_types(c.relation, c.key_columns) IS DISTINCT FROM c.key_types THEN
+        RETURN QUERY SELECT format('the type of the key of %s changed from (%s) to (%s)', current_name,
+                                   array_to_string(c.key_types, ', '),
+                                   array_to_string(sync.column_types(c.relation, c.key_columns), ', ')),
+                            format('Redeclare %s: its rows have other keys now.', current_name), false;
+    END IF;
+    IF (SELECT count(*) FROM pg_trigger t
+        WHERE t.tgrelid = c.relation AND t.tgfoid = 'sync.capture()'::regprocedure) <> 4 THEN
+        RETURN QUERY SELECT format('the capture triggers of %s are missing', current_name),
+                            format('Redeclare %s: its changes are not being noted.', current_name), false;
+    END IF;
+END
+$$;
+
+-- One row per problem with the declarations, saying what is wrong and how to fix it: tables
+-- dropped or renamed, columns dropped, triggers gone.
+CREATE FUNCTION sync.check()
+RETURNS TABLE (declaration text, problem text, fix text)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT format('replicas %s (%s)', r.name, r.relation_name), p.problem, p.fix
+    FROM sync.replica_set r, sync.replica_set_problems() p
+    UNION ALL
+    (SELECT format('%s %s', c.kind, c.table_name), p.problem, p.fix
+     FROM sync.codec c, sync.codec_problems(c) p
+     ORDER BY c.table_name)
+$$;
+
+-- Schema changes (DESIGN §13). After an ALTER TABLE of a synced table: a change that would break
+-- its declaration is refused, saying why and what to do first; a change of its key's type re-keys
+-- it (declared again: every replica drops the rows under the old keys and gets them again); any
+-- other change of its columns plans the whole table again, so rows that were not changed since
+-- travel in their new shape (only those whose canonical form changed). After an ALTER TABLE of the
+-- replicas relation: the same refusals, and every replica is looked at again (its groups, its
+-- liveness may have changed). SECURITY DEFINER: it runs for whoever alters a table.
+CREATE FUNCTION sync.on_ddl() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    altered oid[];
+    c sync.codec;
+    broken record;
+    replicas regclass := (SELECT s.relation FROM sync.replica_set s);
+BEGIN
+    SELECT array_agg(d.objid) INTO altered FROM pg_event_trigger_ddl_commands() d
+    WHERE d.classid = 'pg_class'::regclass;
+    IF altered IS NULL THEN
+        RETURN;
+    END IF;
+    IF replicas = ANY (altered) THEN
+        SELECT * INTO broken FROM sync.replica_set_problems() p WHERE p.refuses LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'this change of % breaks its declaration as the replicas: %',
+                            sync.relation_name(replicas), broken.problem
+                USING ERRCODE = 'dependent_objects_still_exist', HINT = broken.fix;
         END IF;
-        IF current_name <> c.table_name THEN
-            problem := format('table %s was renamed to %s; replicas know it by its old name',
-                              c.table_name, current_name);
-            fix := format('Redeclare it: SELECT sync.%s(%L, ...) with its new name.', c.kind, current_name);
-            RETURN NEXT;
-        END IF;
-        SELECT array_agg(x) INTO lost
-        FROM unnest(c.key_columns || coalesce(c.columns, '{}') || c.replica_columns || c.stamp
-                    || (regexp_match(coalesce(c."to", ''), '^([A-Za-z_][A-Za-z0-9_$]*)'))::name[]) x
-        WHERE x <> 'all' AND sync.column_type(c.relation, x) IS NULL;
-        FOREACH wanted IN ARRAY coalesce(lost, '{}') LOOP
-            problem := format('column "%s" of %s, named in its declaration, was dropped', wanted, current_name);
-            fix := format('Add the column back, or redeclare %s without it.', current_name);
-            RETURN NEXT;
+        FOR c IN SELECT * FROM sync.codec x WHERE x.replica_column IS NOT NULL LOOP
+            SELECT * INTO broken FROM sync.codec_problems(c) p WHERE p.refuses LIMIT 1;
+            IF FOUND THEN
+                RAISE EXCEPTION 'this change of % breaks the declaration of %: %',
+                                sync.relation_name(replicas), c.table_name, broken.problem
+                    USING ERRCODE = 'dependent_objects_still_exist', HINT = broken.fix;
+            END IF;
         END LOOP;
-        wanted := (regexp_match(coalesce(c."to", ''), '=\s*([A-Za-z_][A-Za-z0-9_$]*)$'))[1];
-        IF wanted IS NOT NULL AND r.relation IS NOT NULL AND sync.column_type(r.relation, wanted) IS NULL THEN
-            problem := format('to => %L matches column "%s" of the replicas, which %s no longer has',
-                              c."to", wanted, r.relation_name);
-            fix := format('Add the column back, or redeclare %s with another "to".', current_name);
-            RETURN NEXT;
+        INSERT INTO sync.note (codec, key) VALUES (0, NULL);
+        PERFORM sync.wake();
+    END IF;
+    FOR c IN SELECT * FROM sync.codec x WHERE x.relation = ANY (altered) LOOP
+        SELECT * INTO broken FROM sync.codec_problems(c) p WHERE p.refuses LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION 'this change of % breaks its sync declaration: %', c.table_name,
+                            broken.problem
+                USING ERRCODE = 'dependent_objects_still_exist',
+                      HINT = broken.fix || format(' Or stop syncing it first: SELECT sync.drop(%L).',
+                                                  sync.relation_name(c.relation));
         END IF;
-        IF sync.key_columns(c.relation) IS DISTINCT FROM c.key_columns THEN
-            problem := format('the primary key of %s changed from (%s) to (%s)', current_name,
-                              array_to_string(c.key_columns, ', '),
-                              coalesce(array_to_string(sync.key_columns(c.relation), ', '), 'none'));
-            fix := format('Redeclare %s so its rows are keyed by the new primary key.', current_name);
-            RETURN NEXT;
-        END IF;
-        IF (SELECT count(*) FROM pg_trigger t
-            WHERE t.tgrelid = c.relation AND t.tgfoid = 'sync.capture()'::regprocedure) <> 4 THEN
-            problem := format('the capture triggers of %s are missing', current_name);
-            fix := format('Redeclare %s: its changes are not being noted.', current_name);
-            RETURN NEXT;
+        IF sync.column_types(c.relation, c.key_columns) IS DISTINCT FROM c.key_types THEN
+            PERFORM sync.codec(c.relation, c.kind, c."to", c.columns, c.replica_columns, c.stamp);
+        ELSIF sync.table_shape(c.relation) <> c.shape THEN
+            UPDATE sync.codec x SET shape = sync.table_shape(c.relation) WHERE x.id = c.id;
+            INSERT INTO sync.note (codec, key) VALUES (c.id, NULL);
+            PERFORM sync.wake();
         END IF;
     END LOOP;
 END
+$$;
+
+-- After a DROP of a synced table: it stops syncing, as with sync.drop(), and every replica drops
+-- its rows.
+CREATE FUNCTION sync.on_drop() RETURNS event_trigger
+LANGUAGE plpgsql SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM sync.end_codec(c.id) FROM sync.codec c
+    JOIN pg_event_trigger_dropped_objects() d
+      ON d.classid = 'pg_class'::regclass AND d.objid = c.relation AND d.objsubid = 0;
+END
+$$;
+
+CREATE EVENT TRIGGER magic_sync_ddl ON ddl_command_end WHEN TAG IN ('ALTER TABLE')
+EXECUTE FUNCTION sync.on_ddl();
+CREATE EVENT TRIGGER magic_sync_drop ON sql_drop WHEN TAG IN ('DROP TABLE', 'DROP SCHEMA', 'DROP OWNED')
+EXECUTE FUNCTION sync.on_drop();
+
+-- The routing rule of a codec as SQL, its one owner: a boolean expression that is true when the
+-- row aliased `row_alias` (a row of the codec's table) is in the audience of the replica aliased
+-- `replica_alias` (a row of the replicas relation), partition included. Built from the rule as
+-- parsed at declaration (sync.codec.audience, to_column, replica_column); the aliases are quoted.
+CREATE FUNCTION sync.audience_sql(codec int, row_alias text, replica_alias text) RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT '(' || CASE c.audience
+                      WHEN 'all' THEN 'true'
+                      WHEN 'own' THEN format('%I.%I = %I.id', row_alias, c.to_column, replica_alias)
+                      WHEN 'group' THEN format('%I.%I = %I.%I', row_alias, c.to_column,
+                                               replica_alias, c.replica_column)
+                      ELSE 'false' END
+           || CASE WHEN s.partitioned_by IS NULL THEN ''
+                   ELSE format(' AND %I.%I IS NOT DISTINCT FROM %I.%I', row_alias, s.partitioned_by,
+                               replica_alias, s.partitioned_by) END
+           || ')'
+    FROM sync.codec c LEFT JOIN sync.replica_set s ON true
+    WHERE c.id = audience_sql.codec
 $$;

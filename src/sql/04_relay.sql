@@ -27,8 +27,14 @@ AS 'MODULE_PATHNAME', 'magic_sync_row_size' LANGUAGE C IMMUTABLE PARALLEL SAFE;
 CREATE FUNCTION sync.chunk_size(scope text, from_seq bigint, to_seq bigint) RETURNS int
 AS 'MODULE_PATHNAME', 'magic_sync_chunk_size' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
-CREATE FUNCTION sync.envelope_size(reset text[], drops text[]) RETURNS int
+CREATE FUNCTION sync.envelope_size(reset text[], drops text[], table_drops text[] DEFAULT '{}')
+RETURNS int
 AS 'MODULE_PATHNAME', 'magic_sync_envelope_size' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+-- Whether a row can travel at all within magic_sync.bytes_per_message (protocol::row_travels);
+-- one that cannot is withheld. A property of the row and its scope, not of any replica's cursor.
+CREATE FUNCTION sync.row_travels(scope text, "table" text, key text, body text) RETURNS boolean
+AS 'MODULE_PATHNAME', 'magic_sync_row_travels' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 
 CREATE FUNCTION sync.withheld_size("table" text, key text, why text) RETURNS int
 AS 'MODULE_PATHNAME', 'magic_sync_withheld_size' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
@@ -97,12 +103,12 @@ BEGIN
     WHERE NOT EXISTS (SELECT FROM sync.outbox o WHERE c.id = ANY (o.chunks));
     GET DIAGNOSTICS chunks = ROW_COUNT;
     DELETE FROM sync.upload
-    WHERE filed_at < now() - current_setting('magic_sync.upload_memory')::interval;
+    WHERE filed_at < now() - sync.setting('upload_memory')::interval;
     GET DIAGNOSTICS uploads = ROW_COUNT;
 END
 $$;
 
--- sync.status (one row per replica) is defined with the repair state, in 08_repair.sql.
+-- sync.status (one row per replica) is defined with the truth functions, in 09_truth.sql.
 
 -- Health of the relay, one row: the notes backlog, the lock holder, the last pass, what is set
 -- aside, and the transaction horizon. Friendly to psql and to a Prometheus SQL exporter (numbers,

@@ -146,9 +146,8 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    -- missing_ok: the settings exist only once the library is loaded in this session.
-    first_wait interval := coalesce(current_setting('magic_sync.backoff', true), '1s')::interval;
-    longest_wait interval := coalesce(current_setting('magic_sync.backoff_max', true), '10min')::interval;
+    first_wait interval := sync.setting('backoff')::interval;
+    longest_wait interval := sync.setting('backoff_max')::interval;
     previous interval;
     wait interval;
 BEGIN

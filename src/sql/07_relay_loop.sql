@@ -134,7 +134,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    every interval := current_setting('magic_sync.report_every')::interval;
+    every interval := sync.setting('report_every')::interval;
     backlog bigint;
     oldest interval;
     stuck bigint;
@@ -190,8 +190,8 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    unconfirmed interval := current_setting('magic_sync.unconfirmed_after')::interval;
-    max_refusals int := current_setting('magic_sync.max_refusals')::int;
+    unconfirmed interval := sync.setting('unconfirmed_after')::interval;
+    max_refusals int := sync.setting('max_refusals')::int;
 BEGIN
     PERFORM sync.relay_lock();
     RETURN QUERY

@@ -33,7 +33,7 @@ LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT sync.fp_sum(sha256(r.k || r.hash)), count(*)
-    FROM sync.row r WHERE r.scope = scope_fingerprint.scope AND NOT r.gone
+    FROM sync.row r WHERE r.scope = scope_fingerprint.scope AND NOT r.gone AND NOT r.withheld
 $$;
 
 -- A self-check: for each scope the replica is a member of, its fingerprint recomputed from
@@ -73,38 +73,4 @@ BEGIN
 END
 $$;
 
--- One row per replica: live, generation, outbox depth and age, what is unconfirmed, backoff, the
--- last error, what is set aside for it, and whether it is in sync (every scope it is a member of
--- reported at its head with the server's fingerprint), repairing, in a storm (the breaker
--- tripped and it has not converged since), or unknown.
-CREATE VIEW sync.status AS
-SELECT r.id AS replica,
-       r.live,
-       r.gen,
-       count(o.seq) FILTER (WHERE o.sent_at IS NULL) AS outbox,
-       extract(epoch FROM now() - min(o.created_at) FILTER (WHERE o.sent_at IS NULL))
-           AS oldest_unsent_seconds,
-       extract(epoch FROM now() - min(o.sent_at)) AS unconfirmed_seconds,
-       CASE WHEN r.backoff_until > now() THEN extract(epoch FROM r.backoff_until - now()) END
-           AS backoff_seconds,
-       r.last_error,
-       (SELECT count(*) FROM sync.set_aside s WHERE s.replica = r.id) AS set_aside,
-       CASE
-           WHEN EXISTS (SELECT FROM sync.repair p WHERE p.replica = r.id AND p.attempts > 0)
-               THEN 'storm'
-           WHEN EXISTS (SELECT FROM sync.repair p WHERE p.replica = r.id) THEN 'repairing'
-           WHEN r.live AND EXISTS (SELECT FROM sync.member m WHERE m.replica = r.id)
-                AND NOT EXISTS (
-                    SELECT FROM sync.member m
-                    JOIN sync.scope s ON s.id = m.scope
-                    LEFT JOIN sync.holding h ON h.replica = m.replica
-                         AND h.scope = sync.scope_name(s.match, s.value, s.partition)
-                    WHERE m.replica = r.id
-                      AND CASE WHEN h.replica IS NULL THEN s.n <> 0
-                               ELSE h.through <> s.head OR h.fp <> s.fp OR h.n <> s.n END)
-               THEN 'in sync'
-           ELSE 'unknown'
-       END AS sync
-FROM sync.replica r
-LEFT JOIN sync.outbox o ON o.replica = r.id
-GROUP BY r.id;
+-- sync.status (one row per replica) compares with the declarations too: in 09_truth.sql.

@@ -121,6 +121,59 @@ TEST_F(ReplicaTest, ResetAndDropEmptyScopes) {
     EXPECT_TRUE(replica.holdings().empty());
 }
 
+// A table dropped on the wire goes from every scope that holds rows of it, and the scopes'
+// fingerprints with them; the other tables stay.
+TEST_F(ReplicaTest, DropTablesEmptiesThoseTablesInEveryScope) {
+    replica.apply(rows_message(
+        1, 1,
+        {chunk("all", 0, 2,
+               {row(kProducts, id_key(1), product(1, "a")), row(kDrawers, id_key(7), "{}")}),
+         chunk("store_id=1", 0, 4, {row(kProducts, id_key(2), product(2, "b"))})},
+        {"*"}));
+    protocol::RowsMessage drop;
+    drop.header = {kReplicaId, 1, 2};
+    drop.drop_tables = {kProducts};
+    drop.chunks.push_back(chunk("all", 2, 3, {row(kProducts, id_key(3), product(3, "c"))}));
+    ASSERT_EQ(replica.apply(protocol::encode(drop)).outcome, Outcome::kApplied);
+    auto rows = held_by_key(replica);
+    EXPECT_EQ(rows.size(), 2u);
+    EXPECT_TRUE(rows.count(kDrawers + id_key(7)));
+    EXPECT_TRUE(rows.count(kProducts + id_key(3)));  // the chunks come after the drop
+    for (const ScopeHolding& holding : replica.holdings()) {
+        EXPECT_EQ(holding.fingerprint, replica.recompute(holding.scope)) << holding.scope;
+    }
+    std::vector<ScopeHolding> holdings = replica.holdings();
+    ASSERT_EQ(holdings.size(), 2u);
+    EXPECT_EQ(holdings[1].scope, "store_id=1");
+    EXPECT_EQ(holdings[1].fingerprint.count, 0);
+}
+
+// A row the server withholds is outside both sides' fingerprints: a version of it held from
+// before goes, and the replica is told why.
+TEST_F(ReplicaTest, AWithheldRowGoesFromWhereItWasHeld) {
+    replica.apply(rows_message(1, 1,
+                               {chunk("all", 0, 2,
+                                      {row(kProducts, id_key(1), product(1, "a")),
+                                       row(kProducts, id_key(2), product(2, "b"))})},
+                               {"*"}));
+    protocol::RowsMessage withheld;
+    withheld.header = {kReplicaId, 1, 2};
+    withheld.chunks.push_back(chunk("all", 2, 3, {}));
+    withheld.withheld.push_back({kProducts, id_key(1), "too big"});
+    ASSERT_EQ(replica.apply(protocol::encode(withheld)).outcome, Outcome::kApplied);
+    auto rows = held_by_key(replica);
+    EXPECT_EQ(rows.size(), 1u);
+    EXPECT_TRUE(rows.count(kProducts + id_key(2)));
+    std::vector<ScopeHolding> holdings = replica.holdings();
+    ASSERT_EQ(holdings.size(), 1u);
+    EXPECT_EQ(holdings[0].fingerprint, replica.recompute("all"));
+    EXPECT_EQ(holdings[0].fingerprint.count, 1);
+    std::vector<std::string> notices = replica.notices();
+    ASSERT_EQ(notices.size(), 1u);
+    EXPECT_EQ(notices[0].substr(notices[0].find("withheld")),
+              "withheld by the server: " + kProducts + " " + id_key(1) + ": too big");
+}
+
 TEST_F(ReplicaTest, GenerationRules) {
     replica.apply(rows_message(
         2, 5, {chunk("all", 0, 1, {row(kProducts, id_key(1), product(1, "a"))})}, {"*"}));
@@ -181,14 +234,14 @@ TEST_F(ReplicaTest, RefusesWhatCanNeverApplyAndIgnoresUnknownVersions) {
     EXPECT_NE(foreign.detail.find("addressed to replica"), std::string::npos);
 
     std::string future = rows_message(1, 2, {}, {"*"});
-    future.replace(future.find("\"v\":1"), 5, "\"v\":2");
+    future.replace(future.find("\"v\":1"), 5, "\"v\":3");
     ApplyResult unknown = replica.apply(future);
     EXPECT_EQ(unknown.outcome, Outcome::kUnknownVersion);
     EXPECT_FALSE(unknown.taken());
     EXPECT_EQ(snapshot(replica), before);
     std::vector<std::string> notices = replica.notices();
     ASSERT_EQ(notices.size(), 1u);
-    EXPECT_NE(notices[0].find("version 2"), std::string::npos);
+    EXPECT_NE(notices[0].find("version 3"), std::string::npos);
 }
 
 TEST_F(ReplicaTest, ARowLivesInOneScopeAndMovesWithIt) {

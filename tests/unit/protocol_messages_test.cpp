@@ -156,6 +156,20 @@ TEST(Wire, RowsWithNothingOptional) {
                                    R"(","gen":3,"seq":1,"chunks":[]})");
 }
 
+// A message that drops tables says version 2: a build of version 1 would not know the field, and
+// keep the rows.
+TEST(Wire, RowsDroppingTablesAreVersion2) {
+    RowsMessage message;
+    message.header = header(4);
+    message.drop = {"store_id=42"};
+    message.drop_tables = {"fleet.routes", "fleet.tasks"};
+    const std::string encoded = encode(message);
+    EXPECT_EQ(encoded, R"({"v":2,"kind":"rows","replica":")" + kReplica +
+                           R"(","gen":3,"seq":4,"drop":["store_id=42"],)"
+                           R"("drop_tables":["fleet.routes","fleet.tasks"],"chunks":[]})");
+    EXPECT_EQ(std::get<RowsMessage>(decode_down(encoded)), message);
+}
+
 TEST(Wire, Filed) {
     EXPECT_EQ(encode(small_filed()), R"({"v":1,"kind":"filed","replica":")" + kReplica +
                                          R"(","gen":3,"seq":18,"upload":")" + kUpload +
@@ -320,17 +334,17 @@ TEST(Decode, KeepsHashesAsSent) {
 
 TEST(Refuse, VersionTooNewBeforeAnythingElse) {
     try {
-        decode_down(R"({"v":2,"kind":"gossip","whatever":[]})");
+        decode_down(R"({"v":3,"kind":"gossip","whatever":[]})");
         FAIL() << "accepted";
     } catch (const VersionTooNew& error) {
-        EXPECT_EQ(error.version(), 2);
+        EXPECT_EQ(error.version(), 3);
         EXPECT_STREQ(error.what(),
-                     "down message: message speaks protocol version 2; this build speaks up to "
-                     "version 1");
+                     "down message: message speaks protocol version 3; this build speaks up to "
+                     "version 2");
     }
     EXPECT_EQ(upload_refusal(R"({"v":7})"),
               "VersionTooNew: upload: message speaks protocol version 7; this build speaks up to "
-              "version 1");
+              "version 2");
 }
 
 TEST(Refuse, BadVersionIsAPlainDecodeError) {
@@ -535,6 +549,60 @@ TEST(Sizes, RowsEnvelopeOverheadBoundsEveryBareEnvelope) {
     RowsMessage typical;
     typical.header = header(17);
     EXPECT_LT(encode(typical).size(), rows_envelope_overhead());
+}
+
+// The bound of an envelope with its lists makes room for the withheld frame: with withheld rows
+// the message is that bound and each note with its comma, but for the first note's comma.
+TEST(Sizes, RowsEnvelopeSizeBoundsEnvelopesWithTheirListsAndWithheldRows) {
+    const std::vector<std::string> reset = {"*"};
+    const std::vector<std::string> drop = {"store_id=42", "all@north"};
+    const std::vector<std::string> tables = {"fleet.routes"};
+    RowsMessage widest;
+    widest.header = MessageHeader{kReplica, std::numeric_limits<int64_t>::max(),
+                                  std::numeric_limits<int64_t>::max()};
+    widest.reset = reset;
+    widest.drop = drop;
+    widest.drop_tables = tables;
+    const size_t bound = rows_envelope_size(reset, drop, tables);
+    EXPECT_LT(encode(widest).size(), bound);
+    RowsMessage one = widest;
+    one.withheld.push_back(KeyNote{"shop.products", R"({"id":8})", "too big"});
+    RowsMessage two = one;
+    two.withheld.push_back(one.withheld.front());
+    const size_t note_with_comma = encode(two).size() - encode(one).size();
+    EXPECT_EQ(encode(one).size(), bound + note_with_comma - 1);
+    EXPECT_EQ(encode(two).size(), bound + 2 * note_with_comma - 1);
+}
+
+// A row travels when it fits, with its comma, the largest chunk of its scope in a message that
+// resets everything and the largest repair of its scope: the rule depends on the row and the
+// scope alone.
+TEST(Sizes, RowTravelsByTheRowAndItsScopeAlone) {
+    const std::string scope = "store_id=42";
+    const std::string table = "shop.products";
+    const std::string key = R"({"id":7})";
+    constexpr int64_t kLargest = std::numeric_limits<int64_t>::max();
+    const size_t around =
+        std::max(rows_envelope_size({"*"}, {}, {}) + chunk_overhead(scope, kLargest, kLargest),
+                 encode(RepairMessage{MessageHeader{std::string(36, 'f'), kLargest, kLargest},
+                                      scope,
+                                      KeyRange{digest_from_hex(std::string(64, 'f')),
+                                               digest_from_hex(std::string(64, 'f'))},
+                                      {}})
+                     .size()) +
+        1;
+    const size_t limit = 4096;
+    std::string fits = R"({"id":7,"x":")";
+    while (encoded_row_size(table, key, fits + R"("})") + 1 < limit - around) fits += 'a';
+    fits += R"("})";
+    EXPECT_EQ(encoded_row_size(table, key, fits) + 1, limit - around);
+    EXPECT_TRUE(row_travels(scope, table, key, fits, limit));
+    const std::string one_more = fits.substr(0, fits.size() - 2) + R"(a"})";
+    EXPECT_FALSE(row_travels(scope, table, key, one_more, limit));
+    // A longer scope name leaves less room.
+    EXPECT_FALSE(row_travels(scope + "0", table, key, fits, limit));
+    // A limit below the frame around a row lets nothing travel.
+    EXPECT_FALSE(row_travels(scope, table, key, "{}", around));
 }
 
 TEST(EncodeRows, SplicesPreEncodedChunks) {

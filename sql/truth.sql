@@ -1,0 +1,146 @@
+-- Truth, not bookkeeping: what a replica must hold, from the declarations and the tables alone
+-- (sync.expected), and the audit that holds the relay's state against them (sync.audit).
+CREATE DATABASE truth_test;
+\c truth_test
+CREATE EXTENSION magic_sync;
+\set SHOW_CONTEXT never
+SET TimeZone = 'UTC';
+CREATE SCHEMA fleet;
+CREATE TABLE fleet.vans (id uuid PRIMARY KEY, name text NOT NULL, depot int,
+                         active boolean NOT NULL DEFAULT true);
+CREATE TABLE fleet.depots (id int PRIMARY KEY, city text);
+CREATE TABLE fleet.routes (id int PRIMARY KEY, depot int, stops text[], note text);
+CREATE TABLE fleet.tasks (id int PRIMARY KEY, van uuid, what text, payload jsonb, photo bytea,
+                          due timestamptz);
+CREATE TABLE fleet.fuel (id int PRIMARY KEY, van uuid, litres numeric);
+SELECT sync.replicas('fleet.vans', 'vans', live => 'active');
+SELECT sync.catalog('fleet.depots');
+SELECT sync.catalog('fleet.routes', "to" => 'depot = depot', columns => ARRAY['id', 'depot', 'stops']);
+SELECT sync.both('fleet.tasks', "to" => 'van', replica_columns => ARRAY['what']);
+SELECT sync.record('fleet.fuel');
+-- The rule is parsed once, at declaration.
+SELECT table_name, "to", audience, to_column, replica_column FROM sync.codec ORDER BY table_name;
+INSERT INTO fleet.vans VALUES ('00000000-0000-0000-0000-000000000001', 'v1', 1),
+                              ('00000000-0000-0000-0000-000000000002', 'v2', 2),
+                              ('00000000-0000-0000-0000-000000000003', 'v3', 1);
+UPDATE fleet.vans SET active = false WHERE name = 'v3';
+INSERT INTO fleet.depots VALUES (1, 'Lyon'), (2, 'O''Hare "north"'), (3, NULL);
+INSERT INTO fleet.routes VALUES (10, 1, '{a,b}', 'hidden'), (11, 2, '{c}', NULL),
+                                (12, NULL, '{}', NULL);
+INSERT INTO fleet.tasks VALUES
+    (20, '00000000-0000-0000-0000-000000000001', E'deliver\nthe café', '{"weight": 2.50}', '\x00ff',
+     '2026-12-03 10:00:00+01'),
+    (21, '00000000-0000-0000-0000-000000000002', 'collect', NULL, NULL, NULL),
+    (22, '00000000-0000-0000-0000-000000000009', 'nobody''s', NULL, NULL, NULL);
+INSERT INTO fleet.fuel VALUES (30, '00000000-0000-0000-0000-000000000001', 40.5);
+
+-- What each van must hold: the depots (to all), the routes of its depot (without the columns that
+-- do not travel), its own tasks; never the fuel it sends up (record, to nobody).
+SELECT * FROM sync.expected('00000000-0000-0000-0000-000000000001');
+SELECT table_name, key, scope FROM sync.expected('00000000-0000-0000-0000-000000000002');
+-- A van that is not live, and one nobody lists, must hold nothing.
+SELECT count(*) FROM sync.expected('00000000-0000-0000-0000-000000000003');
+SELECT count(*) FROM sync.expected('00000000-0000-0000-0000-000000000009');
+-- The routing rule's one owner, as SQL over a row and a replica.
+SELECT c.table_name, sync.audience_sql(c.id, 'row', 'replica') FROM sync.codec c ORDER BY 1;
+
+-- Once the relay planned, what it plans for each van is exactly what the oracle says, row for row.
+SELECT notes > 0 AS planned FROM sync.pass();
+CREATE FUNCTION planned(replica uuid) RETURNS TABLE (t text, k text, h text, scope text)
+LANGUAGE sql AS $$
+    SELECT c.table_name, sync.canonical(r.key), encode(r.hash, 'hex'),
+           sync.scope_name(s.match, s.value, s.partition)
+    FROM sync.row r JOIN sync.member m ON m.scope = r.scope AND m.replica = planned.replica
+    JOIN sync.scope s ON s.id = r.scope JOIN sync.codec c ON c.id = r.codec
+    WHERE NOT r.gone AND NOT r.withheld
+$$;
+CREATE FUNCTION differences(replica uuid) RETURNS bigint LANGUAGE sql AS $$
+    SELECT count(*) FROM ((SELECT table_name, key, h, scope FROM sync.expected(replica) WHERE NOT withheld
+                           EXCEPT SELECT * FROM planned(replica))
+                          UNION ALL
+                          (SELECT * FROM planned(replica)
+                           EXCEPT SELECT table_name, key, h, scope FROM sync.expected(replica))) d
+$$;
+SELECT differences('00000000-0000-0000-0000-000000000001') AS v1, differences('00000000-0000-0000-0000-000000000002') AS v2;
+
+-- A row too big for any message is withheld by both, and left out of both fingerprints.
+SET magic_sync.bytes_per_message = 1200;
+INSERT INTO fleet.depots VALUES (4, repeat('z', 1200));
+SELECT key, withheld FROM sync.expected('00000000-0000-0000-0000-000000000001') WHERE table_name = 'fleet.depots';
+SELECT set_aside FROM sync.pass();
+SELECT r.key, r.withheld FROM sync.row r JOIN sync.codec c ON c.id = r.codec
+WHERE c.table_name = 'fleet.depots' ORDER BY r.key;
+SELECT s.n, (sync.scope_fingerprint(s.id)).n AS counted FROM sync.scope s WHERE s.match = '*';
+
+-- The audit finds nothing while the state is the tables'...
+SELECT * FROM sync.audit();
+-- ...nor while a change is still noted and not planned: both sides leave its key out.
+UPDATE fleet.depots SET city = 'Lille' WHERE id = 1;
+SELECT * FROM sync.audit();
+SELECT rows_changed FROM sync.pass();
+
+-- A bookkeeping fault: a row's planned version is not its table's (as when a change was lost)
+-- and a scope's running fingerprint was damaged. The audit says so, and plans them again from the
+-- tables: the scope is counted again, the table noted whole, and the van gets the row.
+WITH lost AS (
+    UPDATE sync.row r SET body = '{"city":"Paris","id":1}', hash = sync.row_hash('{"city":"Paris","id":1}')
+    FROM sync.codec c, sync.row old
+    WHERE c.id = r.codec AND c.table_name = 'fleet.depots' AND r.key = '{"id": 1}'
+      AND old.k = r.k AND old.scope = r.scope
+    RETURNING r.scope, r.k, old.hash AS was, r.hash AS now)
+UPDATE sync.scope s SET fp = sync.fp_add(sync.fp_sub(s.fp, sync.fp_element(l.k, l.was)),
+                                         sync.fp_element(l.k, l.now))
+FROM lost l WHERE s.id = l.scope;
+UPDATE sync.scope SET fp = sync.fp_zero() WHERE match = 'depot' AND value = '2';
+UPDATE sync.outbox SET sent_at = now();
+SELECT * FROM sync.audit();
+SELECT codec, key FROM sync.note ORDER BY codec;
+SELECT sync.scope_name(s.match, s.value, s.partition) AS drifted
+FROM sync.drifted_scope d JOIN sync.scope s ON s.id = d.scope;
+SELECT rows_changed FROM sync.pass();
+SELECT count(*) AS drifted FROM sync.drifted_scope;
+SELECT * FROM sync.audit();
+SELECT DISTINCT x->>'t' AS t, x->'k' AS k, x->'r'->>'city' AS city
+FROM sync.outbox o,
+     jsonb_array_elements(convert_from(sync.message(o.replica, o.seq), 'UTF8')::jsonb->'chunks') c,
+     jsonb_array_elements(c->'rows') x
+WHERE o.sent_at IS NULL AND o.replica = '00000000-0000-0000-0000-000000000001';
+
+-- A membership fault: van 1 lost its cursor in its depot's scope. The audit says it belongs there,
+-- and the pass brings it back in.
+DELETE FROM sync.member m USING sync.scope s
+WHERE s.id = m.scope AND m.replica = '00000000-0000-0000-0000-000000000001' AND s.match = 'depot';
+SELECT * FROM sync.audit();
+SELECT provisioned FROM sync.pass();
+SELECT * FROM sync.audit();
+
+-- sync.status says in sync only when it proves it: van 1 reports every scope at its head with
+-- the server's fingerprint...
+UPDATE sync.outbox SET sent_at = now();
+INSERT INTO sync.holding (replica, scope, through, fp, n)
+SELECT m.replica, sync.scope_name(s.match, s.value, s.partition), s.head, s.fp, s.n
+FROM sync.member m JOIN sync.scope s ON s.id = m.scope
+WHERE m.replica = '00000000-0000-0000-0000-000000000001';
+SELECT replica, sync FROM sync.status ORDER BY replica;
+-- ...but not when it is missing from a scope the declarations give it, whatever the relay's
+-- own records say...
+DELETE FROM sync.member m USING sync.scope s
+WHERE s.id = m.scope AND m.replica = '00000000-0000-0000-0000-000000000001' AND s.match = 'depot';
+DELETE FROM sync.holding WHERE scope LIKE 'depot=%';
+SELECT replica, sync FROM sync.status ORDER BY replica;
+SELECT replica, problem FROM sync.audit();
+SELECT provisioned FROM sync.pass();
+INSERT INTO sync.holding (replica, scope, through, fp, n)
+SELECT m.replica, sync.scope_name(s.match, s.value, s.partition), s.head, s.fp, s.n
+FROM sync.member m JOIN sync.scope s ON s.id = m.scope
+WHERE m.replica = '00000000-0000-0000-0000-000000000001'
+ON CONFLICT (replica, scope) DO UPDATE SET through = excluded.through, fp = excluded.fp, n = excluded.n;
+SELECT replica, sync FROM sync.status ORDER BY replica;
+-- ...nor while an audit found one of its scopes drifted and the relay has not counted it again.
+INSERT INTO sync.drifted_scope SELECT id FROM sync.scope WHERE match = '*';
+SELECT replica, sync FROM sync.status ORDER BY replica;
+SELECT FROM sync.pass();
+SELECT replica, sync FROM sync.status ORDER BY replica;
+
+\c regression
+DROP DATABASE truth_test;

@@ -1,0 +1,279 @@
+-- Truth, not bookkeeping (DESIGN §13) -------------------------------------------------------------
+--
+-- What a replica must hold, worked out from the declarations (sync.codec, sync.replica_set) and
+-- the user tables alone, by the declared rules: never from the relay's state (sync.row,
+-- sync.scope, sync.member, sync.chunk, the outbox). It encodes rows with to_jsonb and hashes them
+-- with PostgreSQL's sha256, apart from the pass's own encoder and hashes, so that the two can be
+-- held against each other: sync.expected() for one replica, sync.audit() for every scope.
+
+-- The rows a codec's declaration puts in scopes, read from its table aliased t, as SQL: table_name,
+-- key and body (canonical JSON), and the scope each row lives in (match, value, part; value NULL:
+-- in none). With `for_replica`, only the rows of the audience of the live replica $1.
+CREATE FUNCTION sync.declared_rows_sql(codec int, for_replica boolean) RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c sync.codec;
+    r sync.replica_set;
+    key_object text;
+    hidden name[];
+BEGIN
+    SELECT * INTO c FROM sync.codec x WHERE x.id = declared_rows_sql.codec;
+    SELECT * INTO r FROM sync.replica_set;
+    SELECT string_agg(format('%L, t.%I', k, k), ', ' ORDER BY position) INTO key_object
+    FROM unnest(c.key_columns) WITH ORDINALITY AS x(k, position);
+    SELECT coalesce(array_agg(a.attname ORDER BY a.attnum), '{}') INTO hidden
+    FROM pg_attribute a
+    WHERE a.attrelid = c.relation AND a.attnum > 0 AND NOT a.attisdropped
+      AND c.columns IS NOT NULL AND a.attname <> ALL (c.columns);
+    RETURN format('SELECT %L::text AS table_name, sync.canonical(jsonb_build_object(%s)) AS key, '
+                  'sync.canonical(to_jsonb(t) - %L::text[]) AS body, %L::text AS match, %s AS value, '
+                  '%s AS part FROM %s t',
+                  c.table_name, key_object, hidden,
+                  CASE c.audience WHEN 'own' THEN 'id' WHEN 'group' THEN c.replica_column ELSE '*' END,
+                  CASE c.audience WHEN 'all' THEN '''''::text' WHEN 'nobody' THEN 'NULL::text'
+                                  ELSE format('t.%I::text', c.to_column) END,
+                  CASE WHEN r.partitioned_by IS NULL THEN '''''::text'
+                       ELSE format('coalesce(t.%I::text, '''')', r.partitioned_by) END,
+                  c.relation)
+           || CASE WHEN for_replica
+                   THEN format(' JOIN (SELECT * FROM %s WHERE coalesce((%s), false)) rep '
+                               'ON rep.id = $1 AND %s',
+                               r.relation, r.live, sync.audience_sql(c.id, 't', 'rep'))
+                   ELSE '' END;
+END
+$$;
+
+-- The codecs whose tables exist, in name order: what the truth functions read.
+CREATE FUNCTION sync.declared_codecs() RETURNS SETOF int
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT c.id FROM sync.codec c
+    WHERE EXISTS (SELECT FROM pg_class t WHERE t.oid = c.relation)
+    ORDER BY c.table_name
+$$;
+
+-- What `replica` must hold: one row per row of a synced table in its audience, with its key and
+-- row in canonical form, h (the hex SHA-256 of the row, the version the server sends), the scope
+-- it lives in, and whether it is withheld (too big for any message: the replica is told so and
+-- does not hold it). A replica that is not live must hold nothing.
+CREATE FUNCTION sync.expected(replica uuid)
+RETURNS TABLE (table_name text, key text, "row" text, h text, scope text, withheld boolean)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    codec int;
+BEGIN
+    IF NOT EXISTS (SELECT FROM sync.replica_set) THEN
+        RETURN;
+    END IF;
+    FOR codec IN SELECT sync.declared_codecs() LOOP
+        RETURN QUERY EXECUTE format(
+            'SELECT d.table_name, d.key, d.body, encode(sha256(convert_to(d.body, ''UTF8'')), ''hex''), '
+            'sync.scope_name(d.match, d.value, d.part), '
+            'NOT sync.row_travels(sync.scope_name(d.match, d.value, d.part), d.table_name, d.key, d.body) '
+            'FROM (%s) d ORDER BY d.key', sync.declared_rows_sql(codec, true))
+        USING replica;
+    END LOOP;
+END
+$$;
+
+-- The scopes every live replica belongs to by the declarations, read from the replicas relation:
+-- all (of its partition), its own, and one for each replica column a group codec matches on.
+CREATE FUNCTION sync.declared_members() RETURNS TABLE (replica uuid, match text, value text, part text)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    r sync.replica_set;
+    groups text;
+BEGIN
+    SELECT * INTO r FROM sync.replica_set;
+    IF r.relation IS NULL OR NOT EXISTS (SELECT FROM pg_class t WHERE t.oid = r.relation) THEN
+        RETURN;
+    END IF;
+    SELECT string_agg(format(', (%L, t.%I::text)', g, g), '' ORDER BY g) INTO groups
+    FROM (SELECT DISTINCT c.replica_column AS g FROM sync.codec c WHERE c.audience = 'group') x;
+    RETURN QUERY EXECUTE format(
+        'SELECT t.id, m.match, m.value, %s FROM (SELECT * FROM %s WHERE coalesce((%s), false)) t '
+        'CROSS JOIN LATERAL (VALUES (''*'', ''''::text), (''id'', t.id::text)%s) AS m(match, value) '
+        'WHERE m.value IS NOT NULL',
+        CASE WHEN r.partitioned_by IS NULL THEN '''''::text'
+             ELSE format('coalesce(t.%I::text, '''')', r.partitioned_by) END,
+        r.relation, r.live, coalesce(groups, ''));
+END
+$$;
+
+-- Scopes whose running fingerprint the last audit found unlike their tables': the next pass
+-- counts each again from sync.row, while the codecs noted whole plan sync.row again from the
+-- tables (in either order the two meet in the tables' fingerprint).
+CREATE TABLE sync.drifted_scope (
+    scope bigint PRIMARY KEY
+);
+
+-- The truth audit: every scope's fingerprint recomputed from the tables, through the declared
+-- rules, against the relay's (its running one in sync.scope, and its rows in sync.row counted
+-- again), and every live replica's scopes by the declarations
+-- against its membership (sync.member). One statement, one snapshot: a user transaction commits
+-- a change and its note together and the relay plans notes and state together, so the tables
+-- equal the state but for the keys still noted (or set aside), which both sides leave out. What
+-- disagrees is a bug of the bookkeeping: each disagreement is returned, and planned again from the
+-- tables: the codecs whose rows the scope holds are noted whole and the scope's fingerprint is
+-- counted again (sync.drifted_scope), a replica whose membership differs is noted.
+CREATE FUNCTION sync.audit() RETURNS TABLE (scope text, replica uuid, problem text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    declared text;
+BEGIN
+    SELECT string_agg(format('SELECT %s AS codec, d.* FROM (%s) d', codec, sync.declared_rows_sql(codec, false)),
+                      ' UNION ALL ')
+    INTO declared FROM sync.declared_codecs() AS codec;
+    IF to_regclass('pg_temp.magic_sync_audit') IS NULL THEN
+        CREATE TEMP TABLE magic_sync_audit (scope text, replica uuid, problem text, codecs int[],
+                                            scope_id bigint);
+    END IF;
+    DELETE FROM pg_temp.magic_sync_audit;
+    EXECUTE format($audit$
+        WITH noted AS (
+            SELECT n.codec, n.key FROM sync.note n
+            UNION SELECT s.codec, s.key FROM sync.set_aside s WHERE s.kind = 'note'),
+        noted_keys AS (SELECT DISTINCT n.codec, sync.canonical(n.key) AS key FROM noted n
+                       WHERE n.key IS NOT NULL),
+        noted_whole AS (SELECT DISTINCT n.codec FROM noted n WHERE n.key IS NULL),
+        tables AS (
+            SELECT d.codec, d.match, d.value, d.part,
+                   sha256(sha256(convert_to(d.table_name, 'UTF8') || '\x00'::bytea
+                                 || convert_to(d.key, 'UTF8'))
+                          || sha256(convert_to(d.body, 'UTF8'))) AS element
+            FROM (%s) d
+            WHERE d.value IS NOT NULL
+              AND sync.row_travels(sync.scope_name(d.match, d.value, d.part), d.table_name, d.key, d.body)
+              AND NOT EXISTS (SELECT FROM noted_whole w WHERE w.codec = d.codec)
+              AND NOT EXISTS (SELECT FROM noted_keys n WHERE n.codec = d.codec AND n.key = d.key)),
+        held AS (
+            SELECT r.scope, sync.fp_element(r.k, r.hash) AS element
+            FROM sync.row r
+            WHERE NOT r.gone AND NOT r.withheld
+              AND (EXISTS (SELECT FROM noted_whole w WHERE w.codec = r.codec)
+                   OR EXISTS (SELECT FROM noted_keys n WHERE n.codec = r.codec
+                              AND n.key = sync.canonical(r.key)))),
+        from_tables AS (
+            SELECT t.match, t.value, t.part, sync.fp_sum(t.element) AS fp, count(*) AS n,
+                   array_agg(DISTINCT t.codec) AS codecs
+            FROM tables t GROUP BY t.match, t.value, t.part),
+        counted AS (
+            SELECT r.scope, sync.fp_sum(sync.fp_element(r.k, r.hash)) AS fp, count(*) AS n
+            FROM sync.row r WHERE NOT r.gone AND NOT r.withheld GROUP BY r.scope),
+        from_state AS (
+            SELECT s.id, s.match, s.value, s.partition AS part,
+                   sync.fp_sub(s.fp, coalesce(h.fp, sync.fp_zero())) AS fp, s.n - coalesce(h.n, 0) AS n,
+                   sync.fp_sub(coalesce(c.fp, sync.fp_zero()), coalesce(h.fp, sync.fp_zero())) AS rows_fp,
+                   coalesce(c.n, 0) - coalesce(h.n, 0) AS rows_n
+            FROM sync.scope s
+            LEFT JOIN counted c ON c.scope = s.id
+            LEFT JOIN (SELECT held.scope, sync.fp_sum(held.element) AS fp, count(*) AS n
+                       FROM held GROUP BY held.scope) h ON h.scope = s.id)
+        INSERT INTO pg_temp.magic_sync_audit (scope, problem, codecs, scope_id)
+        SELECT sync.scope_name(coalesce(t.match, s.match), coalesce(t.value, s.value), coalesce(t.part, s.part)),
+               format('the relay''s fingerprint of this scope is not its tables'': %%s rows there, %%s in '
+                      'the relay''s state', coalesce(t.n, 0), coalesce(s.n, 0)),
+               ARRAY(SELECT DISTINCT x FROM unnest(coalesce(t.codecs, '{}') || ARRAY(
+                         SELECT r.codec FROM sync.row r WHERE r.scope = s.id)) x ORDER BY x),
+               s.id
+        FROM from_tables t
+        FULL JOIN from_state s ON s.match = t.match AND s.value = t.value AND s.part = t.part
+        WHERE coalesce(t.n, 0) <> coalesce(s.n, 0)
+           OR coalesce(t.fp, sync.fp_zero()) <> coalesce(s.fp, sync.fp_zero())
+           OR coalesce(t.n, 0) <> coalesce(s.rows_n, 0)
+           OR coalesce(t.fp, sync.fp_zero()) <> coalesce(s.rows_fp, sync.fp_zero())
+        $audit$, coalesce(declared, 'SELECT NULL::int AS codec, NULL::text AS table_name, NULL::text AS key, '
+                                    'NULL::text AS body, NULL::text AS match, NULL::text AS value, '
+                                    'NULL::text AS part WHERE false'));
+
+    INSERT INTO pg_temp.magic_sync_audit (scope, replica, problem)
+    SELECT sync.scope_name(coalesce(d.match, m.match), coalesce(d.value, m.value),
+                           coalesce(d.part, m.partition)),
+           coalesce(d.replica, m.replica),
+           CASE WHEN m.replica IS NULL THEN 'the replica belongs to this scope but is not a member'
+                ELSE 'the replica is a member of this scope but does not belong to it' END
+    FROM (SELECT d.* FROM sync.declared_members() d
+          WHERE NOT EXISTS (SELECT FROM sync.note n WHERE n.codec = 0
+                            AND (n.key IS NULL OR n.key->>'id' = d.replica::text))) d
+    FULL JOIN (SELECT m.replica, s.match, s.value, s.partition
+               FROM sync.member m JOIN sync.scope s ON s.id = m.scope
+               JOIN sync.replica r ON r.id = m.replica AND r.live
+               WHERE NOT EXISTS (SELECT FROM sync.note n WHERE n.codec = 0
+                                 AND (n.key IS NULL OR n.key->>'id' = m.replica::text))) m
+        ON m.replica = d.replica AND m.match = d.match AND m.value = d.value AND m.partition = d.part
+    WHERE d.replica IS NULL OR m.replica IS NULL;
+
+    INSERT INTO sync.note (codec, key)
+    SELECT DISTINCT c, NULL::jsonb FROM pg_temp.magic_sync_audit a, unnest(a.codecs) c
+    UNION SELECT DISTINCT 0, jsonb_build_object('id', a.replica)
+    FROM pg_temp.magic_sync_audit a WHERE a.replica IS NOT NULL;
+    INSERT INTO sync.drifted_scope (scope)
+    SELECT DISTINCT a.scope_id FROM pg_temp.magic_sync_audit a WHERE a.scope_id IS NOT NULL
+    ON CONFLICT DO NOTHING;
+    UPDATE sync.relay_state SET audited_at = now();
+    IF EXISTS (SELECT FROM pg_temp.magic_sync_audit) THEN
+        PERFORM sync.wake();
+    END IF;
+    RETURN QUERY SELECT a.scope, a.replica, a.problem FROM pg_temp.magic_sync_audit a
+                 ORDER BY a.scope, a.replica;
+END
+$$;
+
+-- One row per replica: live, generation, outbox depth and age, what is unconfirmed, backoff, the
+-- last error, what is set aside for it, and whether it is in sync, repairing, in a storm (the
+-- breaker tripped and it has not converged since), or unknown. In sync only when the comparisons
+-- prove it: it is a member of exactly the scopes the declarations give it (read from the
+-- replicas relation, not from the relay's membership), it reported each of them at its head with
+-- the server's fingerprint (a scope it did not report holds no rows), and no audit found a scope
+-- of it drifted that the relay has not counted again.
+CREATE VIEW sync.status AS
+WITH declared AS MATERIALIZED (
+    SELECT d.replica, sync.scope_name(d.match, d.value, d.part) AS scope
+    FROM sync.declared_members() d),
+members AS MATERIALIZED (
+    SELECT m.replica, m.scope AS id, sync.scope_name(s.match, s.value, s.partition) AS scope,
+           s.head, s.fp, s.n
+    FROM sync.member m JOIN sync.scope s ON s.id = m.scope),
+unproven AS (
+    SELECT coalesce(d.replica, m.replica) AS replica
+    FROM declared d FULL JOIN members m ON m.replica = d.replica AND m.scope = d.scope
+    WHERE d.replica IS NULL OR m.replica IS NULL
+    UNION
+    SELECT m.replica
+    FROM members m LEFT JOIN sync.holding h ON h.replica = m.replica AND h.scope = m.scope
+    WHERE CASE WHEN h.replica IS NULL THEN m.n <> 0
+               ELSE h.through <> m.head OR h.fp <> m.fp OR h.n <> m.n END
+    UNION
+    SELECT m.replica FROM members m JOIN sync.drifted_scope d ON d.scope = m.id)
+SELECT r.id AS replica,
+       r.live,
+       r.gen,
+       count(o.seq) FILTER (WHERE o.sent_at IS NULL) AS outbox,
+       extract(epoch FROM now() - min(o.created_at) FILTER (WHERE o.sent_at IS NULL))
+           AS oldest_unsent_seconds,
+       extract(epoch FROM now() - min(o.sent_at)) AS unconfirmed_seconds,
+       CASE WHEN r.backoff_until > now() THEN extract(epoch FROM r.backoff_until - now()) END
+           AS backoff_seconds,
+       r.last_error,
+       (SELECT count(*) FROM sync.set_aside s WHERE s.replica = r.id) AS set_aside,
+       CASE
+           WHEN EXISTS (SELECT FROM sync.repair p WHERE p.replica = r.id AND p.attempts > 0)
+               THEN 'storm'
+           WHEN EXISTS (SELECT FROM sync.repair p WHERE p.replica = r.id) THEN 'repairing'
+           WHEN r.live AND EXISTS (SELECT FROM members m WHERE m.replica = r.id)
+                AND NOT EXISTS (SELECT FROM unproven u WHERE u.replica = r.id)
+               THEN 'in sync'
+           ELSE 'unknown'
+       END AS sync
+FROM sync.replica r
+LEFT JOIN sync.outbox o ON o.replica = r.id
+GROUP BY r.id;
