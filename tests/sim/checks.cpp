@@ -24,7 +24,8 @@ const char* const kPending = R"sql(
     SELECT line FROM (
         SELECT 'notes not planned: ' || count(*) AS line FROM sync.note HAVING count(*) > 0
         UNION ALL
-        SELECT 'replica ' || o.replica || ': ' || count(*) || ' messages not confirmed, '
+        SELECT 'replica ' || o.replica || ': ' || count(*) || ' messages not confirmed ('
+               || string_agg(DISTINCT o.kind, ', ') || '), '
                || count(*) FILTER (WHERE o.sent_at IS NULL) || ' of them not sent'
         FROM sync.outbox o JOIN sync.replica r ON r.id = o.replica WHERE r.live GROUP BY o.replica
         UNION ALL
@@ -106,6 +107,16 @@ class Checkpoint {
         }
         if (!differences.empty()) report += "what differed:\n";
         for (const std::string& line : differences) report += "  " + line + "\n";
+        std::set<int> uploaders;
+        for (const Verify& v : step_.verify) uploaders.insert(scenario_.uploads[v.upload].replica);
+        if (!uploaders.empty()) report += "uploads kept:\n";
+        for (int n : uploaders) {
+            try {
+                for (const std::string& line : kept_by(n)) report += line + "\n";
+            } catch (const std::exception& e) {
+                report += std::string("  cannot read them: ") + e.what() + "\n";
+            }
+        }
         return report;
     }
 
@@ -151,18 +162,34 @@ class Checkpoint {
         return lines;
     }
 
+    // What the server and the replica keep of a replica's uploads, for a failure's report.
+    std::vector<std::string> kept_by(int n) {
+        std::vector<std::string> lines;
+        for (const auto& row : world_.db().query(
+                 "SELECT coalesce(key::text, 'NULL'), reason, left(convert_from(body, 'UTF8'), 300)"
+                 " FROM sync.set_aside WHERE kind = 'upload' AND replica = $1::uuid ORDER BY id",
+                 {world_.replica_id(n)}))
+            lines.push_back("  server keeps of replica " + std::to_string(n) + ": key " + *row[0] +
+                            ", reason " + row[1].value_or("NULL") + ", body " +
+                            row[2].value_or("NULL"));
+        for (const json& k : shown(n)["kept"])
+            lines.push_back("  replica " + std::to_string(n) + " lists as kept: " + k.dump());
+        return lines;
+    }
+
     bool filed(const Upload& upload) {
         return world_.db().value(
                    "SELECT count(*) FROM " + upload.table + " t WHERE to_jsonb(t) @> $1::jsonb",
                    {upload.contains}) == "1";
     }
-    // A row of a table that does not sync is kept under the key {} (the server cannot know its
+    // A row of a table that does not sync is kept without its key (the server cannot know its
     // key columns): found by its row then.
     bool kept(const Upload& upload) {
         return world_.db().value(
                    "SELECT count(*) FROM sync.set_aside WHERE kind = 'upload' AND replica = "
                    "$1::uuid AND reason <> ''"
-                   " AND (key = $2::jsonb OR (key = '{}' AND position($3 IN convert_from(body, "
+                   " AND (key = $2::jsonb OR (coalesce(key, '{}') = '{}' AND position($3 IN "
+                   "convert_from(body, "
                    "'UTF8')) > 0))",
                    {world_.replica_id(upload.replica), upload.key, key_needle(upload)}) != "0";
     }
@@ -207,10 +234,9 @@ class Checkpoint {
         std::map<std::pair<std::string, std::string>, Held> expected, held;
         std::map<std::string, protocol::Fingerprint> oracle_fp;
         std::set<std::pair<std::string, std::string>> withheld;
-        for (const auto& row :
-             world_.db().query("SELECT table_name, key, \"row\", h, scope, withheld FROM " +
-                                   world_.oracle() + "($1::uuid)",
-                               {id})) {
+        for (const auto& row : world_.db().query(
+                 "SELECT table_name, key, \"row\", h, scope, withheld FROM sync.expected($1::uuid)",
+                 {id})) {
             std::string table = *row[0], key = canonical(*row[1]);
             if (*row[5] == "t") {
                 withheld.insert({table, key});
@@ -254,7 +280,7 @@ class Checkpoint {
         }
         if (!diffs.empty()) {
             lines.push_back("replica " + name(n) + ": " + std::to_string(diffs.size()) +
-                            " rows differ from " + world_.oracle());
+                            " rows differ from sync.expected");
             for (size_t i = 0; i < diffs.size() && i < 25; ++i) lines.push_back("  " + diffs[i]);
             if (diffs.size() > 25)
                 lines.push_back("  ... and " + std::to_string(diffs.size() - 25) + " more");

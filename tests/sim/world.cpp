@@ -8,8 +8,6 @@
 #include <array>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <stdexcept>
 #include <thread>
 
@@ -64,16 +62,8 @@ World::World(const Scenario& scenario, const Options& options) : options_(option
         "magic_sync.bytes_per_message = " + std::to_string(options.bytes_per_message),
         "max_worker_processes = 16"});
     cluster_->create_database("sim");
-    if (db().value("SELECT to_regprocedure('sync.expected(uuid)') IS NULL") == "t") {
-        std::ifstream file("tests/sim/oracle_fallback.sql");
-        std::stringstream sql;
-        sql << file.rdbuf();
-        if (sql.str().empty())
-            throw std::runtime_error(
-                "sync.expected is missing and tests/sim/oracle_fallback.sql too");
-        exec(sql.str());
-        oracle_ = "sim_oracle.expected";
-    }
+    if (db().value("SELECT to_regprocedure('sync.expected(uuid)') IS NULL") == "t")
+        throw std::runtime_error("this build has no sync.expected(uuid): the simulation's oracle");
     router_ = std::make_unique<test::Router>();
     start_sender();
     (void)scenario;

@@ -52,8 +52,6 @@ class World {
     std::string replica_id(int n) const;
     // The replica program's `show --json` of replica n.
     std::string show(int n);
-    // The oracle: sync.expected, or the simulation's stand-in where this build has none yet.
-    const std::string& oracle() const { return oracle_; }
     // Whether the directory is removed when the world goes (--keep keeps a failing one).
     void keep_directory() { keep_ = true; }
 
@@ -80,7 +78,6 @@ class World {
     std::unique_ptr<test::Process> sender_;
     std::map<int, ReplicaProcess> replicas_;
     std::map<int, std::string> last_upload_;
-    std::string oracle_ = "sync.expected";
 };
 
 }  // namespace magic_sync::sim
