@@ -80,7 +80,7 @@ std::string tail(const std::string& text, int lines) {
 Outcome run_seed(uint64_t seed, const Options& options, std::map<std::string, int>& kinds) {
     Outcome outcome;
     Scenario scenario = generate(seed, options.steps, options.without);
-    World world(scenario, options);
+    World world(options);
     size_t failed_at = scenario.steps.size();
     std::string what;
     for (size_t i = 0; i < scenario.steps.size(); ++i) {

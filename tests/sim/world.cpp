@@ -48,7 +48,7 @@ int run_program(const std::vector<std::string>& arguments, std::string* output, 
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
 
-World::World(const Scenario& scenario, const Options& options) : options_(options) {
+World::World(const Options& options) : options_(options) {
     char pattern[] = "/tmp/magic_sync_sim.XXXXXX";
     if (mkdtemp(pattern) == nullptr) throw std::runtime_error("mkdtemp failed");
     directory_ = pattern;
@@ -66,7 +66,6 @@ World::World(const Scenario& scenario, const Options& options) : options_(option
         throw std::runtime_error("this build has no sync.expected(uuid): the simulation's oracle");
     router_ = std::make_unique<test::Router>();
     start_sender();
-    (void)scenario;
 }
 
 World::~World() {

@@ -34,7 +34,7 @@ int run_program(const std::vector<std::string>& arguments, std::string* output,
 
 class World {
   public:
-    World(const Scenario& scenario, const Options& options);
+    explicit World(const Options& options);
     ~World();
     World(const World&) = delete;
     World& operator=(const World&) = delete;
