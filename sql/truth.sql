@@ -142,5 +142,30 @@ SELECT replica, sync FROM sync.status ORDER BY replica;
 SELECT FROM sync.pass();
 SELECT replica, sync FROM sync.status ORDER BY replica;
 
+-- A row's canonical form depends on no session's settings: a timestamptz key written from
+-- sessions in two time zones is one row, its update and its delete found by one key.
+CREATE TABLE fleet.shifts (starts timestamptz PRIMARY KEY, who text, length interval, rate float8);
+SELECT sync.catalog('fleet.shifts');
+SET TimeZone = 'America/New_York';
+SET IntervalStyle = 'iso_8601';
+SET extra_float_digits = 0;
+INSERT INTO fleet.shifts VALUES ('2026-12-03 08:00:00+00', 'ann', '8 hours', 0.1);
+SELECT rows_changed FROM sync.pass();
+SET TimeZone = 'Asia/Tokyo';
+UPDATE fleet.shifts SET who = 'bob';
+SELECT rows_changed FROM sync.pass();
+SELECT r.key, r.body, r.gone FROM sync.row r JOIN sync.codec c ON c.id = r.codec
+WHERE c.table_name = 'fleet.shifts';
+SELECT key, "row" FROM sync.expected('00000000-0000-0000-0000-000000000001') WHERE table_name = 'fleet.shifts';
+SELECT * FROM sync.audit();
+SET TimeZone = 'America/New_York';
+DELETE FROM fleet.shifts;
+SELECT rows_changed FROM sync.pass();
+SELECT r.key, r.gone FROM sync.row r JOIN sync.codec c ON c.id = r.codec
+WHERE c.table_name = 'fleet.shifts';
+RESET IntervalStyle;
+RESET extra_float_digits;
+SET TimeZone = 'UTC';
+
 \c regression
 DROP DATABASE truth_test;

@@ -396,22 +396,30 @@ Audience audience_of(const Codec& codec) {
 
 // The noted keys of a codec joined to its table's rows: by each key field cast to its column's
 // type where every key column allows it, else through jsonb_populate_record (four times dearer).
+// Each key is written again from its typed values under the pass's settings (sync.pass pins
+// TimeZone and the rest), so the same row noted by sessions that wrote its key differently (a
+// timestamptz in two time zones) is one key, found by one key hash.
 std::string noted_rows(const Codec& codec, const std::string& only_key) {
     bool casts = codec.key_casts.size() == codec.keys.size();
     for (const std::string& type : codec.key_casts) casts = casts && !type.empty();
+    auto typed = [&](const std::string& from, size_t i) {
+        return casts ? "(" + from + ".key->>" + pg::quote_literal(codec.keys[i]) +
+                           ")::" + codec.key_casts[i]
+                     : "kp." + pg::quote_identifier(codec.keys[i]);
+    };
+    const std::string populate =
+        " CROSS JOIN LATERAL jsonb_populate_record(NULL::" + codec.relation + ", ";
+    std::string key = "jsonb_build_object(";
     std::string join;
     for (size_t i = 0; i < codec.keys.size(); ++i) {
-        std::string column = pg::quote_identifier(codec.keys[i]);
-        join += (i ? " AND t." : "t.") + column + " = " +
-                (casts ? "(n.key->>" + pg::quote_literal(codec.keys[i]) + ")::" + codec.key_casts[i]
-                       : "kp." + column);
+        key += (i ? ", " : "") + pg::quote_literal(codec.keys[i]) + ", " + typed("x", i);
+        join +=
+            (i ? " AND t." : "t.") + pg::quote_identifier(codec.keys[i]) + " = " + typed("n", i);
     }
-    return "(SELECT DISTINCT key FROM pg_temp.magic_sync_note WHERE codec = $1::int" + only_key +
-           ") n" +
-           (casts ? ""
-                  : " CROSS JOIN LATERAL jsonb_populate_record(NULL::" + codec.relation +
-                        ", n.key) kp") +
-           " LEFT JOIN " + codec.relation + " t ON " + join;
+    key += ")";
+    return "(SELECT DISTINCT " + key + " AS key FROM pg_temp.magic_sync_note x" +
+           (casts ? "" : populate + "x.key) kp") + " WHERE x.codec = $1::int" + only_key + ") n" +
+           (casts ? "" : populate + "n.key) kp") + " LEFT JOIN " + codec.relation + " t ON " + join;
 }
 
 // The body is worked out in a subquery kept apart (OFFSET 0): pulled up into the select list, it
@@ -470,7 +478,7 @@ int64_t encode_codec(Spi& spi, const Codec& codec, const ReplicaSet& replicas) {
         auto keys = spi.query(
             "SELECT DISTINCT key::text FROM pg_temp.magic_sync_note WHERE codec = $1::int",
             {codec.id});
-        const std::string statement = encode_statement(codec, replicas, " AND key = $4::jsonb");
+        const std::string statement = encode_statement(codec, replicas, " AND x.key = $4::jsonb");
         for (const auto& key : keys) {
             try {
                 pg::subtransaction([&] {

@@ -4,7 +4,8 @@
 -- the user tables alone, by the declared rules: never from the relay's state (sync.row,
 -- sync.scope, sync.member, sync.chunk, the outbox). It encodes rows with to_jsonb and hashes them
 -- with PostgreSQL's sha256, apart from the pass's own encoder and hashes, so that the two can be
--- held against each other: sync.expected() for one replica, sync.audit() for every scope.
+-- held against each other: sync.expected() for one replica, sync.audit() for every scope. Values
+-- are written under the settings sync.pass pins (TimeZone, IntervalStyle, ...).
 
 -- The rows a codec's declaration puts in scopes, read from its table aliased t, as SQL: table_name,
 -- key and body (canonical JSON), and the scope each row lives in (match, value, part; value NULL:
@@ -63,6 +64,8 @@ CREATE FUNCTION sync.expected(replica uuid)
 RETURNS TABLE (table_name text, key text, "row" text, h text, scope text, withheld boolean)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
+SET TimeZone = 'UTC' SET IntervalStyle = 'postgres' SET extra_float_digits = 1
+SET bytea_output = 'hex'
 AS $$
 DECLARE
     codec int;
@@ -86,6 +89,8 @@ $$;
 CREATE FUNCTION sync.declared_members() RETURNS TABLE (replica uuid, match text, value text, part text)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
+SET TimeZone = 'UTC' SET IntervalStyle = 'postgres' SET extra_float_digits = 1
+SET bytea_output = 'hex'
 AS $$
 DECLARE
     r sync.replica_set;
@@ -126,6 +131,8 @@ CREATE TABLE sync.drifted_scope (
 CREATE FUNCTION sync.audit() RETURNS TABLE (scope text, replica uuid, problem text)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
+SET TimeZone = 'UTC' SET IntervalStyle = 'postgres' SET extra_float_digits = 1
+SET bytea_output = 'hex'
 AS $$
 DECLARE
     declared text;

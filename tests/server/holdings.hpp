@@ -1,6 +1,6 @@
-// Comparing a replica with the server, row by row, for the server tests: what the server says a
-// replica should hold and what the reference replica's SQLite file holds, both as sorted lines
-// "table canonical-key version-hash".
+// Comparing a replica with the server, row by row, for the server tests: what the tables and
+// declarations say a replica must hold and what the reference replica's SQLite file holds, both as
+// sorted lines "table canonical-key version-hash".
 #pragma once
 
 #include <algorithm>
@@ -15,14 +15,12 @@
 
 namespace magic_sync::test {
 
-// What the server says replica $1 should hold.
+// What replica $1 must hold, by the oracle: worked out from the declarations and the tables
+// alone (sync.expected), never from the relay's own state. A withheld row is not held.
 inline const char* const kExpectedHoldings = R"sql(
     SELECT coalesce(string_agg(line, E'\n' ORDER BY line), '') FROM (
-        SELECT c.table_name || ' ' || sync.canonical(r.key) || ' ' || encode(r.hash, 'hex') AS line
-        FROM sync.row r
-        JOIN sync.member m ON m.scope = r.scope AND m.replica = $1::uuid
-        JOIN sync.codec c ON c.id = r.codec
-        WHERE NOT r.gone) held
+        SELECT e.table_name || ' ' || e.key || ' ' || e.h AS line
+        FROM sync.expected($1::uuid) e WHERE NOT e.withheld) held
 )sql";
 
 // The replica with number n: 00000000-0000-0000-0000-00000000000n (decimal digits).

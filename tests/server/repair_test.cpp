@@ -262,6 +262,49 @@ TEST_F(Repair, DriftOfEverySizeInAHundredThousandRows) {
     EXPECT_EQ(db().value("SELECT count(*) FROM sync.repair"), "0");
 }
 
+// A row too big for any message is withheld: the replica is told and holds no version of it,
+// both sides leave it out of their fingerprints so no repair chases it, and no message of any kind
+// is over the limit. A limit raised again lets it through.
+TEST_F(Repair, AWithheldRowIsNotChased) {
+    constexpr size_t kLimit = 16384;
+    std::mutex mutex;
+    size_t largest = 0;
+    int repairs = 0;
+    router_->observe([&](const std::string&, const std::string& message) {
+        std::lock_guard<std::mutex> lock(mutex);
+        largest = std::max(largest, message.size());
+        if (message.find("\"kind\":\"repair\"") != std::string::npos) ++repairs;
+    });
+    db().query("DELETE FROM shop.items WHERE id > 300");
+    db().query("ALTER SYSTEM SET magic_sync.bytes_per_message = " + std::to_string(kLimit));
+    db().query("SELECT pg_reload_conf()");
+    Register& r = add_register(1);
+    converge("provisioning 300 items");
+
+    db().query("UPDATE shop.items SET name = repeat('x', 20000) WHERE id = 5");
+    converge("a row grown too big for any message");
+    EXPECT_EQ(db().value("SELECT count(*) FROM sync.expected($1::uuid) WHERE withheld", {r.id}),
+              "1");
+    EXPECT_EQ(held(r).find("{\"id\":5}"), std::string::npos) << "the old version is still held";
+    EXPECT_EQ(run(replica_cli(r) + " show | grep -q 'withheld by the server: shop.items'"), 0)
+        << "the replica was not told";
+    EXPECT_EQ(db().value("SELECT reason LIKE 'too big:%' FROM sync.set_aside WHERE kind = 'row'"),
+              "t");
+    // It stays in sync: nothing to repair.
+    std::this_thread::sleep_for(2s);
+    EXPECT_EQ(sync_state(r), "in sync");
+    {
+        std::lock_guard<std::mutex> lock(mutex);
+        EXPECT_EQ(repairs, 0);
+        EXPECT_LE(largest, kLimit);
+    }
+
+    db().query("ALTER SYSTEM RESET magic_sync.bytes_per_message");
+    db().query("SELECT pg_reload_conf()");
+    converge("the limit raised again");
+    EXPECT_NE(held(r).find("{\"id\":5}"), std::string::npos);
+}
+
 TEST_F(Repair, ReplicaThatCannotTakeARowTripsTheBreaker) {
     db().query("DELETE FROM shop.items WHERE id > 300");
     db().query("INSERT INTO shop.fragile VALUES (1, 'one'), (2, 'two'), (3, 'three')");
