@@ -124,11 +124,14 @@ void note_rows_the_limit_changed(Spi& spi) {
 // Codecs that ended (sync.dropped_codec): their rows leave the relay's state and their scopes'
 // fingerprints, and every live replica that is a member of a scope that held some is told to drop
 // the table (the name its rows travelled under). Each such scope gets a new head: a chunk built
-// over those rows is not reused, and a holding reported before is not compared again.
+// over those rows is not reused, and a holding reported before is not compared again. What was
+// set aside of them goes too; their notes, if any are left, are taken and find no codec.
 void forget_dropped_codecs(Spi& spi) {
     spi.execute(
         "WITH dropped AS (DELETE FROM sync.dropped_codec RETURNING codec, table_name),"
         " echoes AS (DELETE FROM sync.echo e USING dropped d WHERE e.codec = d.codec),"
+        " aside AS (DELETE FROM sync.set_aside s USING dropped d WHERE s.codec = d.codec"
+        "  AND s.kind IN ('note', 'row', 'untaken')),"
         " gone AS (DELETE FROM sync.row r USING dropped d WHERE r.codec = d.codec"
         "  RETURNING r.scope, r.k, r.hash, r.gone OR r.withheld AS uncounted, d.table_name),"
         " per_scope AS (SELECT scope,"

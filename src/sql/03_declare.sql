@@ -436,8 +436,10 @@ LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 AS $$ SELECT sync.codec("table", 'both', "to", columns, replica_columns, stamp) $$;
 
--- Ends a codec: its declaration and pending notes go, and the next pass forgets its rows and has
--- every replica that holds some drop the table (sync.dropped_codec).
+-- Ends a codec: its declaration goes, and the next pass forgets its rows, its notes and what was
+-- set aside of it, and has every replica that holds some drop the table (sync.dropped_codec). It
+-- touches no row the relay locks (a note the pass is taking, say): in a transaction that also
+-- altered the table, that would deadlock with a pass waiting to read it.
 CREATE FUNCTION sync.end_codec(codec int) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -448,8 +450,6 @@ BEGIN
     INSERT INTO sync.dropped_codec (codec, table_name)
     SELECT c.id, c.table_name FROM sync.codec c WHERE c.id = end_codec.codec
     ON CONFLICT DO NOTHING;
-    DELETE FROM sync.note n WHERE n.codec = end_codec.codec;
-    DELETE FROM sync.set_aside s WHERE s.kind IN ('note', 'row') AND s.codec = end_codec.codec;
     DELETE FROM sync.codec c WHERE c.id = end_codec.codec;
     PERFORM sync.declared(NULL, groups_before);
 END
