@@ -81,7 +81,12 @@ class Checkpoint {
                     if (quiet_since == std::chrono::steady_clock::time_point{})
                         quiet_since = std::chrono::steady_clock::now();
                     differences = compare();
-                    if (differences.empty()) return "";
+                    if (differences.empty()) {
+                        drifted_ = drifted();
+                        if (drifted_.empty()) return "";
+                        differences = drifted_;
+                        break;
+                    }
                     // Quiet but different: a repair may still be on its way; give it a while.
                     if (std::chrono::steady_clock::now() - quiet_since > 8s) break;
                 } else {
@@ -196,6 +201,23 @@ class Checkpoint {
     static std::string key_needle(const Upload& upload) {
         json key = json::parse(upload.key);
         return key.begin()->is_string() ? key.begin()->get<std::string>() : key.begin()->dump();
+    }
+
+    // The relay's own state against the tables (sync.audit), once all is quiet: a finding is a
+    // bug even though the audit plans it again (so the replicas would converge after it), as is a
+    // drift the worker's own audit (magic_sync.audit_every) logged at any time.
+    std::vector<std::string> drifted() {
+        std::vector<std::string> lines;
+        for (const auto& row :
+             world_.db().query("SELECT coalesce(scope, '-'), coalesce(replica::text, '-'), problem"
+                               " FROM sync.audit()"))
+            lines.push_back("sync.audit(): scope " + *row[0] + ", replica " + *row[1] + ": " +
+                            *row[2]);
+        const std::string log = world_.cluster().log();
+        const std::string mark = "the relay's state had drifted from the tables";
+        for (size_t at = log.find(mark); at != std::string::npos; at = log.find(mark, at + 1))
+            lines.push_back("the relay's audit logged: " + log.substr(at, log.find('\n', at) - at));
+        return lines;
     }
 
     std::vector<std::string> compare() {
@@ -316,6 +338,7 @@ class Checkpoint {
     const Scenario& scenario_;
     const Step& step_;
     std::map<int, json> shows_;
+    std::vector<std::string> drifted_;
 };
 
 }  // namespace

@@ -56,8 +56,8 @@ World::World(const Options& options) : options_(options) {
     // every 2 s, a replicas view read every second, messages small enough that big rows occur.
     cluster_ = std::make_unique<test::Cluster>(std::vector<std::string>{
         "magic_sync.database = 'sim'", "magic_sync.idle = 50", "magic_sync.retry_every = 2",
-        "magic_sync.replica_scan = 1", "magic_sync.prune_every = 3", "magic_sync.report_every = 5",
-        "magic_sync.backoff = 100", "magic_sync.backoff_max = 1000",
+        "magic_sync.audit_every = 3", "magic_sync.replica_scan = 1", "magic_sync.prune_every = 3",
+        "magic_sync.report_every = 5", "magic_sync.backoff = 100", "magic_sync.backoff_max = 1000",
         "magic_sync.rows_per_message = 25",
         "magic_sync.bytes_per_message = " + std::to_string(options.bytes_per_message),
         "max_worker_processes = 16"});
