@@ -112,6 +112,14 @@ build/tests/server_tests: $(SERVER_TEST_SRCS) $(TEST_SUPPORT_SRCS) $(wildcard te
 	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) -Itests -o $@ $(SERVER_TEST_SRCS) \
 		$(TEST_SUPPORT_SRCS) $(GTEST_LIBS) -lpq $(HTTPLIB)
 
+# The seeded whole-system simulation (issue 19): a program, not GoogleTest; `make sim`.
+SIM_SRCS := $(wildcard tests/sim/*.cpp)
+build/tests/sim: $(SIM_SRCS) $(wildcard tests/sim/*.hpp) $(TEST_SUPPORT_SRCS) $(wildcard tests/server/*.hpp) \
+		$(PROTOCOL_OBJS)
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_INCLUDES) $(PQ_INCLUDES) -Itests -o $@ $(SIM_SRCS) \
+		$(TEST_SUPPORT_SRCS) $(PROTOCOL_OBJS) -lpq -lcrypto -lpthread $(HTTPLIB)
+
 PROGRAMS := build/tests/unit_tests
 PROGRAMS += $(if $(SERVER_TEST_SRCS),build/tests/server_tests)
 PROGRAMS += $(if $(wildcard sender/main.cpp),build/bin/magic-sync-sender)
@@ -119,6 +127,7 @@ PROGRAMS += $(if $(SENDER_TEST_SRCS),build/tests/sender_tests)
 PROGRAMS += $(if $(REPLICA_LIB_SRCS),build/lib/libmagic_sync_replica.a)
 PROGRAMS += $(if $(REPLICA_CLI_SRCS),build/bin/magic-sync-replica)
 PROGRAMS += $(if $(REPLICA_TEST_SRCS),build/tests/replica_tests)
+PROGRAMS += $(if $(SIM_SRCS),build/tests/sim)
 programs: $(PROGRAMS)
 
 .PHONY: everything programs setup test demo format format-check
@@ -314,3 +323,12 @@ build/bench/retry: bench/retry/retry_bench.cpp $(TEST_SUPPORT_SRCS) tests/server
 bench-retry: build/bench/retry
 	$(MAKE) install
 	build/bench/retry 3 3
+
+# The simulation: `make sim SEED=n` replays one seed, `make sim SEEDS=200` runs seeds 1..200,
+# `make sim` the seeds of `make test`; SIM_ARGS passes options (build/tests/sim --help).
+SIM_TEST_SEEDS ?= $(shell sed -n 's/^sim_seeds="\(.*\)"/\1/p' scripts/run-tests.sh)
+.PHONY: sim
+sim: build/tests/sim build/bin/magic-sync-sender build/bin/magic-sync-replica
+	$(MAKE) install
+	$(if $(SEED),build/tests/sim --seed $(SEED) $(SIM_ARGS),$(if $(SEEDS),build/tests/sim --seeds $(SEEDS) $(SIM_ARGS),\
+		for seed in $(SIM_TEST_SEEDS); do build/tests/sim --seed $$seed $(SIM_ARGS) || status=1; done; exit $${status:-0}))

@@ -32,7 +32,7 @@ record() { # name outcome(0 ok)
 section() { printf '\n== %s ==\n' "$1"; }
 
 # MAGIC_SYNC_TESTS=regress,isolation runs only those runners (format, schedules, gtest, regress,
-# isolation, shell); unset, all of them.
+# isolation, shell, sim); unset, all of them.
 wanted() { [ -z "${MAGIC_SYNC_TESTS:-}" ] || [[ ",$MAGIC_SYNC_TESTS," == *",$1,"* ]]; }
 
 # Counts "... ok" / "... FAILED" lines of a pg_regress-style log.
@@ -131,6 +131,24 @@ for test in tests/shell/*.sh; do
         echo "$name ... FAILED"
         tail -n 40 "$work/$name.log"
         record "$name" 1
+    fi
+done
+fi
+
+# The seeded whole-system simulation (tests/sim, issue 19): each seed of this fixed set, run with
+# every kind of step, counts as one test. Together they cover every kind of step, partitioned
+# and not, replicas declared before and after the tables. `make sim SEED=n` replays one.
+sim_seeds="1 3 13 25"
+if wanted sim; then
+section "simulation (build/tests/sim)"
+for seed in $sim_seeds; do
+    if build/tests/sim --seed "$seed" >"$work/sim_$seed.log" 2>&1; then
+        echo "sim seed $seed ... ok ($(sed -nE 's/^seed [0-9]+: passed, (.*)$/\1/p' "$work/sim_$seed.log"))"
+        record "sim_seed_$seed" 0
+    else
+        echo "sim seed $seed ... FAILED"
+        head -c 30000 "$work/sim_$seed.log"
+        record "sim_seed_$seed" 1
     fi
 done
 fi

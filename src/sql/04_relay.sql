@@ -155,6 +155,8 @@ LEFT JOIN LATERAL (
     FROM pg_catalog.pg_stat_activity a
     WHERE a.datname = current_database()
       AND (a.backend_xid IS NOT NULL OR a.backend_xmin IS NOT NULL)
+      -- An autovacuum worker's snapshot lasts one table's vacuum: nothing for anyone to act on.
+      AND a.backend_type <> 'autovacuum worker'
     UNION ALL
     SELECT 'prepared', NULL, age(p.transaction)::bigint,
            extract(epoch FROM clock_timestamp() - p.prepared)::float8

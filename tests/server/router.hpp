@@ -1,10 +1,12 @@
 // The http transport's far end for tests and benchmarks: receives the sender's POSTs on one
 // port and forwards each to its replica's own port; a cut replica is answered 503 (the line is
-// down). An observer sees every delivery the replica took.
+// down). An observer sees every delivery the replica took; the largest message sent to each
+// replica is kept.
 #pragma once
 
 #include <httplib.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <mutex>
@@ -26,6 +28,8 @@ class Router {
             int port = 0;
             {
                 std::lock_guard<std::mutex> lock(mutex_);
+                size_t& largest = largest_[replica];
+                largest = std::max(largest, request.body.size());
                 if (cut_.count(replica) || !ports_.count(replica)) {
                     response.status = 503;
                     return;
@@ -70,6 +74,12 @@ class Router {
             cut_.erase(replica);
     }
 
+    // The size of the largest message body the sender sent each replica.
+    std::map<std::string, size_t> largest() {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return largest_;
+    }
+
   private:
     int port_;
     httplib::Server server_;
@@ -77,6 +87,7 @@ class Router {
     std::mutex mutex_;
     std::map<std::string, int> ports_;
     std::set<std::string> cut_;
+    std::map<std::string, size_t> largest_;
     std::function<void(const std::string&, const std::string&)> observer_;
 };
 
