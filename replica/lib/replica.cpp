@@ -587,9 +587,9 @@ ApplyResult Replica::apply(std::string_view message) {
             "DELETE FROM advertised; DELETE FROM untaken; UPDATE uploads SET sent = 0; "
             "UPDATE state SET applied_sent = NULL, ack_through = 0;");
     }
-    // Whether the server must hear that this message was applied. Not for the answer to an
-    // upload that carried no rows (itself only an acknowledgement): acknowledging that answer
-    // would be answered again, and so on forever.
+    // Whether the server must hear that this message was applied: every message, the server
+    // holds it unconfirmed until then; except the answer to an upload that carried no rows
+    // (itself only an acknowledgement), which a server answers no more, lest it go on forever.
     bool wants_acknowledgement = true;
     if (const auto* rows = std::get_if<protocol::RowsMessage>(&decoded)) {
         for (const std::string& scope : rows->reset) {
@@ -608,8 +608,7 @@ ApplyResult Replica::apply(std::string_view message) {
         }
     } else if (const auto* filed = std::get_if<protocol::FiledMessage>(&decoded)) {
         Applier::Filing filing = applier.file(*filed);
-        wants_acknowledgement =
-            filing == Applier::Filing::kFiledRows || filing == Applier::Filing::kFiledLater;
+        wants_acknowledgement = filing != Applier::Filing::kFiledWithoutRows;
         if (filing == Applier::Filing::kAnsweredBefore) {
             add_notice("filed answer for upload " + filed->upload + " that was answered before");
         }

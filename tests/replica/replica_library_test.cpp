@@ -656,6 +656,24 @@ TEST_F(ReplicaTest, AnswersToAcknowledgementsAreNotAcknowledged) {
     EXPECT_FALSE(replica.prepare_upload());
 }
 
+TEST_F(ReplicaTest, AnAnswerToAnUploadAnsweredBeforeIsAcknowledged) {
+    replica.apply(rows_message(1, 1, {}, {"*"}));
+    replica.write(kSales, R"({"id":1,"total":5})");
+    std::optional<PreparedUpload> with_rows = replica.prepare_upload();
+    replica.mark_sent(with_rows->id);
+    replica.apply(filed_message(1, 2, with_rows->id));
+    std::optional<PreparedUpload> first = replica.prepare_upload();
+    ASSERT_TRUE(first);
+    replica.mark_sent(first->id);
+    // The upload was sent again (its confirmation was lost) and answered again: the server
+    // holds that answer unconfirmed until the replica says it applied it.
+    replica.apply(filed_message(1, 3, with_rows->id));
+    std::optional<PreparedUpload> again = replica.prepare_upload();
+    ASSERT_TRUE(again);
+    EXPECT_TRUE(again->upload.rows.empty());
+    EXPECT_EQ(again->upload.applied, 3);
+}
+
 TEST_F(ReplicaTest, UntakenRowsAreReportedUntilAnUploadCarriesThem) {
     TempDir other;
     Options options;
