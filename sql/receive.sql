@@ -213,6 +213,25 @@ SELECT r.label, h.scope, h.through, encode(h.fp, 'hex') AS fp, h.n, h.ranges
 FROM sync.holding h JOIN shop.registers r ON r.id = h.replica;
 SELECT forget();
 
+-- An upload sent again as it was stored (an app that keeps what it sends, and sends it again
+-- later): answered again, and what it reported, older than what a later upload reported, is not
+-- taken. The replica was sent messages 1 and 2 here.
+UPDATE sync.replica SET next_seq = 3 WHERE id = '00000000-0000-0000-0000-0000000000a1';
+SELECT sync.receive('00000000-0000-0000-0000-0000000000a1', up('10000000-0000-0000-0000-000000000020', '[]',
+  $$,"applied":1,"untaken":[{"seq":1,"t":"shop.products","k":{"id":1},"why":"as of message 1"}],
+  "holds":{"all":{"through":3,"fp":"00000000000000000000000000000000000000000000000000000000000000ff","n":1}}$$));
+SELECT sync.receive('00000000-0000-0000-0000-0000000000a1', up('10000000-0000-0000-0000-000000000021', '[]',
+  $$,"applied":2,"untaken":[{"seq":2,"t":"shop.products","k":{"id":1},"why":"as of message 2"}],
+  "holds":{"all":{"through":4,"fp":"00000000000000000000000000000000000000000000000000000000000000fe","n":2}}$$));
+SELECT sync.receive('00000000-0000-0000-0000-0000000000a1', up('10000000-0000-0000-0000-000000000020', '[]',
+  $$,"applied":1,"untaken":[{"seq":1,"t":"shop.products","k":{"id":1},"why":"as of message 1"}],
+  "holds":{"all":{"through":3,"fp":"00000000000000000000000000000000000000000000000000000000000000ff","n":1}}$$));
+SELECT table_name, key, reason, tries FROM kept;
+SELECT r.label, h.scope, h.through, encode(h.fp, 'hex') AS fp, h.n, h.applied
+FROM sync.holding h JOIN shop.registers r ON r.id = h.replica;
+UPDATE sync.replica SET next_seq = 2 WHERE id = '00000000-0000-0000-0000-0000000000a1';
+SELECT forget();
+
 -- The relay moves answers into the outboxes of live replicas as filed messages, numbered after
 -- what they were sent; answers of a replica that is no longer live are dropped.
 SELECT sync.receive('00000000-0000-0000-0000-0000000000a1', up('10000000-0000-0000-0000-000000000010', $$[

@@ -317,12 +317,15 @@ std::vector<Kept> file_rows(Spi& spi, const std::vector<protocol::UpRow>& rows,
     for (size_t i = 0; i < rows.size(); ++i) {
         const protocol::UpRow& row = rows[i];
         auto found = codecs.find(row.table);
-        if (found == codecs.end()) {
+        if (found == codecs.end() || found->second.kind == "undeclared") {
             flush();
             std::string why = "table " + row.table +
                               " does not sync: uploads are filed only into tables declared with"
                               " sync.record() or sync.both()";
-            kept.push_back(kept_row(i, row, "{}", why));
+            std::string key = found == codecs.end()
+                                  ? "{}"
+                                  : protocol::key_of(found->second.key_order, members_of(row.row));
+            kept.push_back(kept_row(i, row, std::move(key), why));
             continue;
         }
         const Codec& codec = found->second;

@@ -284,7 +284,9 @@ CREATE TABLE sync.echo (
 );
 CREATE INDEX echo_row ON sync.echo (codec, key);
 
--- What a replica last said it holds, per scope (its `holds`), for verification.
+-- What a replica last said it holds, per scope (its `holds`), for verification. applied: the
+-- last message it had applied when it said so; a report older than the one kept (an upload sent
+-- again as it was stored) is not taken.
 CREATE TABLE sync.holding (
     replica uuid NOT NULL,
     scope text NOT NULL,
@@ -293,6 +295,7 @@ CREATE TABLE sync.holding (
     n bigint NOT NULL,
     ranges jsonb,
     reported_at timestamptz NOT NULL DEFAULT now(),
+    applied bigint NOT NULL DEFAULT 0,
     PRIMARY KEY (replica, scope)
 );
 

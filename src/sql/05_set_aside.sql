@@ -99,6 +99,9 @@ AS $$
     ON CONFLICT (replica, codec, key) WHERE kind = 'untaken' DO UPDATE
         SET tries = s.tries + 1, last_try_at = now(), body = excluded.body,
             reason = excluded.reason
+        -- Not from an older message (an upload sent again as it was stored).
+        WHERE (convert_from(s.body, 'UTF8')::jsonb->>'seq')::bigint
+              <= (convert_from(excluded.body, 'UTF8')::jsonb->>'seq')::bigint
 $$;
 
 -- Keeps what sync.receive could not file of upload `upload` from `replica`, to be filed again as

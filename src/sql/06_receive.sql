@@ -48,13 +48,19 @@ $$;
 
 -- The codecs of `tables` (names as on the wire), one row per column filing may write: key
 -- columns first in key order. may_file: a record's travelling columns, a both's replica_columns.
--- Generated columns are never written.
+-- Generated columns are never written. A name that is no codec's but a user table's (not yet
+-- declared) gives that table's primary key columns, kind 'undeclared': a row kept for it is
+-- named by its key, so the device can tell its rows apart and the retry, once the table is
+-- declared, answers which of them it filed.
 CREATE FUNCTION sync.receive_codecs(tables text[])
 RETURNS TABLE (table_name text, relation text, kind text, column_name text, is_key boolean,
                may_file boolean, is_stamp boolean, is_required boolean)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    undeclared text;
+    user_table regclass;
 BEGIN
     RETURN QUERY
     SELECT c.table_name, format('%I.%I', n.nspname, t.relname), c.kind, a.attname::text,
@@ -72,6 +78,25 @@ BEGIN
                        AND a.attgenerated = ''
     WHERE c.table_name = ANY (tables)
     ORDER BY c.table_name, coalesce(array_position(c.key_columns, a.attname), 2147483647), a.attnum;
+    FOR undeclared IN
+        SELECT DISTINCT u FROM unnest(tables) u
+        WHERE NOT EXISTS (SELECT FROM sync.codec c WHERE c.table_name = u)
+    LOOP
+        BEGIN
+            user_table := to_regclass(undeclared);
+        EXCEPTION WHEN OTHERS THEN  -- not a name at all ("a.b.c.d", "x; DROP ...")
+            user_table := NULL;
+        END;
+        CONTINUE WHEN user_table IS NULL OR sync.relation_name(user_table) <> undeclared;
+        RETURN QUERY
+        SELECT undeclared, undeclared, 'undeclared'::text, k.attname::text, true, false, false, false
+        FROM pg_class t
+        JOIN pg_namespace n ON n.oid = t.relnamespace
+        CROSS JOIN LATERAL unnest(sync.key_columns(t.oid)) WITH ORDINALITY AS k(attname, ord)
+        WHERE t.oid = user_table AND t.relkind IN ('r', 'p')
+          AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'sync')
+        ORDER BY k.ord;
+    END LOOP;
 END
 $$;
 
@@ -139,8 +164,8 @@ BEGIN
         VALUES (upload_end.replica, 'filed', jsonb_build_object('upload', upload_end.upload, 'kept', answer));
     END IF;
 
+    SELECT r.next_seq - 1 INTO last_sent FROM sync.replica r WHERE r.id = upload_end.replica;
     IF applied > 0 THEN
-        SELECT r.next_seq - 1 INTO last_sent FROM sync.replica r WHERE r.id = upload_end.replica;
         IF applied > coalesce(last_sent, 0) THEN
             RAISE LOG 'magic_sync: replica % says it applied message %, but it has been sent messages only up to %: ignored',
                       upload_end.replica, applied, coalesce(last_sent, 0);
@@ -154,13 +179,16 @@ BEGIN
     END IF;
 
     IF holds <> '{}' THEN
-        INSERT INTO sync.holding AS h (replica, scope, through, fp, n, ranges, reported_at)
+        INSERT INTO sync.holding AS h (replica, scope, through, fp, n, ranges, reported_at, applied)
         SELECT upload_end.replica, e.key, (e.value->>'through')::bigint,
-               decode(e.value->>'fp', 'hex'), (e.value->>'n')::bigint, e.value->'ranges', now()
+               decode(e.value->>'fp', 'hex'), (e.value->>'n')::bigint, e.value->'ranges', now(),
+               least(coalesce(upload_end.applied, 0), coalesce(last_sent, 0))
         FROM jsonb_each(holds) e
         ON CONFLICT (replica, scope) DO UPDATE
             SET through = excluded.through, fp = excluded.fp, n = excluded.n,
-                ranges = excluded.ranges, reported_at = excluded.reported_at;
+                ranges = excluded.ranges, reported_at = excluded.reported_at,
+                applied = excluded.applied
+            WHERE h.applied <= excluded.applied;
     END IF;
 END
 $$;
