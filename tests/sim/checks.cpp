@@ -41,6 +41,29 @@ const char* const kPending = R"sql(
         SELECT 'repairs under way: ' || count(*) FROM sync.repair HAVING count(*) > 0) p
 )sql";
 
+// Why sync.status cannot prove a replica in sync: each scope as declared, as the relay counts it,
+// and as the replica last reported it.
+const char* const kScopesOfReplica = R"sql(
+    WITH declared AS (
+        SELECT sync.scope_name(d.match, d.value, d.part) AS scope
+        FROM sync.declared_members() d WHERE d.replica = $1::uuid),
+    counted AS (
+        SELECT sync.scope_name(s.match, s.value, s.partition) AS scope, m.sent, s.head, s.n, s.fp
+        FROM sync.member m JOIN sync.scope s ON s.id = m.scope WHERE m.replica = $1::uuid),
+    members AS (
+        SELECT c.*, h.through, h.n AS held_n, h.fp AS held_fp, h.applied
+        FROM counted c LEFT JOIN sync.holding h ON h.replica = $1::uuid AND h.scope = c.scope)
+    SELECT coalesce(d.scope, m.scope) || ': ' ||
+           CASE WHEN d.scope IS NULL THEN 'a member, not declared'
+                WHEN m.scope IS NULL THEN 'declared, not a member'
+                ELSE 'sent ' || m.sent || ' of head ' || m.head || ', n ' || m.n || '; reported '
+                     || coalesce('through ' || m.through || ', n ' || m.held_n
+                                 || ' at message ' || m.applied
+                                 || CASE WHEN m.held_fp = m.fp THEN ', same fp' ELSE ', other fp' END,
+                                 'nothing') END
+    FROM declared d FULL JOIN members m ON m.scope = d.scope ORDER BY 1
+)sql";
+
 struct Held {
     json row;
     std::string h;
@@ -224,9 +247,12 @@ class Checkpoint {
         std::vector<std::string> lines;
         for (int n : step_.live) compare_replica(n, lines);
         for (const auto& row : world_.db().query(
-                 "SELECT replica, sync FROM sync.status WHERE live AND sync <> 'in sync'"))
+                 "SELECT replica, sync FROM sync.status WHERE live AND sync <> 'in sync'")) {
             lines.push_back("sync.status says " + row[1].value_or("NULL") + " for live replica " +
                             *row[0]);
+            for (const auto& scope : world_.db().query(kScopesOfReplica, {*row[0]}))
+                lines.push_back("    " + *scope[0]);
+        }
         for (const auto& [replica, bytes] : world_.router().largest())
             if (bytes > static_cast<size_t>(world_.options().bytes_per_message))
                 lines.push_back("a message of " + std::to_string(bytes) +
