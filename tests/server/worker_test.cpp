@@ -224,7 +224,9 @@ TEST(Worker, AStandbyTakesOverWhenTheHolderIsTerminated) {
                                 first) >= 1;
     })) << shop.cluster.log();
     db.query("INSERT INTO products VALUES (1, 'tea')");
-    ASSERT_TRUE(eventually([&] { return deliveries(db) == "1:1"; }));
+    ASSERT_TRUE(eventually([&] { return deliveries(db) == "1:1"; }))
+        << "deliveries " << deliveries(db) << "\n"
+        << shop.cluster.log();
 
     db.query("SELECT pg_terminate_backend($1::int, 10000)", {first});
     ASSERT_TRUE(eventually([&] { return shop.holder() == second; }, 10s))
