@@ -21,7 +21,13 @@ namespace magic_sync::test {
 
 class Router {
   public:
+    // Forwards at once: more than a sender sends at once (--concurrency, 64 by default). With
+    // cpp-httplib's default pool (8 threads on two cores) the router itself was what deliveries
+    // waited for: 64 sends in flight, 8 forwarded.
+    static constexpr size_t kThreads = 128;
+
     Router() : port_(free_port()) {
+        server_.new_task_queue = [] { return new httplib::ThreadPool(kThreads); };
         server_.Post(R"(/replicas/([0-9a-f-]+))", [this](const httplib::Request& request,
                                                          httplib::Response& response) {
             std::string replica = request.matches[1];
