@@ -149,7 +149,11 @@ INSERT INTO cases VALUES
 (62, 'a cut short upload''s id, now whole', id(4)::uuid, up(4, '[{"t":"shop.sales","r":{"id":4,"total":4}}]')),
 -- A later protocol version: the one ERROR (send it again after the upgrade); nothing kept.
 (63, 'a later version', NULL, convert_to(format('{"v":3,"id":"%s","rows":[]}', id(63)), 'UTF8')),
-(64, 'a version past 2^64', id(64)::uuid, convert_to(format('{"v":99999999999999999999,"id":"%s","rows":[]}', id(64)), 'UTF8'));
+(64, 'a version past 2^64', id(64)::uuid, convert_to(format('{"v":99999999999999999999,"id":"%s","rows":[]}', id(64)), 'UTF8')),
+-- Reports of what it holds: only of scopes it belongs to.
+(65, '100,000 scope names it does not belong to', id(65)::uuid,
+    up(65, '[{"t":"shop.notes","r":{"id":"n65","body":"and a row"}}]', ',"holds":{' || (SELECT string_agg(format('"s%s":{"through":1,"fp":"%s","n":0}', i, repeat('0', 64)), ',')
+                                  FROM generate_series(1, 100000) i) || '}'));
 
 -- What changes outside what receive writes for the relay (set_aside, answer, upload): the app's
 -- tables and the relay's state.

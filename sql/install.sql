@@ -39,3 +39,10 @@ ALTER EXTENSION magic_sync SET SCHEMA public;
 -- Declarations are dumped with the database; state is not.
 SELECT unnest(extconfig)::regclass AS dumped FROM pg_extension WHERE extname = 'magic_sync'
 ORDER BY 1::text;
+
+-- A database that is not UTF-8 is refused: its text would not hold what replicas send.
+CREATE DATABASE latin1_test ENCODING 'LATIN1' TEMPLATE template0 LC_COLLATE 'C' LC_CTYPE 'C';
+\c latin1_test
+CREATE EXTENSION magic_sync;
+\c regression
+DROP DATABASE latin1_test;

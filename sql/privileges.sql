@@ -1,6 +1,6 @@
 -- Privileges (DESIGN §10): PUBLIC can call nothing in schema sync; sync_sender calls only the
--- sender's functions (next, sent, failed, backlog) and sync_receiver only sync.receive and the
--- SECURITY DEFINER helpers it calls; neither reads a sync table or changes a declaration. The
+-- sender's functions (next, sent, failed, backlog) and sync_receiver only sync.receive (which
+-- runs its helpers as the extension's owner); neither reads a sync table or changes a declaration. The
 -- settings and hooks that choose a role cannot be turned into more privilege: magic_sync.role is
 -- a superuser's setting, SET ROLE to it needs membership, the hooks run as the caller, and the
 -- relay's retry files a kept upload as the role that sent it.
@@ -133,6 +133,15 @@ INSERT INTO attempts (statement) VALUES
     ('SELECT * FROM sync.backlog()'),
     -- The receiver's.
     ('SELECT sync.receive(''00000000-0000-0000-0000-0000000000a1'', convert_to(''{"v":1,"id":"10000000-0000-0000-0000-000000000001","rows":[]}'', ''UTF8''))'),
+    -- The helpers sync.receive runs as the extension's owner: no role calls them itself (a
+    -- forged answer, holding or kept row; an upload id claimed before the genuine upload).
+    ('SELECT sync.upload_end(''00000000-0000-0000-0000-0000000000a1'', ''10000000-0000-0000-0000-000000000002'', ''[{"t":"x","k":{},"why":"forged"}]'', NULL, ''[]'', ''{"all":{"through":1,"fp":"00","n":1}}'', true)'),
+    ('SELECT sync.upload_begin(''00000000-0000-0000-0000-0000000000a1'', ''10000000-0000-0000-0000-000000000003'')'),
+    ('SELECT sync.keep_upload(''00000000-0000-0000-0000-0000000000a1'', ''10000000-0000-0000-0000-000000000004'', NULL, ''[]'')'),
+    ('SELECT sync.upload_echoes(''00000000-0000-0000-0000-0000000000a1'', ''10000000-0000-0000-0000-000000000005'', ''[]'')'),
+    ('SELECT sync.keep_message(''00000000-0000-0000-0000-0000000000a1'', ''\x00'', ''forged'')'),
+    ('SELECT * FROM sync.receive_setup(''00000000-0000-0000-0000-0000000000a1'')'),
+    ('SELECT * FROM sync.receive_codecs(ARRAY[''shop.sales''])'),
     -- magic_sync.role and other ways to another role: a superuser's, or a member's.
     ('SET magic_sync.role = priv_owner'),
     ('SELECT set_config(''magic_sync.role'', ''priv_owner'', false)'),
@@ -209,25 +218,18 @@ SELECT * FROM sync.retry_set_aside();
 SELECT kind, key, reason, tries, filed_as FROM sync.set_aside ORDER BY id;
 SELECT * FROM shop.sales;
 SELECT * FROM shop.drawers;
--- The receiver may call keep_message, the helper that keeps a message whole, itself: what it
--- keeps that way is filed by the retry (after a change) as the receiver too, and refused the same.
+-- A message kept whole (here: over magic_sync.max_upload_bytes) is filed by the retry, after a
+-- change, as the receiver too, and refused the same.
+SET magic_sync.max_upload_bytes = 1024;
 SET SESSION AUTHORIZATION priv_receiver;
-SELECT sync.keep_message('00000000-0000-0000-0000-0000000000a1', convert_to('{"v":1,"id":"10000000-0000-0000-0000-000000000004","rows":[
-    {"t":"shop.drawers","r":{"register_id":"00000000-0000-0000-0000-0000000000b1","counted":-1}}]}', 'UTF8'), 'kept by hand');
+SELECT sync.receive('00000000-0000-0000-0000-0000000000a1', convert_to('{"v":1,"id":"10000000-0000-0000-0000-000000000004","rows":[' || repeat(' ', 1024) || '
+    {"t":"shop.drawers","r":{"register_id":"00000000-0000-0000-0000-0000000000b1","counted":-1}}]}', 'UTF8'));
 RESET SESSION AUTHORIZATION;
+RESET magic_sync.max_upload_bytes;
 COMMENT ON TABLE shop.drawers IS 'one per register, counted';
 SELECT * FROM sync.retry_set_aside();
 SELECT kind, key, reason, tries, filed_as FROM sync.set_aside ORDER BY id;
 SELECT * FROM shop.drawers;
--- Naming the role to be filed again as gets a caller only a role its login may become anyway.
-SET SESSION AUTHORIZATION priv_receiver;
-SELECT sync.keep_message('00000000-0000-0000-0000-0000000000a1', convert_to('not an upload', 'UTF8'),
-                         'it named the owner', 'priv_owner');
-SELECT sync.keep_message('00000000-0000-0000-0000-0000000000a1', convert_to('not an upload', 'UTF8'),
-                         'it named a role that does not exist', 'priv_none');
-RESET SESSION AUTHORIZATION;
-SELECT reason, filed_as FROM sync.set_aside WHERE reason LIKE 'it named%' ORDER BY id;
-DELETE FROM sync.set_aside WHERE reason LIKE 'it named%';
 -- A kept upload whose role is gone is not filed by anyone else: it stays kept, and says why.
 UPDATE sync.set_aside SET filed_as = 'priv_gone';
 COMMENT ON TABLE shop.drawers IS 'one per register, counted again';

@@ -83,11 +83,14 @@ std::map<std::string, Codec> load_codecs(Spi& spi, const std::vector<protocol::U
         if (tables.insert(row.table).second)
             list += (list.empty() ? "" : ",") + json_string(row.table);
     std::map<std::string, Codec> codecs;
-    auto found = spi.query(
-        "SELECT table_name, relation, kind, column_name, is_key, may_file, is_stamp,"
-        " is_required"
-        " FROM sync.receive_codecs(ARRAY(SELECT jsonb_array_elements_text($1::jsonb)))",
-        {"[" + list + "]"});
+    std::vector<pg::Row> found;
+    pg::as_extension_owner([&] {
+        found = spi.query(
+            "SELECT table_name, relation, kind, column_name, is_key, may_file, is_stamp,"
+            " is_required"
+            " FROM sync.receive_codecs(ARRAY(SELECT jsonb_array_elements_text($1::jsonb)))",
+            {"[" + list + "]"});
+    });
     if (found.empty()) return codecs;
     std::vector<Member> known_members;
     std::string canonical_known;
@@ -366,16 +369,26 @@ std::string hex_of(std::string_view bytes) {
 // Records the upload id first, so two receives of one upload file it once (the second waits on
 // the first's row of sync.upload). Returns the answer's kept list when the id was filed before.
 Value seen_before(Spi& spi, const std::string& replica, const std::string& id) {
-    return spi.scalar("SELECT sync.upload_begin($1::uuid, $2::uuid)::text", {replica, id});
+    Value kept;
+    pg::as_extension_owner([&] {
+        kept = spi.scalar("SELECT sync.upload_begin($1::uuid, $2::uuid)::text", {replica, id});
+    });
+    return kept;
 }
+
+// The role filing runs as (the route's, or magic_sync.role), which the retry files as again.
+Value filing_role(Spi& spi) { return spi.scalar("SELECT current_user::text"); }
 
 void finish_upload(Spi& spi, const std::string& replica, const std::string& id,
                    const std::string& kept, const Value& applied, const std::string& untaken,
                    const std::string& holds, bool answered) {
-    spi.execute(
-        "SELECT sync.upload_end($1::uuid, $2::uuid, $3::jsonb, $4::bigint, $5::jsonb, $6::jsonb,"
-        " $7::boolean, current_user)",
-        {replica, id, kept, applied, untaken, holds, answered ? "true" : "false"});
+    const Value role = filing_role(spi);
+    pg::as_extension_owner([&] {
+        spi.execute(
+            "SELECT sync.upload_end($1::uuid, $2::uuid, $3::jsonb, $4::bigint, $5::jsonb,"
+            " $6::jsonb, $7::boolean, $8::name)",
+            {replica, id, kept, applied, untaken, holds, answered ? "true" : "false", role});
+    });
     // The relay moves the answer and applies the confirmation as soon as this commits.
     pg::wake_relay_at_commit();
 }
@@ -391,10 +404,13 @@ std::string keep_whole(Spi& spi, const std::string& replica, const std::string& 
             return "answered again";
         }
     }
-    spi.execute(
-        "SELECT sync.keep_message($1::uuid, decode($2, 'hex'), $3, current_user, $4::uuid,"
-        " $5::boolean)",
-        {replica, hex_of(message), reason, id, waits ? "true" : "false"});
+    const Value role = filing_role(spi);
+    pg::as_extension_owner([&] {
+        spi.execute(
+            "SELECT sync.keep_message($1::uuid, decode($2, 'hex'), $3, $4::name, $5::uuid,"
+            " $6::boolean)",
+            {replica, hex_of(message), reason, role, id, waits ? "true" : "false"});
+    });
     if (!id) return "kept";
     std::string note = "[{\"t\":\"\",\"k\":{},\"why\":" + json_string(reason) +
                        ",\"reason\":" + json_string(reason) + "}]";
@@ -452,8 +468,11 @@ struct Known {
 };
 
 Known known_replica(Spi& spi, const std::string& replica) {
-    const pg::Row setup =
-        spi.query("SELECT known, filing, live FROM sync.receive_setup($1::uuid)", {replica}).at(0);
+    pg::Row setup;
+    pg::as_extension_owner([&] {
+        setup = spi.query("SELECT known, filing, live FROM sync.receive_setup($1::uuid)", {replica})
+                    .at(0);
+    });
     const Value& known_function = setup[0];
     const Value& filing_function = setup[1];
     Value known;
@@ -511,8 +530,10 @@ std::string receive(Spi& spi, const std::string& replica, const std::string& mes
         std::string echoes;
         kept = kept_json(file_rows(spi, upload.rows, *known.known, echoes));
         if (!echoes.empty())
-            spi.execute("SELECT sync.upload_echoes($1::uuid, $2::uuid, $3::jsonb)",
-                        {replica, upload.id, echoes + "]"});
+            pg::as_extension_owner([&] {
+                spi.execute("SELECT sync.upload_echoes($1::uuid, $2::uuid, $3::jsonb)",
+                            {replica, upload.id, echoes + "]"});
+            });
         status = "filed";
     }
     Value applied;

@@ -2,6 +2,7 @@
 // lines. Each call guarded.
 #pragma once
 
+#include <functional>
 #include <string>
 
 namespace magic_sync::pg {
@@ -11,6 +12,11 @@ int open_settings_level();
 // Undoes every setting changed since `level` opened, SET LOCAL included (the role, what a filing
 // hook set for row policies), and closes it.
 void undo_settings(int level);
+
+// Runs `work` as the owner of schema sync (who created the extension), as a SECURITY DEFINER
+// function runs its body: sync.receive calls its helpers so, and its caller, who may execute
+// sync.receive alone, never can. The caller's role comes back however `work` ends.
+void as_extension_owner(const std::function<void()>& work);
 
 // Writes `line` to the server log (LOG).
 void log_line(const std::string& line);

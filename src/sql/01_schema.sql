@@ -1,6 +1,19 @@
 -- magic_sync 0.1.0: the schema `sync` (DESIGN §3), its roles and privileges.
 \echo Use "CREATE EXTENSION magic_sync" to load this file. \quit
 
+-- Rows travel as UTF-8 JSON, and uploads are filed from it: a database of another encoding would
+-- store what it cannot represent converted, or mangled.
+DO $encoding$
+BEGIN
+    IF current_setting('server_encoding') <> 'UTF8' THEN
+        RAISE EXCEPTION 'magic_sync needs a UTF8 database: database "%" is %', current_database(),
+                        current_setting('server_encoding')
+            USING HINT = 'Create the database with ENCODING ''UTF8'' (CREATE DATABASE ... '
+                         'ENCODING ''UTF8'' TEMPLATE template0) and install magic_sync there.';
+    END IF;
+END
+$encoding$;
+
 -- Roles for the two processes that talk to the engine from outside. Cluster-wide, so created
 -- only when absent and never dropped with the extension.
 DO $roles$

@@ -1,8 +1,9 @@
 -- Filing uploads (DESIGN §6) ------------------------------------------------------------------------
 --
 -- sync.receive() runs as its caller, so row-level security applies to what it files. What it
--- writes to sync tables goes through the SECURITY DEFINER helpers below, which sync_receiver may
--- call; the receiver gets no grant on any sync table, so it cannot read the outboxes. The helpers
+-- writes to sync tables goes through the helpers below, which it runs as the extension's owner
+-- and which no other role may call; the receiver gets no grant on any sync table, so it cannot
+-- read the outboxes. The helpers
 -- write only what the relay reads later (sync.upload, sync.answer, sync.confirmation,
 -- sync.holding, sync.set_aside) and never update a row the relay pass locks.
 
@@ -184,6 +185,10 @@ BEGIN
                decode(e.value->>'fp', 'hex'), (e.value->>'n')::bigint, e.value->'ranges', now(),
                least(coalesce(upload_end.applied, 0), coalesce(last_sent, 0))
         FROM jsonb_each(holds) e
+        -- Only the scopes it belongs to: an upload names what it likes.
+        JOIN (SELECT sync.scope_name(s.match, s.value, s.partition) AS name
+              FROM sync.member m JOIN sync.scope s ON s.id = m.scope
+              WHERE m.replica = upload_end.replica) mine ON mine.name = e.key
         ON CONFLICT (replica, scope) DO UPDATE
             SET through = excluded.through, fp = excluded.fp, n = excluded.n,
                 ranges = excluded.ranges, reported_at = excluded.reported_at,
@@ -217,7 +222,8 @@ AS $$
     FROM jsonb_array_elements(echoes) e JOIN sync.codec c ON c.table_name = e->>'t'
 $$;
 
--- The receiver calls sync.receive and, through it, the helpers; nothing else.
+-- The receiver calls sync.receive; nothing else. sync.receive runs the helpers as the extension's
+-- owner (pg::as_extension_owner), so no caller can run them past known() or for another replica.
 REVOKE ALL ON FUNCTION sync.receive(uuid, bytea), sync.encode_filed(uuid, bigint, bigint, jsonb),
     sync.filed_parts(uuid, jsonb, bigint),
     sync.receive_setup(uuid), sync.receive_codecs(text[]), sync.upload_begin(uuid, uuid),
@@ -225,8 +231,4 @@ REVOKE ALL ON FUNCTION sync.receive(uuid, bytea), sync.encode_filed(uuid, bigint
     sync.keep_message(uuid, bytea, text, name, uuid, boolean), sync.filer(name),
     sync.upload_echoes(uuid, uuid, jsonb)
     FROM PUBLIC;
-GRANT EXECUTE ON FUNCTION sync.receive(uuid, bytea), sync.receive_setup(uuid),
-    sync.receive_codecs(text[]), sync.upload_begin(uuid, uuid),
-    sync.upload_end(uuid, uuid, jsonb, bigint, jsonb, jsonb, boolean, name),
-    sync.keep_message(uuid, bytea, text, name, uuid, boolean), sync.upload_echoes(uuid, uuid, jsonb)
-    TO sync_receiver;
+GRANT EXECUTE ON FUNCTION sync.receive(uuid, bytea) TO sync_receiver;
