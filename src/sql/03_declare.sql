@@ -624,6 +624,49 @@ $$;
 
 -- One row per problem with the declarations, saying what is wrong and how to fix it: tables
 -- dropped or renamed, columns dropped, triggers gone.
+-- The privileges filing needs that a role which files uploads lacks, per table: the route's roles
+-- (members of sync_receiver), or magic_sync.role when it is set. A record row is inserted if
+-- absent (INSERT ... ON CONFLICT (key) DO NOTHING: INSERT, and SELECT on the key); a both row is
+-- inserted or its replica_columns changed (also UPDATE on those, and SELECT on them).
+CREATE FUNCTION sync.filing_grant_problems()
+RETURNS TABLE (declaration text, problem text, fix text)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    WITH filers AS (
+        SELECT r.oid, r.rolname FROM pg_roles r
+        WHERE r.rolname = nullif(sync.setting('role'), '')
+        UNION
+        SELECT r.oid, r.rolname FROM pg_roles r
+        WHERE nullif(sync.setting('role'), '') IS NULL AND NOT r.rolsuper
+          AND r.rolname <> 'sync_receiver' AND pg_has_role(r.oid, 'sync_receiver', 'MEMBER')),
+    needs AS (
+        SELECT c.kind, c.table_name, c.relation, n.privilege, n.columns
+        FROM sync.codec c
+        CROSS JOIN LATERAL (VALUES ('INSERT', NULL::name[]), ('SELECT', c.key_columns),
+                                   ('SELECT', CASE WHEN c.kind = 'both' THEN c.replica_columns END),
+                                   ('UPDATE', CASE WHEN c.kind = 'both' THEN c.replica_columns END))
+                           AS n(privilege, columns)
+        WHERE c.kind IN ('record', 'both') AND (n.privilege = 'INSERT' OR n.columns IS NOT NULL)),
+    missing AS (
+        SELECT n.kind, n.table_name, f.rolname, n.privilege,
+               (SELECT array_agg(col ORDER BY o) FROM unnest(n.columns) WITH ORDINALITY AS u(col, o)
+                WHERE NOT has_column_privilege(f.oid, n.relation, col, n.privilege)) AS columns
+        FROM needs n CROSS JOIN filers f
+        WHERE CASE WHEN n.columns IS NULL THEN NOT has_table_privilege(f.oid, n.relation, n.privilege)
+                   ELSE EXISTS (SELECT FROM unnest(n.columns) col
+                                WHERE NOT has_column_privilege(f.oid, n.relation, col, n.privilege)) END)
+    SELECT format('%s %s', m.kind, m.table_name),
+           format('role %s, which files uploads, lacks %s%s on it: every row it files there is kept',
+                  m.rolname, m.privilege,
+                  coalesce(' (' || array_to_string(m.columns, ', ') || ')', '')),
+           format('GRANT %s%s ON %s TO %I;', m.privilege,
+                  coalesce(' (' || (SELECT string_agg(quote_ident(col), ', ') FROM unnest(m.columns) col) || ')', ''),
+                  m.table_name, m.rolname)
+    FROM missing m
+    ORDER BY m.table_name, m.rolname, m.privilege
+$$;
+
 CREATE FUNCTION sync.check()
 RETURNS TABLE (declaration text, problem text, fix text)
 LANGUAGE sql STABLE
@@ -635,6 +678,8 @@ AS $$
     (SELECT format('%s %s', c.kind, c.table_name), p.problem, p.fix
      FROM sync.codec c, sync.codec_problems(c) p
      ORDER BY c.table_name)
+    UNION ALL
+    SELECT * FROM sync.filing_grant_problems()
 $$;
 
 -- Schema changes (DESIGN §13). After an ALTER TABLE of a synced table: a change that would break
