@@ -324,8 +324,13 @@ CREATE TABLE sync.relay_state (
 );
 INSERT INTO sync.relay_state DEFAULT VALUES;
 
--- Declarations survive pg_dump; the state is rebuilt by provisioning.
+-- Declarations survive pg_dump; the state is rebuilt by provisioning. What replicas sent and
+-- nothing else holds survives too: the uploads kept (they are filed again after a restore) and the
+-- uploads filed (one sent again after a restore is answered, not filed twice).
 SELECT pg_catalog.pg_extension_config_dump('sync.replica_set', '');
 SELECT pg_catalog.pg_extension_config_dump('sync.codec', '');
 SELECT pg_catalog.pg_extension_config_dump('sync.codec_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('sync.sender_rule', '');
+SELECT pg_catalog.pg_extension_config_dump('sync.set_aside', 'WHERE kind = ''upload''');
+SELECT pg_catalog.pg_extension_config_dump('sync.set_aside_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('sync.upload', '');

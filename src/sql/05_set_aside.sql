@@ -12,6 +12,8 @@
 -- waits for it to move.
 CREATE SEQUENCE sync.filing_change;
 SELECT nextval('sync.filing_change');
+-- Dumped with the kept uploads, whose change_seen counts on it.
+SELECT pg_catalog.pg_extension_config_dump('sync.filing_change', '');
 
 CREATE FUNCTION sync.filing_changed() RETURNS bigint
 LANGUAGE sql SECURITY DEFINER

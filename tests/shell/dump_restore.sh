@@ -10,17 +10,22 @@ cluster_start
 bindir=$(pg_config --bindir)
 sql() { psql -X -q -At -v ON_ERROR_STOP=1 -d "$1" -c "$2"; }
 as_pg "$bindir/createdb" -h "$PGHOST" -p "$PGPORT" original
-psql -X -q -v ON_ERROR_STOP=1 -d original >/dev/null <<'SQL'
+upload='{"v":1,"id":"10000000-0000-0000-0000-000000000001","rows":[{"t":"shop.visits","r":{"id":1,"n":1}},{"t":"shop.visits","r":{"id":2,"n":-1}}]}'
+psql -X -q -v ON_ERROR_STOP=1 -v upload="$upload" -d original >/dev/null <<'SQL'
 CREATE EXTENSION magic_sync;
 CREATE SCHEMA shop;
 CREATE TABLE shop.registers (id uuid PRIMARY KEY, store_id int NOT NULL, active boolean NOT NULL);
 CREATE TABLE shop.products (id int PRIMARY KEY, name text);
 CREATE TABLE shop.drawers (register_id uuid PRIMARY KEY, counted numeric, closed_at timestamptz);
+CREATE TABLE shop.visits (id int PRIMARY KEY, n int NOT NULL CHECK (n > 0));
 CREATE FUNCTION shop.known(uuid) RETURNS jsonb LANGUAGE sql AS $$ SELECT '{}'::jsonb $$;
 SELECT sync.replicas('shop.registers', 'registers', live => 'active');
 SELECT sync.catalog('shop.products', columns => ARRAY['id', 'name']);
 SELECT sync.both('shop.drawers', "to" => 'register_id', replica_columns => ARRAY['counted']);
+SELECT sync.record('shop.visits');
 SELECT sync.senders(known => 'shop.known(uuid)'::regprocedure);
+-- An upload: one visit filed, one kept (it fails its check).
+SELECT sync.receive('00000000-0000-0000-0000-0000000000a1', convert_to(:'upload', 'UTF8'));
 SQL
 
 declarations="SELECT table_name, kind, coalesce(\"to\", '-'), coalesce(columns::text, '-'), replica_columns, key_columns FROM sync.codec ORDER BY table_name;
@@ -40,7 +45,7 @@ if [ "$before" != "$after" ]; then
     diff <(echo "$before") <(echo "$after") || true
     status=1
 fi
-[ "$(echo "$after" | grep -c magic_sync_)" -eq 12 ] || { echo "expected 12 capture triggers after restore"; status=1; }
+[ "$(echo "$after" | grep -c magic_sync_)" -eq 16 ] || { echo "expected 16 capture triggers after restore"; status=1; }
 
 # The restored triggers note changes, and the codec sequence goes on after the restored ids.
 sql restored "TRUNCATE sync.note; INSERT INTO shop.products VALUES (7, 'tea');"
@@ -50,5 +55,24 @@ sql restored "CREATE TABLE shop.sales (id int PRIMARY KEY); SELECT sync.record('
 distinct=$(sql restored "SELECT count(DISTINCT id) = count(*) FROM sync.codec")
 [ "$distinct" = t ] || { echo "codec ids collide after restore"; status=1; }
 
-[ $status -eq 0 ] && echo "declarations and capture triggers survive pg_dump and restore"
+# The kept upload and the filed-once record survive: the kept row is still kept with its reason,
+# and the upload sent again is answered, not filed twice.
+uploads="SELECT s.kind || ' ' || s.replica || ' ' || s.upload || ' ' || s.table_name || ' ' || s.key || ' ' || s.reason FROM sync.set_aside s ORDER BY s.id;
+SELECT u.replica || ' ' || u.id || ' ' || u.kept FROM sync.upload u;"
+kept_before=$(psql -X -At -d original -c "$uploads")
+kept_after=$(psql -X -At -d restored -c "$uploads")
+if [ "$kept_before" != "$kept_after" ] || [ "$(echo "$kept_after" | grep -c '^upload ')" -ne 1 ]; then
+    echo "kept uploads or the filed-once record differ after restore:"
+    diff <(echo "$kept_before") <(echo "$kept_after") || true
+    status=1
+fi
+again=$(psql -X -q -At -v ON_ERROR_STOP=1 -v upload="$upload" -d restored <<'SQL'
+SELECT sync.receive('00000000-0000-0000-0000-0000000000a1', convert_to(:'upload', 'UTF8'));
+SQL
+)
+[ "$again" = "answered again" ] || { echo "the upload sent again after restore: '$again'"; status=1; }
+visits=$(sql restored "SELECT string_agg(id || ':' || n, ',' ORDER BY id) FROM shop.visits")
+[ "$visits" = "1:1" ] || { echo "visits after restore and the upload sent again: '$visits'"; status=1; }
+
+[ $status -eq 0 ] && echo "declarations, capture triggers, kept uploads and filed uploads survive pg_dump and restore"
 exit $status
