@@ -11,12 +11,14 @@ CREATE TABLE shop.registers (id uuid PRIMARY KEY, label text NOT NULL, active bo
 CREATE TABLE shop.products (id int PRIMARY KEY, name text NOT NULL);
 CREATE TABLE shop.sales (id int PRIMARY KEY, total numeric(10, 2) NOT NULL CHECK (total >= 0), note text);
 CREATE TABLE shop.notes (id text PRIMARY KEY, body text);
+CREATE TABLE shop.readings (id int PRIMARY KEY, value numeric);
 CREATE TABLE shop.drawers (register_id uuid PRIMARY KEY, counted numeric(10, 2),
                            opened_by text NOT NULL DEFAULT 'server');
 SELECT sync.replicas('shop.registers', 'registers', live => 'active');
 SELECT sync.catalog('shop.products');
 SELECT sync.record('shop.sales');
 SELECT sync.record('shop.notes');
+SELECT sync.record('shop.readings');
 SELECT sync.both('shop.drawers', "to" => 'register_id', replica_columns => ARRAY['counted']);
 
 -- The app's up route files as its own role, under a policy that lets a register write only its
@@ -34,7 +36,7 @@ CREATE POLICY own_drawer ON shop.drawers
 CREATE ROLE hostile_route IN ROLE sync_receiver;
 GRANT USAGE ON SCHEMA shop TO hostile_route;
 GRANT SELECT ON shop.registers TO hostile_route;
-GRANT SELECT, INSERT, UPDATE ON shop.sales, shop.notes, shop.drawers TO hostile_route;
+GRANT SELECT, INSERT, UPDATE ON shop.sales, shop.notes, shop.readings, shop.drawers TO hostile_route;
 
 -- The hostile register, and a bystander that must not notice anything.
 INSERT INTO shop.registers VALUES ('00000000-0000-0000-0000-0000000000a1', 'hostile'),
@@ -132,7 +134,7 @@ INSERT INTO cases VALUES
 (51, 'a quoted table name', id(51)::uuid, up(51, '[{"t":"\"shop\".\"sales\"","r":{"id":51,"total":1}}]')),
 (52, 'a system catalog', id(52)::uuid, up(52, '[{"t":"pg_catalog.pg_authid","r":{"rolname":"evil","rolsuper":true}}]')),
 (53, 'the engine''s own table', id(53)::uuid, up(53, '[{"t":"sync.codec","r":{"id":1,"kind":"record"}}]')),
-(54, 'SQL in a column name (ignored: filed)', id(54)::uuid,
+(54, 'SQL in a column name (kept: no such column)', id(54)::uuid,
     up(54, '[{"t":"shop.sales","r":{"id":54,"total":1,"note\") VALUES (1); DROP TABLE shop.sales; --":"x"}}]')),
 (55, 'SQL in values (stored as it came)', id(55)::uuid,
     up(55, $$[{"t":"shop.notes","r":{"id":"x'); DROP TABLE shop.notes; --","body":"' OR '1'='1"}}]$$)),
@@ -153,7 +155,13 @@ INSERT INTO cases VALUES
 -- Reports of what it holds: only of scopes it belongs to.
 (65, '100,000 scope names it does not belong to', id(65)::uuid,
     up(65, '[{"t":"shop.notes","r":{"id":"n65","body":"and a row"}}]', ',"holds":{' || (SELECT string_agg(format('"s%s":{"through":1,"fp":"%s","n":0}', i, repeat('0', 64)), ',')
-                                  FROM generate_series(1, 100000) i) || '}'));
+                                  FROM generate_series(1, 100000) i) || '}')),
+-- Columns the table lacks: the row is kept, naming them, until they exist; never filed without them.
+(66, 'a column the table lacks', id(66)::uuid, up(66, '[{"t":"shop.sales","r":{"id":66,"total":1,"bogus":1}}]')),
+(67, 'a column that differs in case', id(67)::uuid, up(67, '[{"t":"shop.sales","r":{"id":67,"total":1,"Note":"x"}}]')),
+-- Numbers past double's range reach numeric columns exactly; one that fits no column keeps its row alone.
+(68, 'numbers past double''s range', id(68)::uuid,
+    up(68, '[{"t":"shop.readings","r":{"id":68,"value":1e400}},{"t":"shop.readings","r":{"id":69,"value":-12345678901234567890123456789.000000000000000000001}},{"t":"shop.sales","r":{"id":68,"total":1e400}}]'));
 
 -- What changes outside what receive writes for the relay (set_aside, answer, upload): the app's
 -- tables and the relay's state.
@@ -161,6 +169,7 @@ CREATE FUNCTION state() RETURNS TABLE (what text, digest text) LANGUAGE sql AS $
     SELECT 'shop.products', md5(coalesce(string_agg(t::text, ',' ORDER BY t.id), '')) FROM shop.products t
     UNION ALL SELECT 'shop.sales', md5(coalesce(string_agg(t::text, ',' ORDER BY t.id), '')) FROM shop.sales t
     UNION ALL SELECT 'shop.notes', md5(coalesce(string_agg(t::text, ',' ORDER BY t.id), '')) FROM shop.notes t
+    UNION ALL SELECT 'shop.readings', md5(coalesce(string_agg(t::text, ',' ORDER BY t.id), '')) FROM shop.readings t
     UNION ALL SELECT 'shop.drawers', md5(coalesce(string_agg(t::text, ',' ORDER BY t.register_id), '')) FROM shop.drawers t
     UNION ALL SELECT 'shop.registers', md5(coalesce(string_agg(t::text, ',' ORDER BY t.id), '')) FROM shop.registers t
     UNION ALL SELECT 'sync.codec', md5(coalesce(string_agg(t::text, ',' ORDER BY t.id), '')) FROM sync.codec t
@@ -225,6 +234,7 @@ FROM (SELECT * FROM cases ORDER BY n OFFSET 0) c, LATERAL run_case(c.message, c.
 -- What was filed: only the cases that say so, as they came.
 SELECT id, total, short(note) AS note FROM shop.sales ORDER BY id;
 SELECT short(id) AS id, body FROM shop.notes ORDER BY id;
+SELECT id, value FROM shop.readings ORDER BY id;
 SELECT r.label, d.counted, d.opened_by FROM shop.drawers d JOIN shop.registers r ON r.id = d.register_id ORDER BY 1;
 SELECT * FROM shop.products;
 -- The receiver's role and settings ended with each call.

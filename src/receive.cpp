@@ -307,6 +307,18 @@ void file_run(Spi& spi, const Run& run, const std::vector<protocol::UpRow>& rows
     }
 }
 
+// The members of a row that name no column of its table (a device one version ahead of the
+// server, a name that differs in case), as their JSON names, comma separated; empty when none.
+std::string columns_lacking(const Codec& codec, const std::vector<Member>& members) {
+    std::string lacking;
+    for (const Member& m : members) {
+        bool known = std::any_of(codec.columns.begin(), codec.columns.end(),
+                                 [&](const Column& column) { return column.json_name == m.key; });
+        if (!known) lacking += (lacking.empty() ? "" : ", ") + std::string(m.key);
+    }
+    return lacking;
+}
+
 std::vector<Kept> file_rows(Spi& spi, const std::vector<protocol::UpRow>& rows,
                             const std::string& known, std::string& echoes) {
     std::vector<Kept> kept;
@@ -340,6 +352,13 @@ std::vector<Kept> file_rows(Spi& spi, const std::vector<protocol::UpRow>& rows,
                               " is a catalog table: its rows come from the server, an upload of"
                               " one is not filed";
             kept.push_back(kept_row(i, row, std::move(key), why));
+            continue;
+        }
+        if (std::string lacking = columns_lacking(codec, members); !lacking.empty()) {
+            flush();
+            kept.push_back(kept_row(i, row, std::move(key),
+                                    "table " + row.table + " has no column " + lacking +
+                                        ": the row is kept until it has, never filed without it"));
             continue;
         }
         Shape shape = shape_of(codec, members);

@@ -10,7 +10,10 @@ namespace magic_sync::protocol {
 
 namespace {
 
-using Json = nlohmann::json;
+// Floats as long double: a number past double's range (1e400) is no error while parsing. Its
+// value is never used (a number travels as its lexeme), and numeric columns take it exactly.
+using Json = nlohmann::basic_json<std::map, std::vector, std::string, bool, std::int64_t,
+                                  std::uint64_t, long double>;
 
 // nlohmann's messages quote the input they stopped at ("last read: '...'"), which may be invalid
 // UTF-8 or megabytes long; errors end up in logs and text columns, so keep them short ASCII.

@@ -47,9 +47,9 @@ BEGIN
 END
 $$;
 
--- The codecs of `tables` (names as on the wire), one row per column filing may write: key
--- columns first in key order. may_file: a record's travelling columns, a both's replica_columns.
--- Generated columns are never written. A name that is no codec's but a user table's (not yet
+-- The codecs of `tables` (names as on the wire), one row per column of the table: key columns
+-- first in key order. may_file: a record's travelling columns, a both's replica_columns; never a
+-- generated column. A row naming a column not listed here is kept (the table lacks it). A name that is no codec's but a user table's (not yet
 -- declared) gives that table's primary key columns, kind 'undeclared': a row kept for it is
 -- named by its key, so the device can tell its rows apart and the retry, once the table is
 -- declared, answers which of them it filed.
@@ -66,6 +66,7 @@ BEGIN
     RETURN QUERY
     SELECT c.table_name, format('%I.%I', n.nspname, t.relname), c.kind, a.attname::text,
            a.attname = ANY (c.key_columns),
+           a.attgenerated = '' AND
            CASE c.kind WHEN 'record' THEN c.columns IS NULL OR a.attname = ANY (c.columns)
                        WHEN 'both' THEN a.attname = ANY (c.replica_columns)
                        ELSE false END,
@@ -76,7 +77,6 @@ BEGIN
     JOIN pg_class t ON t.oid = c.relation
     JOIN pg_namespace n ON n.oid = t.relnamespace
     JOIN pg_attribute a ON a.attrelid = c.relation AND a.attnum > 0 AND NOT a.attisdropped
-                       AND a.attgenerated = ''
     WHERE c.table_name = ANY (tables)
     ORDER BY c.table_name, coalesce(array_position(c.key_columns, a.attname), 2147483647), a.attnum;
     FOR undeclared IN
