@@ -509,6 +509,7 @@ Known known_replica(Spi& spi, const std::string& replica) {
 protocol::Limits upload_limits() {
     protocol::Limits limits;
     limits.max_bytes = static_cast<size_t>(settings::max_upload_bytes);
+    limits.max_rows = static_cast<size_t>(settings::max_upload_rows);
     return limits;
 }
 

@@ -30,6 +30,7 @@ int backoff_max_ms = 600000;
 int unconfirmed_after_s = 86400;
 int max_refusals = 10;
 int max_upload_bytes = 16 * 1024 * 1024;
+int max_upload_rows = 10000;
 int replica_scan_s = 10;
 int leaf_rows = 64;
 int storm_window_ms = 10000;
@@ -110,6 +111,8 @@ void define() {
                &max_refusals, 10, 1, 1000000, 0);
     define_int("magic_sync.max_upload_bytes", "Largest upload sync.receive() files.",
                &max_upload_bytes, 16 * 1024 * 1024, 1024, INT_MAX, GUC_UNIT_BYTE);
+    define_int("magic_sync.max_upload_rows", "Most rows (and untaken rows) one upload carries.",
+               &max_upload_rows, 10000, 1, 1000000, 0);
     define_int("magic_sync.replica_scan", "How often a replicas view is re-read.", &replica_scan_s,
                10, 1, kDay, GUC_UNIT_S);
     define_int("magic_sync.leaf_rows", "A mismatched range this small is resent whole.", &leaf_rows,

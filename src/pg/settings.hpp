@@ -21,6 +21,7 @@ extern int backoff_max_ms;
 extern int unconfirmed_after_s;
 extern int max_refusals;
 extern int max_upload_bytes;
+extern int max_upload_rows;
 extern int replica_scan_s;
 extern int leaf_rows;
 extern int storm_window_ms;

@@ -200,6 +200,13 @@ class TreeBuilder : public nlohmann::json_sax<Json> {
         }
         EnvelopeFrame& parent = envelope_.back();
         if (parent.node.type == JsonNode::Type::kArray) {
+            // Rows are objects in lists: a bound on them while parsing keeps memory bounded
+            // (the exact count of rows against max_rows is the caller's, on the whole message).
+            if (node.type == JsonNode::Type::kObject && ++objects_in_lists_ > max_objects()) {
+                throw DecodeError("lists of more than " + std::to_string(max_objects()) +
+                                  " entries (rows: at most " + std::to_string(limits_.max_rows) +
+                                  ")");
+            }
             parent.node.items.push_back(std::move(node));
         } else {
             parent.node.members.push_back({std::move(parent.pending_key), std::move(node)});
@@ -242,7 +249,11 @@ class TreeBuilder : public nlohmann::json_sax<Json> {
         }
     }
 
+    // Rows, and the lists around them (chunks), with room to spare.
+    size_t max_objects() const { return 2 * limits_.max_rows + 1024; }
+
     const Limits& limits_;
+    size_t objects_in_lists_ = 0;
     PayloadPlacement placement_;
     std::vector<EnvelopeFrame> envelope_;
     std::vector<PayloadFrame> payload_;

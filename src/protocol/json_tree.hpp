@@ -40,7 +40,8 @@ struct JsonMember {
 enum class PayloadPlacement { kWholeDocument, kRowFields };
 
 // Throws DecodeError on malformed JSON, duplicate keys and broken limits (all but max_bytes and
-// max_rows, which are the caller's to check).
+// max_rows, which are the caller's to check; objects in lists are bounded by twice max_rows while
+// parsing, so that memory stays bounded).
 JsonNode parse_json_tree(std::string_view text, const Limits& limits, PayloadPlacement placement);
 
 // The member's value, or nullptr. `object` must be a kObject node.
