@@ -12,6 +12,8 @@ CREATE TABLE shop.products (id int PRIMARY KEY, name text NOT NULL);
 CREATE TABLE shop.sales (id int PRIMARY KEY, total numeric(10, 2) NOT NULL CHECK (total >= 0), note text);
 CREATE TABLE shop.notes (id text PRIMARY KEY, body text);
 CREATE TABLE shop.readings (id int PRIMARY KEY, value numeric);
+-- Without a row policy: the engine alone keeps each register to its own assignments.
+CREATE TABLE shop.assignments (id int PRIMARY KEY, register_id uuid, status text);
 CREATE TABLE shop.drawers (register_id uuid PRIMARY KEY, counted numeric(10, 2),
                            opened_by text NOT NULL DEFAULT 'server');
 SELECT sync.replicas('shop.registers', 'registers', live => 'active');
@@ -19,6 +21,7 @@ SELECT sync.catalog('shop.products');
 SELECT sync.record('shop.sales');
 SELECT sync.record('shop.notes');
 SELECT sync.record('shop.readings');
+SELECT sync.both('shop.assignments', "to" => 'register_id', replica_columns => ARRAY['status']);
 SELECT sync.both('shop.drawers', "to" => 'register_id', replica_columns => ARRAY['counted']);
 
 -- The app's up route files as its own role, under a policy that lets a register write only its
@@ -36,13 +39,16 @@ CREATE POLICY own_drawer ON shop.drawers
 CREATE ROLE hostile_route IN ROLE sync_receiver;
 GRANT USAGE ON SCHEMA shop TO hostile_route;
 GRANT SELECT ON shop.registers TO hostile_route;
-GRANT SELECT, INSERT, UPDATE ON shop.sales, shop.notes, shop.readings, shop.drawers TO hostile_route;
+GRANT SELECT, INSERT, UPDATE ON shop.sales, shop.notes, shop.readings, shop.drawers, shop.assignments
+    TO hostile_route;
 
 -- The hostile register, and a bystander that must not notice anything.
 INSERT INTO shop.registers VALUES ('00000000-0000-0000-0000-0000000000a1', 'hostile'),
                                   ('00000000-0000-0000-0000-0000000000b1', 'bystander');
 INSERT INTO shop.products VALUES (1, 'tea');
 INSERT INTO shop.sales VALUES (100, 1.00, 'from the server');
+INSERT INTO shop.assignments VALUES (30, '00000000-0000-0000-0000-0000000000b1', 'open'),
+                                    (31, '00000000-0000-0000-0000-0000000000a1', 'open');
 INSERT INTO shop.drawers (register_id, counted) VALUES ('00000000-0000-0000-0000-0000000000a1', 5),
                                                        ('00000000-0000-0000-0000-0000000000b1', 7);
 SELECT provisioned, messages FROM sync.pass();
@@ -161,7 +167,12 @@ INSERT INTO cases VALUES
 (67, 'a column that differs in case', id(67)::uuid, up(67, '[{"t":"shop.sales","r":{"id":67,"total":1,"Note":"x"}}]')),
 -- Numbers past double's range reach numeric columns exactly; one that fits no column keeps its row alone.
 (68, 'numbers past double''s range', id(68)::uuid,
-    up(68, '[{"t":"shop.readings","r":{"id":68,"value":1e400}},{"t":"shop.readings","r":{"id":69,"value":-12345678901234567890123456789.000000000000000000001}},{"t":"shop.sales","r":{"id":68,"total":1e400}}]'));
+    up(68, '[{"t":"shop.readings","r":{"id":68,"value":1e400}},{"t":"shop.readings","r":{"id":69,"value":-12345678901234567890123456789.000000000000000000001}},{"t":"shop.sales","r":{"id":68,"total":1e400}}]')),
+-- A both table without a row policy: a register changes its own rows alone.
+(69, 'another register''s assignment', id(69)::uuid, up(69, '[{"t":"shop.assignments","r":{"id":30,"status":"hijacked"}}]')),
+(70, 'a new assignment (whose would it be?)', id(70)::uuid, up(70, '[{"t":"shop.assignments","r":{"id":32,"status":"mine now"}}]')),
+(71, 'its own assignment, beside another''s', id(71)::uuid,
+    up(71, '[{"t":"shop.assignments","r":{"id":31,"status":"done"}},{"t":"shop.assignments","r":{"id":30,"status":"done too"}}]'));
 
 -- What changes outside what receive writes for the relay (set_aside, answer, upload): the app's
 -- tables and the relay's state.
@@ -170,6 +181,7 @@ CREATE FUNCTION state() RETURNS TABLE (what text, digest text) LANGUAGE sql AS $
     UNION ALL SELECT 'shop.sales', md5(coalesce(string_agg(t::text, ',' ORDER BY t.id), '')) FROM shop.sales t
     UNION ALL SELECT 'shop.notes', md5(coalesce(string_agg(t::text, ',' ORDER BY t.id), '')) FROM shop.notes t
     UNION ALL SELECT 'shop.readings', md5(coalesce(string_agg(t::text, ',' ORDER BY t.id), '')) FROM shop.readings t
+    UNION ALL SELECT 'shop.assignments', md5(coalesce(string_agg(t::text, ',' ORDER BY t.id), '')) FROM shop.assignments t
     UNION ALL SELECT 'shop.drawers', md5(coalesce(string_agg(t::text, ',' ORDER BY t.register_id), '')) FROM shop.drawers t
     UNION ALL SELECT 'shop.registers', md5(coalesce(string_agg(t::text, ',' ORDER BY t.id), '')) FROM shop.registers t
     UNION ALL SELECT 'sync.codec', md5(coalesce(string_agg(t::text, ',' ORDER BY t.id), '')) FROM sync.codec t
@@ -235,6 +247,7 @@ FROM (SELECT * FROM cases ORDER BY n OFFSET 0) c, LATERAL run_case(c.message, c.
 SELECT id, total, short(note) AS note FROM shop.sales ORDER BY id;
 SELECT short(id) AS id, body FROM shop.notes ORDER BY id;
 SELECT id, value FROM shop.readings ORDER BY id;
+SELECT a.id, r.label, a.status FROM shop.assignments a LEFT JOIN shop.registers r ON r.id = a.register_id ORDER BY a.id;
 SELECT r.label, d.counted, d.opened_by FROM shop.drawers d JOIN shop.registers r ON r.id = d.register_id ORDER BY 1;
 SELECT * FROM shop.products;
 -- The receiver's role and settings ended with each call.

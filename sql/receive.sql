@@ -97,7 +97,8 @@ SELECT codec, key FROM sync.note ORDER BY seq;
 
 -- record is insert-if-absent: a second delivery with other content changes nothing. both takes
 -- its replica_columns on update (closed_at, absent from the upload, stays as it is) and ignores
--- the rest; an upload of only a key inserts nothing new over an existing row.
+-- the rest; a row that is not the replica's (a2's drawer, uploaded by a1) is kept, not inserted:
+-- a replica writes only rows it is sent.
 UPDATE shop.drawers SET closed_at = '2024-01-01 10:00+00';
 SELECT sync.receive('00000000-0000-0000-0000-0000000000a1', up('10000000-0000-0000-0000-000000000003', $$[
   {"t":"shop.sales","r":{"id":"5a1e0000-0000-0000-0000-000000000001","total":500}},

@@ -72,6 +72,18 @@ struct Codec {
     std::vector<Column> columns;         // key columns first, in key order
     std::vector<std::string> key_order;  // key columns' JSON names: the canonical member order
     std::string stamps;                  // {"column": value from known, ...}
+    // A both table's: who receives a row, as SQL over the row `t` and the replica's row `r` of
+    // the replicas relation `replicas` (sync.audience_sql). A replica changes only its own rows.
+    Value audience;
+    std::string replicas;
+};
+
+// What the senders' hooks say of the replica that files: what known() returned (none, with which
+// hook said so, when it is not known), and its row of the replicas relation (jsonb).
+struct Known {
+    Value known;
+    std::string unknown_because;
+    Value replica_row;
 };
 
 // The codecs of the tables an upload names, by table, with the columns filing may write.
@@ -87,7 +99,7 @@ std::map<std::string, Codec> load_codecs(Spi& spi, const std::vector<protocol::U
     pg::as_extension_owner([&] {
         found = spi.query(
             "SELECT table_name, relation, kind, column_name, is_key, may_file, is_stamp,"
-            " is_required"
+            " is_required, audience, replicas"
             " FROM sync.receive_codecs(ARRAY(SELECT jsonb_array_elements_text($1::jsonb)))",
             {"[" + list + "]"});
     });
@@ -106,6 +118,8 @@ std::map<std::string, Codec> load_codecs(Spi& spi, const std::vector<protocol::U
         codec.table = row[0].value();
         codec.relation = row[1].value();
         codec.kind = row[2].value();
+        codec.audience = row[8];
+        codec.replicas = row[9].value_or("");
         Column column;
         column.raw = row[3].value();
         column.name = pg::quote_identifier(column.raw);
@@ -163,7 +177,9 @@ Shape shape_of(const Codec& codec, const std::vector<Member>& members) {
 }
 
 // Rows come as a JSON array ($1), in order; stamps ($2) override what the replica sent. Every
-// value is a bound parameter, every identifier comes from the catalog, quoted.
+// value is a bound parameter, every identifier comes from the catalog, quoted. A both row changes
+// only when the stored row is the replica's ($3, its row of the replicas relation), and each row
+// the statement wrote says whether it is the replica's after it (returned).
 std::string insert_statement(const Codec& codec, const Shape& shape) {
     std::string columns, values, keys, sets;
     bool stamped = false;
@@ -188,15 +204,32 @@ std::string insert_statement(const Codec& codec, const Shape& shape) {
     }
     for (const Column* column : shape.update)
         sets += (sets.empty() ? "" : ", ") + column->name + " = excluded." + column->name;
-    return "INSERT INTO " + codec.relation + " (" + columns + ") SELECT " + values +
+    std::string mine, returning;
+    if (codec.audience) {
+        mine = "EXISTS (SELECT FROM jsonb_populate_record(NULL::" + codec.replicas +
+               ", $3::jsonb) r WHERE " + *codec.audience + ")";
+        returning = " RETURNING " + mine;
+    }
+    return "INSERT INTO " + codec.relation + " AS t (" + columns + ") SELECT " + values +
            " FROM jsonb_populate_recordset(NULL::" + codec.relation +
            ", $1::jsonb) WITH ORDINALITY AS p" +
            (stamped
                 ? " CROSS JOIN jsonb_populate_record(NULL::" + codec.relation + ", $2::jsonb) AS s"
                 : "") +
            stored_join + " ORDER BY p.ordinality ON CONFLICT (" + keys + ") " +
-           (sets.empty() ? "DO NOTHING" : "DO UPDATE SET " + sets);
+           (sets.empty() ? "DO NOTHING"
+                         : "DO UPDATE SET " + sets + (mine.empty() ? "" : " WHERE " + mine)) +
+           returning;
 }
+
+// A both row of another replica's, or one the upload would move out of its own: kept.
+class NotItsRow : public std::runtime_error {
+  public:
+    NotItsRow()
+        : std::runtime_error(
+              "the row is not one this replica is sent: a replica changes only its own rows of a"
+              " both table, and cannot move one out of them") {}
+};
 
 // Failures that the data may cure (a parent row that comes later, a duplicate that goes, a check
 // a trigger makes): the retry tries them again, backed off. Any other failure (a type, a check
@@ -273,17 +306,30 @@ void note_echo(std::string& echoes, const protocol::UpRow& row, const std::strin
 }
 
 void file_run(Spi& spi, const Run& run, const std::vector<protocol::UpRow>& rows,
-              std::vector<Kept>& kept, std::string& echoes) {
+              const Known& known, std::vector<Kept>& kept, std::string& echoes) {
     if (run.rows.empty()) return;
     const std::string statement = insert_statement(*run.codec, run.shape);
     const bool echoed = run.codec->kind == "both";
-    auto file = [&](const std::string& json_rows) {
-        pg::subtransaction([&] { spi.execute(statement, {json_rows, run.codec->stamps}); });
+    auto file = [&](const std::string& json_rows, size_t count) {
+        pg::subtransaction([&] {
+            if (!run.codec->audience) {
+                spi.execute(statement, {json_rows, run.codec->stamps});
+                return;
+            }
+            // Each row changed or inserted is the replica's; a row of another replica's (not
+            // changed: none returned for it) or one moved out of its rows keeps the lot.
+            const std::vector<pg::Row> written =
+                spi.query(statement, {json_rows, run.codec->stamps, known.replica_row});
+            const bool all_changed = run.shape.update.empty() || written.size() == count;
+            if (!all_changed || std::any_of(written.begin(), written.end(),
+                                            [](const pg::Row& r) { return r[0] != "t"; }))
+                throw NotItsRow();
+        });
     };
     std::string all = "[";
     for (size_t i : run.rows) all += (all.size() > 1 ? "," : "") + rows[i].row;
     try {
-        file(all + "]");
+        file(all + "]", run.rows.size());
         if (echoed) {
             for (size_t n = 0; n < run.rows.size(); ++n)
                 note_echo(echoes, rows[run.rows[n]], run.keys[n]);
@@ -295,14 +341,21 @@ void file_run(Spi& spi, const Run& run, const std::vector<protocol::UpRow>& rows
             kept.push_back(failed_row(run.rows[0], rows[run.rows[0]], run.keys[0], e));
             return;
         }
+    } catch (const NotItsRow& e) {
+        if (run.rows.size() == 1) {
+            kept.push_back(kept_row(run.rows[0], rows[run.rows[0]], run.keys[0], e.what()));
+            return;
+        }
     }
     for (size_t n = 0; n < run.rows.size(); ++n) {
         try {
-            file("[" + rows[run.rows[n]].row + "]");
+            file("[" + rows[run.rows[n]].row + "]", 1);
             if (echoed) note_echo(echoes, rows[run.rows[n]], run.keys[n]);
         } catch (const pg::PgError& e) {
             if (is_transient(e.sqlstate())) throw;
             kept.push_back(failed_row(run.rows[n], rows[run.rows[n]], run.keys[n], e));
+        } catch (const NotItsRow& e) {
+            kept.push_back(kept_row(run.rows[n], rows[run.rows[n]], run.keys[n], e.what()));
         }
     }
 }
@@ -319,14 +372,14 @@ std::string columns_lacking(const Codec& codec, const std::vector<Member>& membe
     return lacking;
 }
 
-std::vector<Kept> file_rows(Spi& spi, const std::vector<protocol::UpRow>& rows,
-                            const std::string& known, std::string& echoes) {
+std::vector<Kept> file_rows(Spi& spi, const std::vector<protocol::UpRow>& rows, const Known& known,
+                            std::string& echoes) {
     std::vector<Kept> kept;
     if (rows.empty()) return kept;
-    const std::map<std::string, Codec> codecs = load_codecs(spi, rows, known);
+    const std::map<std::string, Codec> codecs = load_codecs(spi, rows, *known.known);
     Run run;
     auto flush = [&] {
-        file_run(spi, run, rows, kept, echoes);
+        file_run(spi, run, rows, known, kept, echoes);
         run = Run{};
     };
     for (size_t i = 0; i < rows.size(); ++i) {
@@ -481,16 +534,13 @@ const char* const kNulReason =
 
 // What the senders' hooks say of `replica`: what known() returned, after filing() ran with it;
 // none, with which hook said so, when the replica is not known.
-struct Known {
-    Value known;
-    std::string unknown_because;
-};
-
 Known known_replica(Spi& spi, const std::string& replica) {
     pg::Row setup;
     pg::as_extension_owner([&] {
-        setup = spi.query("SELECT known, filing, live FROM sync.receive_setup($1::uuid)", {replica})
-                    .at(0);
+        setup =
+            spi.query("SELECT known, filing, live, replica_row FROM sync.receive_setup($1::uuid)",
+                      {replica})
+                .at(0);
     });
     const Value& known_function = setup[0];
     const Value& filing_function = setup[1];
@@ -500,10 +550,12 @@ Known known_replica(Spi& spi, const std::string& replica) {
     else if (setup[2] == "t")
         known = "{}";
     if (!known)
-        return {std::nullopt, known_function ? *known_function + "() does not know"
-                                             : std::string("is not a live replica")};
+        return {std::nullopt,
+                known_function ? *known_function + "() does not know"
+                               : std::string("is not a live replica"),
+                std::nullopt};
     if (filing_function) spi.execute("SELECT " + *filing_function + "($1::jsonb)", {*known});
-    return {known, ""};
+    return {known, "", setup[3]};
 }
 
 protocol::Limits upload_limits() {
@@ -548,7 +600,7 @@ std::string receive(Spi& spi, const std::string& replica, const std::string& mes
         status = "answered again";
     } else {
         std::string echoes;
-        kept = kept_json(file_rows(spi, upload.rows, *known.known, echoes));
+        kept = kept_json(file_rows(spi, upload.rows, known, echoes));
         if (!echoes.empty())
             pg::as_extension_owner([&] {
                 spi.execute("SELECT sync.upload_echoes($1::uuid, $2::uuid, $3::jsonb)",
@@ -621,7 +673,7 @@ std::string bytes_of_hex(const std::string& hex) {
 // A message kept whole is decoded again under today's limits and, when it decodes, filed under its
 // own id and answered: the answer replaces "kept whole". What it said of the replica then (applied,
 // untaken, holds) is out of date and not taken.
-Refiled refile_message(Spi& spi, const KeptItem& item, const std::string& known) {
+Refiled refile_message(Spi& spi, const KeptItem& item, const Known& known) {
     protocol::Upload upload;
     try {
         upload = protocol::decode_upload(item.body, upload_limits());
@@ -647,7 +699,7 @@ Refiled refile_message(Spi& spi, const KeptItem& item, const std::string& known)
 // statement and, when it fails, each in its own subtransaction. Their `filed` answer is the
 // retry's to write, under their own upload ids. Not echoed: the replica does not hold what it
 // was told was kept, so the rows go back to it like any change.
-void refile_rows(Spi& spi, const std::vector<const KeptItem*>& items, const std::string& known,
+void refile_rows(Spi& spi, const std::vector<const KeptItem*>& items, const Known& known,
                  std::vector<Refiled>& out) {
     std::vector<protocol::UpRow> rows;
     std::vector<const KeptItem*> filed_items;
@@ -728,11 +780,11 @@ void refile_group(Spi& spi, const std::vector<KeptItem>& items, size_t begin, si
         std::vector<const KeptItem*> rows;
         for (size_t i = begin; i < end; ++i) {
             if (items[i].whole)
-                out.push_back(refile_message(spi, items[i], *known.known));
+                out.push_back(refile_message(spi, items[i], known));
             else
                 rows.push_back(&items[i]);
         }
-        refile_rows(spi, rows, *known.known, out);
+        refile_rows(spi, rows, known, out);
     } catch (...) {
         pg::undo_settings(level);
         throw;

@@ -627,7 +627,8 @@ $$;
 -- The privileges filing needs that a role which files uploads lacks, per table: the route's roles
 -- (members of sync_receiver), or magic_sync.role when it is set. A record row is inserted if
 -- absent (INSERT ... ON CONFLICT (key) DO NOTHING: INSERT, and SELECT on the key); a both row is
--- inserted or its replica_columns changed (also UPDATE on those, and SELECT on them).
+-- inserted or its replica_columns changed (also UPDATE on those, and SELECT on them and on the
+-- columns that say whose it is: its "to" column and the partition column).
 CREATE FUNCTION sync.filing_grant_problems()
 RETURNS TABLE (declaration text, problem text, fix text)
 LANGUAGE sql STABLE
@@ -645,6 +646,10 @@ AS $$
         FROM sync.codec c
         CROSS JOIN LATERAL (VALUES ('INSERT', NULL::name[]), ('SELECT', c.key_columns),
                                    ('SELECT', CASE WHEN c.kind = 'both' THEN c.replica_columns END),
+                                   -- a both row is changed only when it is the replica's
+                                   ('SELECT', CASE WHEN c.kind = 'both' THEN array_remove(ARRAY[
+                                       c.to_column, (SELECT s.partitioned_by FROM sync.replica_set s)],
+                                       NULL) END),
                                    ('UPDATE', CASE WHEN c.kind = 'both' THEN c.replica_columns END))
                            AS n(privilege, columns)
         WHERE c.kind IN ('record', 'both') AND (n.privilege = 'INSERT' OR n.columns IS NOT NULL)),

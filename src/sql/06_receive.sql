@@ -30,13 +30,21 @@ AS 'MODULE_PATHNAME', 'magic_sync_encode_filed' LANGUAGE C IMMUTABLE STRICT PARA
 CREATE FUNCTION sync.filed_parts(replica uuid, payload jsonb, max_bytes bigint) RETURNS jsonb
 AS 'MODULE_PATHNAME', 'magic_sync_filed_parts' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
--- The senders' hooks as qualified function names (NULL: the default), and whether the replica
--- is live, which is what the default known() asks.
-CREATE FUNCTION sync.receive_setup(replica uuid, OUT known text, OUT filing text, OUT live boolean)
+-- The senders' hooks as qualified function names (NULL: the default), whether the replica is
+-- live, which is what the default known() asks, and its row of the replicas relation (what a
+-- both row's audience is worked out against).
+CREATE FUNCTION sync.receive_setup(replica uuid, OUT known text, OUT filing text, OUT live boolean,
+                                   OUT replica_row jsonb)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    replicas regclass := (SELECT s.relation FROM sync.replica_set s);
 BEGIN
+    IF replicas IS NOT NULL THEN
+        EXECUTE format('SELECT to_jsonb(r) FROM %s r WHERE r.id = $1', replicas)
+        INTO replica_row USING receive_setup.replica;
+    END IF;
     SELECT (SELECT format('%I.%I', n.nspname, p.proname) FROM pg_proc p
             JOIN pg_namespace n ON n.oid = p.pronamespace WHERE p.oid = s.known),
            (SELECT format('%I.%I', n.nspname, p.proname) FROM pg_proc p
@@ -55,7 +63,8 @@ $$;
 -- declared, answers which of them it filed.
 CREATE FUNCTION sync.receive_codecs(tables text[])
 RETURNS TABLE (table_name text, relation text, kind text, column_name text, is_key boolean,
-               may_file boolean, is_stamp boolean, is_required boolean)
+               may_file boolean, is_stamp boolean, is_required boolean, audience text,
+               replicas text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -72,7 +81,9 @@ BEGIN
                        ELSE false END,
            a.attname = ANY (c.stamp),
            -- A row cannot be without it: NOT NULL, and nothing fills it in.
-           a.attnotnull AND NOT a.atthasdef AND a.attidentity = ''
+           a.attnotnull AND NOT a.atthasdef AND a.attidentity = '',
+           CASE WHEN c.kind = 'both' THEN sync.audience_sql(c.id, 't', 'r') END,
+           (SELECT s.relation::text FROM sync.replica_set s)
     FROM sync.codec c
     JOIN pg_class t ON t.oid = c.relation
     JOIN pg_namespace n ON n.oid = t.relnamespace
@@ -90,7 +101,8 @@ BEGIN
         END;
         CONTINUE WHEN user_table IS NULL OR sync.relation_name(user_table) <> undeclared;
         RETURN QUERY
-        SELECT undeclared, undeclared, 'undeclared'::text, k.attname::text, true, false, false, false
+        SELECT undeclared, undeclared, 'undeclared'::text, k.attname::text, true, false, false, false,
+               NULL::text, NULL::text
         FROM pg_class t
         JOIN pg_namespace n ON n.oid = t.relnamespace
         CROSS JOIN LATERAL unnest(sync.key_columns(t.oid)) WITH ORDINALITY AS k(attname, ord)
