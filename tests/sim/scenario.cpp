@@ -46,7 +46,8 @@ const std::vector<StepKind>& step_kinds() {
         {"upload_both", "uploads", "a replica writes the replica columns of a both row it holds"},
         {"upload_resend", "uploads", "an upload sent again through sync.receive"},
         {"upload_failing", "uploads", "a record row that fails a CHECK or a foreign key"},
-        {"upload_fix", "uploads", "the CHECK dropped or the parent inserted"},
+        {"upload_fix", "uploads", "the CHECK dropped, the parent inserted or the column added"},
+        {"upload_new_column", "uploads", "a record row with a column its table does not have yet"},
         {"upload_late_table", "uploads", "a row of a table not declared yet"},
         {"declare_late", "uploads", "that table declared"},
         {"upload_catalog", "uploads", "a replica writes a catalog row (refused, kept)"},
@@ -739,6 +740,7 @@ class Generator {
             {"upload_resend", 2},
             {"upload_failing", 2},
             {"upload_fix", 3},
+            {"upload_new_column", 1},
             {"upload_late_table", 1},
             {"declare_late", 2},
             {"upload_catalog", 1},
@@ -1242,6 +1244,23 @@ class Generator {
         }
         if (ids.empty()) return false;
         int n = rng_.pick(ids);
+        if (kind == "upload_new_column") {
+            // A device one version ahead: kept, naming the column, until the column is added.
+            std::vector<Table*> tables = tables_where([](const Table& t) {
+                return t.kind == Kind::Record && t.declared && t.late_blocker == 0;
+            });
+            if (tables.empty()) return false;
+            Table& t = *rng_.pick(tables);
+            int id = next_record();
+            nlohmann::json row = record_row(t, n, id);
+            int blocker = next_blocker_++;
+            std::string column = "ahead_" + std::to_string(blocker);
+            row[column] = "from version " + std::to_string(blocker);
+            blockers_[blocker] = "ALTER TABLE " + t.qualified() + " ADD COLUMN " + column + " text";
+            write(kind, n, t.qualified(), row, {{"id", record_uuid(id)}}, "id", blocker, false,
+                  true);
+            return true;
+        }
         if (kind == "upload_record" || kind == "upload_failing") {
             std::vector<Table*> tables = tables_where([](const Table& t) {
                 return t.kind == Kind::Record && t.declared && t.late_blocker == 0;
