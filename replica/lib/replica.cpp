@@ -784,12 +784,12 @@ std::optional<PreparedUpload> Replica::prepare_upload() {
     return prepared;
 }
 
-void Replica::mark_sent(const std::string& upload_id) {
+void Replica::mark_sent(const std::string& upload_id, const std::optional<std::string>& sent_body) {
     std::lock_guard<std::mutex> lock(mutex_);
     Transaction transaction(database_);
     Statement stored = database_.prepare("SELECT body FROM uploads WHERE id = ?1 AND sent = 0");
     if (!stored.bind(1, upload_id).step()) return;  // marked before, or answered already
-    protocol::Upload upload = protocol::decode_upload(stored.text(0));
+    protocol::Upload upload = protocol::decode_upload(sent_body ? *sent_body : stored.text(0));
     stored.run();
 
     Statement advertise = database_.prepare(

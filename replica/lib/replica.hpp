@@ -121,7 +121,11 @@ class Replica {
     // applied, untaken and holds brought up to date.
     std::optional<PreparedUpload> prepare_upload();
     // The server took the upload (sync.receive returned): what it advertised is not said again.
-    void mark_sent(const std::string& upload_id);
+    // `sent_body`: the body that went, when it is known; what it said (holds, untaken, applied)
+    // is what the server heard, though the upload may have been taken again since (brought up
+    // to date under the same id). Without it, the upload as last taken.
+    void mark_sent(const std::string& upload_id,
+                   const std::optional<std::string>& sent_body = std::nullopt);
 
     int64_t generation();
     int64_t applied_seq();  // of the last message applied in this generation

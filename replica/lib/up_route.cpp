@@ -56,7 +56,7 @@ std::vector<std::string> send_uploads(Replica& replica, PostgresUpRoute& route) 
     std::vector<std::string> sent;
     while (std::optional<PreparedUpload> upload = replica.prepare_upload()) {
         route.send(replica.id(), upload->body);
-        replica.mark_sent(upload->id);
+        replica.mark_sent(upload->id, upload->body);
         sent.push_back(upload->id);
     }
     return sent;

@@ -656,6 +656,31 @@ TEST_F(ReplicaTest, AnswersToAcknowledgementsAreNotAcknowledged) {
     EXPECT_FALSE(replica.prepare_upload());
 }
 
+TEST_F(ReplicaTest, WhatIsTakenAsSaidIsWhatWasSent) {
+    replica.apply(rows_message(
+        1, 1, {chunk("all", 0, 4, {row(kProducts, id_key(1), product(1, "a"))})}, {"*"}));
+    replica.write(kSales, R"({"id":1,"total":5})");
+    std::optional<PreparedUpload> sent = replica.prepare_upload();
+    ASSERT_TRUE(sent);
+    EXPECT_EQ(sent->upload.holds["all"].through, 4);
+    // While it is on its way, the upload is taken again (by the app, or another process on the
+    // file), brought up to date under the same id.
+    replica.apply(
+        rows_message(1, 2, {chunk("all", 4, 6, {row(kProducts, id_key(2), product(2, "b"))})}));
+    std::optional<PreparedUpload> again = replica.prepare_upload();
+    ASSERT_TRUE(again);
+    EXPECT_EQ(again->id, sent->id);
+    EXPECT_EQ(again->upload.holds["all"].through, 6);
+    // The first send is the one that went through: the server heard of "all" through 4 only,
+    // so the next upload says through 6.
+    replica.mark_sent(sent->id, sent->body);
+    std::optional<PreparedUpload> next = replica.prepare_upload();
+    ASSERT_TRUE(next);
+    EXPECT_NE(next->id, sent->id);
+    ASSERT_EQ(next->upload.holds.count("all"), 1u);
+    EXPECT_EQ(next->upload.holds["all"].through, 6);
+}
+
 TEST_F(ReplicaTest, AnAnswerToAnUploadAnsweredBeforeIsAcknowledged) {
     replica.apply(rows_message(1, 1, {}, {"*"}));
     replica.write(kSales, R"({"id":1,"total":5})");
