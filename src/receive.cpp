@@ -84,6 +84,9 @@ struct Known {
     Value known;
     std::string unknown_because;
     Value replica_row;
+    // The last change of what filing depends on committed before the declarations were read: a
+    // row kept now is tried again after any later one (sync.keep_upload).
+    Value change;
 };
 
 // The codecs of the tables an upload names, by table, with the columns filing may write.
@@ -453,13 +456,14 @@ Value filing_role(Spi& spi) { return spi.scalar("SELECT current_user::text"); }
 
 void finish_upload(Spi& spi, const std::string& replica, const std::string& id,
                    const std::string& kept, const Value& applied, const std::string& untaken,
-                   const std::string& holds, bool answered) {
+                   const std::string& holds, bool answered, const Value& change = std::nullopt) {
     const Value role = filing_role(spi);
     pg::as_extension_owner([&] {
         spi.execute(
             "SELECT sync.upload_end($1::uuid, $2::uuid, $3::jsonb, $4::bigint, $5::jsonb,"
-            " $6::jsonb, $7::boolean, $8::name)",
-            {replica, id, kept, applied, untaken, holds, answered ? "true" : "false", role});
+            " $6::jsonb, $7::boolean, $8::name, $9::bigint)",
+            {replica, id, kept, applied, untaken, holds, answered ? "true" : "false", role,
+             change});
     });
     // The relay moves the answer and applies the confirmation as soon as this commits.
     pg::wake_relay_at_commit();
@@ -537,10 +541,11 @@ const char* const kNulReason =
 Known known_replica(Spi& spi, const std::string& replica) {
     pg::Row setup;
     pg::as_extension_owner([&] {
-        setup =
-            spi.query("SELECT known, filing, live, replica_row FROM sync.receive_setup($1::uuid)",
-                      {replica})
-                .at(0);
+        setup = spi.query(
+                       "SELECT known, filing, live, replica_row, change"
+                       " FROM sync.receive_setup($1::uuid)",
+                       {replica})
+                    .at(0);
     });
     const Value& known_function = setup[0];
     const Value& filing_function = setup[1];
@@ -553,9 +558,9 @@ Known known_replica(Spi& spi, const std::string& replica) {
         return {std::nullopt,
                 known_function ? *known_function + "() does not know"
                                : std::string("is not a live replica"),
-                std::nullopt};
+                std::nullopt, std::nullopt};
     if (filing_function) spi.execute("SELECT " + *filing_function + "($1::jsonb)", {*known});
-    return {known, "", setup[3]};
+    return {known, "", setup[3], setup[4]};
 }
 
 protocol::Limits upload_limits() {
@@ -611,7 +616,7 @@ std::string receive(Spi& spi, const std::string& replica, const std::string& mes
     Value applied;
     if (upload.applied) applied = std::to_string(*upload.applied);
     finish_upload(spi, replica, upload.id, kept, applied, protocol::untaken_json(upload),
-                  protocol::holds_json(upload), !upload.rows.empty() || kept != "[]");
+                  protocol::holds_json(upload), !upload.rows.empty() || kept != "[]", known.change);
     return status;
 }
 
@@ -686,7 +691,8 @@ Refiled refile_message(Spi& spi, const KeptItem& item, const Known& known) {
             seen_before(spi, item.replica, upload.id);
             std::string echoes;
             std::string kept = kept_json(file_rows(spi, upload.rows, known, echoes));
-            finish_upload(spi, item.replica, upload.id, kept, std::nullopt, "[]", "{}", true);
+            finish_upload(spi, item.replica, upload.id, kept, std::nullopt, "[]", "{}", true,
+                          known.change);
         });
     } catch (const Error& e) {
         if (ends_the_retry(e.sqlstate())) throw;

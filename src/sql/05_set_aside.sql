@@ -9,16 +9,25 @@
 -- What filing depends on besides the rows themselves, as a counter: it moves on every DDL command
 -- (a deploy, a declaration, a grant, a policy), every change of the declarations or the senders'
 -- hooks, and whenever the relay takes its lock (a new build). A kept upload that no data can cure
--- waits for it to move.
+-- waits for it to move. Each change is logged with its number in its own transaction, and the
+-- retry goes by the last one committed: a change still in flight (a declaration not committed
+-- yet) is seen once it commits, not before (the retry would try the upload without it, and never
+-- again).
 CREATE SEQUENCE sync.filing_change;
-SELECT nextval('sync.filing_change');
 -- Dumped with the kept uploads, whose change_seen counts on it.
 SELECT pg_catalog.pg_extension_config_dump('sync.filing_change', '');
+CREATE TABLE sync.filing_change_log (n bigint PRIMARY KEY);
 
 CREATE FUNCTION sync.filing_changed() RETURNS bigint
 LANGUAGE sql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-RETURN nextval('sync.filing_change');
+AS $$ INSERT INTO sync.filing_change_log VALUES (nextval('sync.filing_change')) RETURNING n $$;
+
+-- The last change committed.
+CREATE FUNCTION sync.filing_change_committed() RETURNS bigint
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT coalesce(max(n), 0) FROM sync.filing_change_log $$;
 
 -- Temporary tables (the relay plans in some) change nothing filing depends on.
 CREATE FUNCTION sync.note_ddl() RETURNS event_trigger
@@ -110,9 +119,11 @@ $$;
 -- `filed_as` under the session's filing settings: the rows of `kept` that carry a body
 -- ([{"t", "k", "reason", "body", "waits"}]), or (`kept` NULL) `message` whole. `waits`: only a
 -- change of what filing depends on can cure it; otherwise it is tried again, backed off.
+-- `change_seen`: the last change committed before filing read the declarations (NULL: now), so
+-- that a change that committed while the upload was being filed makes it tried again.
 CREATE FUNCTION sync.keep_upload(replica uuid, upload uuid, filed_as name, kept jsonb,
                                  message bytea DEFAULT NULL, reason text DEFAULT NULL,
-                                 waits boolean DEFAULT true)
+                                 waits boolean DEFAULT true, change_seen bigint DEFAULT NULL)
 RETURNS void
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
@@ -124,7 +135,7 @@ AS $$
            coalesce(e->>'reason', keep_upload.reason),
            keep_upload.filed_as, sync.filing_settings(),
            CASE WHEN coalesce((e->'waits')::boolean, keep_upload.waits) THEN NULL ELSE now() END,
-           (SELECT last_value FROM sync.filing_change)
+           coalesce(keep_upload.change_seen, sync.filing_change_committed())
     FROM (SELECT e, i FROM jsonb_array_elements(keep_upload.kept) WITH ORDINALITY AS x(e, i)
           WHERE e ? 'body'
           UNION ALL SELECT NULL, 1 WHERE keep_upload.kept IS NULL) AS x
@@ -217,7 +228,7 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    change bigint := (SELECT last_value FROM sync.filing_change);
+    change bigint := sync.filing_change_committed();
     started timestamptz := clock_timestamp();
     chunk int;
     due bigint[];
@@ -225,6 +236,7 @@ DECLARE
     chunk_kept bigint;
 BEGIN
     PERFORM sync.relay_lock();
+    DELETE FROM sync.filing_change_log l WHERE l.n < change;
     filed := 0;
     kept := 0;
     LOOP

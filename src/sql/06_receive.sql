@@ -34,13 +34,14 @@ AS 'MODULE_PATHNAME', 'magic_sync_filed_parts' LANGUAGE C IMMUTABLE STRICT PARAL
 -- live, which is what the default known() asks, and its row of the replicas relation (what a
 -- both row's audience is worked out against).
 CREATE FUNCTION sync.receive_setup(replica uuid, OUT known text, OUT filing text, OUT live boolean,
-                                   OUT replica_row jsonb)
+                                   OUT replica_row jsonb, OUT change bigint)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     replicas regclass := (SELECT s.relation FROM sync.replica_set s);
 BEGIN
+    change := sync.filing_change_committed();
     IF replicas IS NOT NULL THEN
         EXECUTE format('SELECT to_jsonb(r) FROM %s r WHERE r.id = $1', replicas)
         INTO replica_row USING receive_setup.replica;
@@ -152,7 +153,8 @@ $$;
 -- message kept whole and filed by the retry is answered with what was filed of it.
 CREATE FUNCTION sync.upload_end(replica uuid, upload uuid, kept jsonb, applied bigint,
                                 untaken jsonb, holds jsonb, answered boolean,
-                                filed_as name DEFAULT NULL) RETURNS void
+                                filed_as name DEFAULT NULL, change_seen bigint DEFAULT NULL)
+RETURNS void
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -166,7 +168,8 @@ DECLARE
 BEGIN
     IF kept <> '[]' THEN
         PERFORM sync.keep_upload(upload_end.replica, upload_end.upload,
-                                 sync.filer(upload_end.filed_as), kept);
+                                 sync.filer(upload_end.filed_as), kept,
+                                 change_seen => upload_end.change_seen);
     END IF;
     UPDATE sync.upload u SET kept = answer
     WHERE u.replica = upload_end.replica AND u.id = upload_end.upload AND u.kept <> answer;
@@ -239,7 +242,7 @@ $$;
 REVOKE ALL ON FUNCTION sync.receive(uuid, bytea), sync.encode_filed(uuid, bigint, bigint, jsonb),
     sync.filed_parts(uuid, jsonb, bigint),
     sync.receive_setup(uuid), sync.receive_codecs(text[]), sync.upload_begin(uuid, uuid),
-    sync.upload_end(uuid, uuid, jsonb, bigint, jsonb, jsonb, boolean, name),
+    sync.upload_end(uuid, uuid, jsonb, bigint, jsonb, jsonb, boolean, name, bigint),
     sync.keep_message(uuid, bytea, text, name, uuid, boolean), sync.filer(name),
     sync.upload_echoes(uuid, uuid, jsonb)
     FROM PUBLIC;
