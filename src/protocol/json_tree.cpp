@@ -1,6 +1,7 @@
 #include "protocol/json_tree.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -10,8 +11,9 @@ namespace magic_sync::protocol {
 
 namespace {
 
-// Floats as long double: a number past double's range (1e400) is no error while parsing. Its
-// value is never used (a number travels as its lexeme), and numeric columns take it exactly.
+// Floats as long double: a number past double's range (1e400) is no error while parsing an
+// upload. Its value is never used (a number travels as its lexeme), and numeric columns take it
+// exactly; a whole document (a row the server encodes) still refuses it.
 using Json = nlohmann::basic_json<std::map, std::vector, std::string, bool, std::int64_t,
                                   std::uint64_t, long double>;
 
@@ -62,7 +64,14 @@ class TreeBuilder : public nlohmann::json_sax<Json> {
         return scalar(JsonNode::Type::kNumber, std::to_string(value));
     }
 
-    bool number_float(number_float_t, const string_t& lexeme) override {
+    bool number_float(number_float_t value, const string_t& lexeme) override {
+        // A row the server sends is refused a number no double holds (a replica may read it as
+        // one); an upload's row is not: numeric columns take it exactly.
+        if (placement_ == PayloadPlacement::kWholeDocument &&
+            !std::isfinite(static_cast<double>(value))) {
+            throw DecodeError("invalid JSON: " +
+                              printable("number overflow parsing '" + lexeme + "'"));
+        }
         return scalar(JsonNode::Type::kNumber, lexeme);
     }
 

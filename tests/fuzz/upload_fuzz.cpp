@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -28,7 +29,9 @@ namespace {
 namespace protocol = magic_sync::protocol;
 using magic_sync::fuzz::check;
 using magic_sync::fuzz::fail;
-using Json = nlohmann::json;
+// Floats as the protocol reads them: long double, so a number past double's range is a number.
+using Json = nlohmann::basic_json<std::map, std::vector, std::string, bool, std::int64_t,
+                                  std::uint64_t, long double>;
 
 std::string canonical_or_fail(const std::string& text, const char* property) {
     try {

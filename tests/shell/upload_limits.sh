@@ -30,7 +30,7 @@ SQL
 status=0
 expected="kept
 upload: lists of more than 21024 entries (rows: at most 10000)
-upload: invalid JSON: lists of more than 21024 entries (rows: at most 10000)"
+upload: lists of more than 21024 entries (rows: at most 10000)"
 if [ "$(echo "$result" | head -3)" != "$expected" ]; then
     echo "expected:"
     echo "$expected"

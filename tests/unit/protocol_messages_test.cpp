@@ -477,6 +477,15 @@ TEST(Refuse, OversizeBeforeParsing) {
               "down message: message is 17000000 bytes, over the limit of 16777216");
 }
 
+TEST(Refuse, NothingForANumberPastDoublesRangeInAnUploadedRow) {
+    Upload upload;
+    upload.id = kUpload;
+    upload.rows = {UpRow{"x", R"({"n":1e400,"m":-12345678901234567890.5e-400})"}};
+    Upload decoded = decode_upload(encode(upload));
+    ASSERT_EQ(decoded.rows.size(), 1u);
+    EXPECT_EQ(decoded.rows[0].row, R"({"m":-12345678901234567890.5e-400,"n":1e400})");
+}
+
 TEST(Refuse, TooManyRows) {
     Limits limits;
     limits.max_rows = 2;
