@@ -817,10 +817,14 @@ PassCounts run_pass(Spi& spi) {
     ensure_temp_tables(spi);
     clear_all_temp_tables(spi);
     PassCounts counts;
-    ReplicaSet replicas = replica_set(spi);
     note_rows_the_limit_changed(spi);
     forget_dropped_codecs(spi);
     counts.notes = take_notes(spi);
+    // Read after the notes are taken: each statement sees what committed before it began, so a
+    // declaration of the replicas committed with the notes it made (sync.replicas and the first
+    // replica, in one transaction or two) is seen by the statements that plan those notes. Read
+    // before, it was not, and the notes were planned as if no replicas were declared: dropped.
+    ReplicaSet replicas = replica_set(spi);
     expand_whole_codecs(spi, replicas);
     analyze_if_large(spi, "magic_sync_note",
                      count_of(spi.scalar("SELECT count(*) FROM pg_temp.magic_sync_note")));
