@@ -3,9 +3,8 @@
 -- sync.receive() runs as its caller, so row-level security applies to what it files. What it
 -- writes to sync tables goes through the helpers below, which it runs as the extension's owner
 -- and which no other role may call; the receiver gets no grant on any sync table, so it cannot
--- read the outboxes. The helpers
--- write only what the relay reads later (sync.upload, sync.answer, sync.confirmation,
--- sync.holding, sync.set_aside) and never update a row the relay pass locks.
+-- read the outboxes. The helpers write only what the relay reads later (sync.upload, sync.answer,
+-- sync.confirmation, sync.holding, sync.set_aside) and never update a row the relay pass locks.
 
 -- Files an upload from `replica` (the one the route authenticated). Returns 'filed', 'answered
 -- again' (an upload id filed before), 'kept' (a message that could not be decoded, set aside
@@ -58,10 +57,12 @@ $$;
 
 -- The codecs of `tables` (names as on the wire), one row per column of the table: key columns
 -- first in key order. may_file: a record's travelling columns, a both's replica_columns; never a
--- generated column. A row naming a column not listed here is kept (the table lacks it). A name that is no codec's but a user table's (not yet
--- declared) gives that table's primary key columns, kind 'undeclared': a row kept for it is
--- named by its key, so the device can tell its rows apart and the retry, once the table is
--- declared, answers which of them it filed.
+-- generated column. A row naming a column not listed here is kept (the table lacks it). A name
+-- that is no codec's but a user table's (not yet declared) gives that table's primary key
+-- columns, kind 'undeclared': a row kept for it is named by its key, so the device can tell its
+-- rows apart and the retry, once the table is declared, answers which of them it filed.
+-- audience: a both codec's rule as SQL over the row `t` and the replica's row `r` of the
+-- replicas relation (`replicas`).
 CREATE FUNCTION sync.receive_codecs(tables text[])
 RETURNS TABLE (table_name text, relation text, kind text, column_name text, is_key boolean,
                may_file boolean, is_stamp boolean, is_required boolean, audience text,
