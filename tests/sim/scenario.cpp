@@ -1274,9 +1274,11 @@ class Generator {
                 blocker = next_blocker_++;
                 if (rng_.chance(50)) {
                     std::string constraint = "qty_limit_" + std::to_string(blocker);
+                    // Refuses this row alone: a check that refused every blocked row would keep
+                    // an earlier one after its own fix.
                     add(kind, Action::Sql,
                         "ALTER TABLE " + t.qualified() + " ADD CONSTRAINT " + constraint +
-                            " CHECK (qty < 1000) NOT VALID");
+                            " CHECK (qty <> " + std::to_string(5000 + blocker) + ") NOT VALID");
                     blockers_[blocker] =
                         "ALTER TABLE " + t.qualified() + " DROP CONSTRAINT " + constraint;
                     row["qty"] = 5000 + blocker;
