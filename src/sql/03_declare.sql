@@ -64,6 +64,18 @@ AS $$
     WHERE i.indrelid = relation AND i.indisprimary
 $$;
 
+-- The columns a row of `relation` cannot be without: NOT NULL, and nothing fills them in (no
+-- default, no identity; a generated column has a default).
+CREATE FUNCTION sync.required_columns(relation regclass) RETURNS name[]
+LANGUAGE sql STABLE STRICT
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(array_agg(a.attname ORDER BY a.attnum), '{}')
+    FROM pg_attribute a
+    WHERE a.attrelid = relation AND a.attnum > 0 AND NOT a.attisdropped
+      AND a.attnotnull AND NOT a.atthasdef AND a.attidentity = ''
+$$;
+
 -- Refuses unless every column in `columns` exists in `relation`; `what` names the argument.
 CREATE FUNCTION sync.require_columns(relation regclass, columns name[], what text) RETURNS void
 LANGUAGE plpgsql STABLE
@@ -650,7 +662,12 @@ AS $$
                                    ('SELECT', CASE WHEN c.kind = 'both' THEN array_remove(ARRAY[
                                        c.to_column, (SELECT s.partitioned_by FROM sync.replica_set s)],
                                        NULL) END),
-                                   ('UPDATE', CASE WHEN c.kind = 'both' THEN c.replica_columns END))
+                                   ('UPDATE', CASE WHEN c.kind = 'both' THEN c.replica_columns END),
+                                   -- what a both row cannot be without and the replica may not
+                                   -- write is read from the stored row
+                                   ('SELECT', CASE WHEN c.kind = 'both' THEN ARRAY(
+                                       SELECT col FROM unnest(sync.required_columns(c.relation)) col
+                                       WHERE col <> ALL (c.key_columns || c.replica_columns || c.stamp)) END))
                            AS n(privilege, columns)
         WHERE c.kind IN ('record', 'both') AND (n.privilege = 'INSERT' OR n.columns IS NOT NULL)),
     missing AS (
@@ -661,15 +678,29 @@ AS $$
         WHERE CASE WHEN n.columns IS NULL THEN NOT has_table_privilege(f.oid, n.relation, n.privilege)
                    ELSE EXISTS (SELECT FROM unnest(n.columns) col
                                 WHERE NOT has_column_privilege(f.oid, n.relation, col, n.privilege)) END)
-    SELECT format('%s %s', m.kind, m.table_name),
-           format('role %s, which files uploads, lacks %s%s on it: every row it files there is kept',
-                  m.rolname, m.privilege,
-                  coalesce(' (' || array_to_string(m.columns, ', ') || ')', '')),
-           format('GRANT %s%s ON %s TO %I;', m.privilege,
-                  coalesce(' (' || (SELECT string_agg(quote_ident(col), ', ') FROM unnest(m.columns) col) || ')', ''),
-                  m.table_name, m.rolname)
-    FROM missing m
-    ORDER BY m.table_name, m.rolname, m.privilege
+    SELECT declaration, problem, fix FROM (
+        SELECT format('%s %s', m.kind, m.table_name) AS declaration,
+               format('role %s, which files uploads, lacks %s%s on it: every row it files there is kept',
+                      m.rolname, m.privilege,
+                      coalesce(' (' || array_to_string(m.columns, ', ') || ')', '')) AS problem,
+               format('GRANT %s%s ON %s TO %I;', m.privilege,
+                      coalesce(' (' || (SELECT string_agg(quote_ident(col), ', ') FROM unnest(m.columns) col) || ')', ''),
+                      m.table_name, m.rolname) AS fix,
+               m.table_name, m.rolname, 1 AS step, m.privilege
+        FROM missing m
+        UNION ALL
+        -- the table is reached through its schema
+        SELECT format('%s %s', c.kind, c.table_name),
+               format('role %s, which files uploads, lacks USAGE on schema %s: every row it files there is kept',
+                      f.rolname, n.nspname),
+               format('GRANT USAGE ON SCHEMA %I TO %I;', n.nspname, f.rolname),
+               c.table_name, f.rolname, 0, 'USAGE'
+        FROM sync.codec c
+        JOIN pg_class t ON t.oid = c.relation
+        JOIN pg_namespace n ON n.oid = t.relnamespace
+        CROSS JOIN filers f
+        WHERE c.kind IN ('record', 'both') AND NOT has_schema_privilege(f.oid, n.oid, 'USAGE')) p
+    ORDER BY table_name, rolname, step, privilege
 $$;
 
 CREATE FUNCTION sync.check()

@@ -82,13 +82,13 @@ BEGIN
                        WHEN 'both' THEN a.attname = ANY (c.replica_columns)
                        ELSE false END,
            a.attname = ANY (c.stamp),
-           -- A row cannot be without it: NOT NULL, and nothing fills it in.
-           a.attnotnull AND NOT a.atthasdef AND a.attidentity = '',
+           a.attname = ANY (required.columns),
            CASE WHEN c.kind = 'both' THEN sync.audience_sql(c.id, 't', 'r') END,
            (SELECT s.relation::text FROM sync.replica_set s)
     FROM sync.codec c
     JOIN pg_class t ON t.oid = c.relation
     JOIN pg_namespace n ON n.oid = t.relnamespace
+    CROSS JOIN LATERAL sync.required_columns(c.relation) AS required(columns)
     JOIN pg_attribute a ON a.attrelid = c.relation AND a.attnum > 0 AND NOT a.attisdropped
     WHERE c.table_name = ANY (tables)
     ORDER BY c.table_name, coalesce(array_position(c.key_columns, a.attname), 2147483647), a.attnum;
