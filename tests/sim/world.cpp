@@ -62,6 +62,9 @@ World::World(const Options& options) : options_(options) {
         "magic_sync.bytes_per_message = " + std::to_string(options.bytes_per_message),
         "max_worker_processes = 16"});
     cluster_->create_database("sim");
+    // The route files as a role of its own, granted sync_receiver and, on the app's tables,
+    // exactly what sync.check() says filing needs (see grant_what_check_names()).
+    exec("CREATE ROLE " + std::string(kRouteRole) + " LOGIN; GRANT sync_receiver TO " + kRouteRole);
     if (db().value("SELECT to_regprocedure('sync.expected(uuid)') IS NULL") == "t")
         throw std::runtime_error("this build has no sync.expected(uuid): the simulation's oracle");
     router_ = std::make_unique<test::Router>();
@@ -72,6 +75,7 @@ World::~World() {
     sender_.reset();
     replicas_.clear();
     db_.reset();
+    route_.reset();
     if (cluster_) {
         std::string log = cluster_->log();
         if (keep_) {
@@ -87,21 +91,35 @@ World::~World() {
     if (!keep_) test::run("rm -rf " + directory_);
 }
 
-test::Connection& World::db() {
-    if (db_ && db_->ok()) return *db_;
-    db_.reset();
+test::Connection& World::db() { return connected(db_, cluster_->conninfo("sim")); }
+
+std::string World::route_conninfo() const {
+    return cluster_->conninfo("sim") + " user=" + kRouteRole;
+}
+
+test::Connection& World::connected(std::unique_ptr<test::Connection>& connection,
+                                   const std::string& conninfo) {
+    if (connection && connection->ok()) return *connection;
+    connection.reset();
     auto deadline = std::chrono::steady_clock::now() + 60s;
     while (std::chrono::steady_clock::now() < deadline) {
         try {
-            auto connection = std::make_unique<test::Connection>(cluster_->conninfo("sim"));
-            connection->value("SELECT 1");
-            db_ = std::move(connection);
-            return *db_;
+            auto made = std::make_unique<test::Connection>(conninfo);
+            made->value("SELECT 1");
+            connection = std::move(made);
+            return *connection;
         } catch (const std::exception&) {
             std::this_thread::sleep_for(100ms);
         }
     }
     throw std::runtime_error("the server did not take connections for 60 s");
+}
+
+// A user who declares a table runs sync.check() and does what it says; what filing needs beyond
+// what it names shows as uploads kept with "permission denied".
+void World::grant_what_check_names() {
+    for (const auto& row : db().query("SELECT fix FROM sync.check() WHERE fix LIKE 'GRANT %'"))
+        exec(*row[0]);
 }
 
 std::string World::replica_id(int n) const {
@@ -124,8 +142,7 @@ void World::start_replica(int n) {
     std::vector<std::string> command = replica_command(n);
     for (const std::string& a :
          {std::string("serve"), std::string("--listen"), "127.0.0.1:" + std::to_string(port),
-          std::string("--up"), cluster_->conninfo("sim"), std::string("--upload-every"),
-          std::string("0.2")})
+          std::string("--up"), route_conninfo(), std::string("--upload-every"), std::string("0.2")})
         command.push_back(a);
     replica.process = std::make_unique<test::Process>(
         command, directory_ + "/replica" + std::to_string(n) + ".log");
@@ -196,9 +213,11 @@ void World::run(const Step& step) {
     switch (step.action) {
         case Action::Sql:
             exec(step.sql);
+            grant_what_check_names();
             return;
         case Action::StartReplica:
             exec(step.sql);
+            grant_what_check_names();
             start_replica(step.replica);
             return;
         case Action::Write: {
@@ -221,7 +240,8 @@ void World::run(const Step& step) {
         }
         case Action::Resend: {
             if (!last_upload_.count(step.replica)) return;
-            db().query("SELECT sync.receive($1::uuid, convert_to($2, 'UTF8'))",
+            connected(route_, route_conninfo())
+                .query("SELECT sync.receive($1::uuid, convert_to($2, 'UTF8'))",
                        {replica_id(step.replica), last_upload_[step.replica]});
             return;
         }
@@ -239,12 +259,14 @@ void World::run(const Step& step) {
             std::string pid = relay_pid();
             kill(std::stoi(pid), SIGKILL);
             db_.reset();
+            route_.reset();
             await_relay_other_than(pid);
             return;
         }
         case Action::RestartPostgres: {
             std::string pid = relay_pid();
             db_.reset();
+            route_.reset();
             cluster_->stop("immediate");
             cluster_->start();
             await_relay_other_than(pid);

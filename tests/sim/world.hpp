@@ -66,6 +66,12 @@ class World {
     void start_replica(int n);
     void start_sender();
     void exec(const std::string& sql);
+    std::string route_conninfo() const;
+    test::Connection& connected(std::unique_ptr<test::Connection>& connection,
+                                const std::string& conninfo);
+    void grant_what_check_names();
+
+    static constexpr const char* kRouteRole = "sim_route";
     std::string relay_pid();
     void await_relay_other_than(const std::string& pid);
 
@@ -74,6 +80,7 @@ class World {
     bool keep_ = false;
     std::unique_ptr<test::Cluster> cluster_;
     std::unique_ptr<test::Connection> db_;
+    std::unique_ptr<test::Connection> route_;  // as the route's role: uploads sent again
     std::unique_ptr<test::Router> router_;
     std::unique_ptr<test::Process> sender_;
     std::map<int, ReplicaProcess> replicas_;
