@@ -51,6 +51,8 @@ const std::vector<StepKind>& step_kinds() {
         {"upload_late_table", "uploads", "a row of a table not declared yet"},
         {"declare_late", "uploads", "that table declared"},
         {"upload_catalog", "uploads", "a replica writes a catalog row (refused, kept)"},
+        {"upload_foreign_both", "uploads",
+         "a replica writes a both row it is not sent (another's: refused, kept)"},
         {"kill_sender", "faults", "kill -9 of the sender, then a new one"},
         {"kill_replica", "faults", "kill -9 of a replica process, then it starts again"},
         {"kill_relay", "faults", "kill -9 of the relay's backend"},
@@ -744,6 +746,7 @@ class Generator {
             {"upload_late_table", 1},
             {"declare_late", 2},
             {"upload_catalog", 1},
+            {"upload_foreign_both", 1},
             {"kill_sender", 1},
             {"kill_replica", 1},
             {"kill_relay", 1},
@@ -1253,24 +1256,7 @@ class Generator {
         }
         if (ids.empty()) return false;
         int n = rng_.pick(ids);
-        if (kind == "upload_new_column") {
-            // A device one version ahead: kept, naming the column, until the column is added.
-            std::vector<Table*> tables = tables_where([](const Table& t) {
-                return t.kind == Kind::Record && t.declared && t.late_blocker == 0;
-            });
-            if (tables.empty()) return false;
-            Table& t = *rng_.pick(tables);
-            int id = next_record();
-            nlohmann::json row = record_row(t, n, id);
-            int blocker = next_blocker_++;
-            std::string column = "ahead_" + std::to_string(blocker);
-            row[column] = "from version " + std::to_string(blocker);
-            blockers_[blocker] = "ALTER TABLE " + t.qualified() + " ADD COLUMN " + column + " text";
-            write(kind, n, t.qualified(), row, {{"id", record_uuid(id)}}, "id", blocker, false,
-                  true);
-            return true;
-        }
-        if (kind == "upload_record" || kind == "upload_failing") {
+        if (kind == "upload_record" || kind == "upload_failing" || kind == "upload_new_column") {
             std::vector<Table*> tables = tables_where([](const Table& t) {
                 return t.kind == Kind::Record && t.declared && t.late_blocker == 0;
             });
@@ -1279,7 +1265,14 @@ class Generator {
             int id = next_record();
             nlohmann::json row = record_row(t, n, id);
             int blocker = 0;
-            if (kind == "upload_failing") {
+            if (kind == "upload_new_column") {
+                // A device one version ahead: kept, naming the column, until the column is added.
+                blocker = next_blocker_++;
+                std::string column = "ahead_" + std::to_string(blocker);
+                row[column] = "from version " + std::to_string(blocker);
+                blockers_[blocker] =
+                    "ALTER TABLE " + t.qualified() + " ADD COLUMN " + column + " text";
+            } else if (kind == "upload_failing") {
                 blocker = next_blocker_++;
                 if (rng_.chance(50)) {
                     std::string constraint = "qty_limit_" + std::to_string(blocker);
@@ -1321,17 +1314,19 @@ class Generator {
                   t->late_blocker, false, true);
             return true;
         }
-        if (kind == "upload_both" || kind == "upload_catalog") {
-            Kind wanted = kind == "upload_both" ? Kind::Both : Kind::CatalogAll;
-            std::vector<std::pair<Table*, int>> held;
+        if (kind == "upload_both" || kind == "upload_catalog" || kind == "upload_foreign_both") {
+            Kind wanted = kind == "upload_catalog" ? Kind::CatalogAll : Kind::Both;
+            // Its own rows; for upload_foreign_both, rows it is not sent.
+            bool own = kind != "upload_foreign_both";
+            std::vector<std::pair<Table*, int>> rows;
             for (Table& t : tables_) {
                 if (t.kind != wanted || !t.declared) continue;
                 for (const auto& [id, row] : t.rows)
-                    if (holds(n, t, row)) held.push_back({&t, id});
+                    if (holds(n, t, row) == own) rows.push_back({&t, id});
             }
-            if (held.empty()) return false;
+            if (rows.empty()) return false;
             auto [t, id] =
-                held[static_cast<size_t>(rng_.range(0, static_cast<int64_t>(held.size()) - 1))];
+                rows[static_cast<size_t>(rng_.range(0, static_cast<int64_t>(rows.size()) - 1))];
             nlohmann::json key = key_json(t->key, id);
             nlohmann::json row = key;
             if (wanted == Kind::Both) {
@@ -1342,7 +1337,7 @@ class Generator {
                 row["label"] = "written by a replica";
             }
             write(kind, n, t->qualified(), row, key, join(key_columns(t->key), ","), 0,
-                  wanted != Kind::Both, false);
+                  kind != "upload_both", false);
             return true;
         }
         return false;
