@@ -165,5 +165,58 @@ SELECT deliver();
 SELECT * FROM repairs;
 SELECT * FROM status;
 
+-- Drift too wide to ask about one level down in one message (every range of the first level
+-- differs, and their 256 subranges would make a ranges message over bytes_per_message): the
+-- differing ranges are sent whole instead, in repair messages within the limit.
+UPDATE shop.registers SET active = true WHERE label = 'a2';
+SELECT deliver() > 0 AS provisioned_again;
+SELECT deliver();
+SELECT report('a2', '{}');
+SELECT deliver();
+SELECT * FROM repairs WHERE register = 'a2';
+SELECT * FROM status;
+SET magic_sync.bytes_per_message = '8kB';
+-- Every ranges and repair message written from here on, as it was written.
+CREATE TABLE written (kind text, bytes int, ranges int, rows int);
+CREATE FUNCTION note_written() RETURNS trigger LANGUAGE plpgsql SET search_path = public AS $$
+BEGIN
+    INSERT INTO written
+    SELECT NEW.kind, octet_length(NEW.body), jsonb_array_length(coalesce(m->'ranges', '[]')),
+           jsonb_array_length(coalesce(m->'rows', '[]'))
+    FROM (SELECT convert_from(NEW.body, 'UTF8')::jsonb AS m) x
+    WHERE NEW.kind IN ('ranges', 'repair');
+    RETURN NULL;
+END
+$$;
+CREATE TRIGGER note_written AFTER INSERT ON sync.outbox FOR EACH ROW EXECUTE FUNCTION note_written();
+CREATE VIEW a2_outbox AS
+SELECT kind, count(*) AS messages,
+       max(bytes) <= (SELECT setting::int FROM pg_settings WHERE name = 'magic_sync.bytes_per_message')
+           AS within_limit,
+       sum(ranges) AS ranges,
+       sum(rows) AS rows
+FROM written GROUP BY kind ORDER BY 1;
+SELECT report('a2', ARRAY(SELECT generate_series(1, 2000, 3)));
+SELECT deliver();
+SELECT report('a2', ARRAY(SELECT generate_series(1, 2000, 3)));
+SELECT deliver() > 1 AS several;
+SELECT * FROM a2_outbox;
+SELECT report('a2', '{}');
+SELECT deliver();
+SELECT * FROM repairs WHERE register = 'a2';
+SELECT * FROM status;
+-- A limit too small for even the first level's 16 ranges: the whole scope is sent, within it.
+TRUNCATE written;
+SET magic_sync.bytes_per_message = '2kB';
+SELECT report('a2', '{5}');
+SELECT deliver() > 1 AS several;
+SELECT * FROM a2_outbox;
+SELECT report('a2', '{}');
+SELECT deliver();
+SELECT * FROM repairs WHERE register = 'a2';
+SELECT * FROM status;
+RESET magic_sync.bytes_per_message;
+DROP TRIGGER note_written ON sync.outbox;
+
 \c postgres
 DROP DATABASE repair_test;

@@ -7,6 +7,7 @@
 // Repairs are rare, so the steps below loop per repair in C++; every value is a bound parameter.
 #include "repair.hpp"
 
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -65,9 +66,10 @@ std::vector<std::string> children_of(const std::string& prefix) {
     return children;
 }
 
+// A text[] literal of hex prefixes (quoted: the empty prefix, the whole space, is an element).
 std::string text_array(const std::vector<std::string>& items) {
     std::string out = "{";
-    for (size_t i = 0; i < items.size(); ++i) out += (i ? "," : "") + items[i];
+    for (size_t i = 0; i < items.size(); ++i) out += (i ? ",\"" : "\"") + items[i] + "\"";
     return out + "}";
 }
 
@@ -100,12 +102,27 @@ void put(Spi& spi, const std::string& replica, int64_t seq, int64_t gen, const c
         {replica, std::to_string(seq), std::to_string(gen), std::string(kind), body});
 }
 
-int64_t send_ranges(Spi& spi, const Target& target, const std::vector<std::string>& prefixes) {
-    auto [seq, gen] = next_seq(spi, target.replica);
+protocol::RangesMessage ranges_message(const Target& target,
+                                       const std::vector<std::string>& prefixes) {
     protocol::RangesMessage message;
-    message.header = {target.replica, gen, seq};
     message.scope = target.scope_name;
     for (const std::string& prefix : prefixes) message.ranges.push_back(range_of(prefix));
+    return message;
+}
+
+// Whether one ranges message can ask about all of `prefixes` within magic_sync.bytes_per_message,
+// whatever its seq and generation.
+bool ranges_fit(const Target& target, const std::vector<std::string>& prefixes) {
+    protocol::RangesMessage widest = ranges_message(target, prefixes);
+    widest.header = {target.replica, std::numeric_limits<int64_t>::max(),
+                     std::numeric_limits<int64_t>::max()};
+    return protocol::encode(widest).size() <= static_cast<size_t>(settings::bytes_per_message);
+}
+
+int64_t send_ranges(Spi& spi, const Target& target, const std::vector<std::string>& prefixes) {
+    auto [seq, gen] = next_seq(spi, target.replica);
+    protocol::RangesMessage message = ranges_message(target, prefixes);
+    message.header = {target.replica, gen, seq};
     put(spi, target.replica, seq, gen, "ranges", protocol::encode(message));
     return seq;
 }
@@ -211,6 +228,32 @@ int64_t send_leaves(Spi& spi, const Target& target, const std::vector<std::strin
     return last;
 }
 
+// The ranges `leaves` (prefixes of one level, in order) sent whole, with the server's rows of
+// each. Returns the seq of the last message; adds to `messages` and `rows_sent`.
+int64_t send_whole(Spi& spi, const Target& target, const std::vector<std::string>& leaves,
+                   int64_t& messages, int64_t& rows_sent) {
+    const size_t level = leaves.front().size();
+    std::map<std::string, std::vector<LeafRow>> rows;
+    for (const auto& row :
+         spi.query("SELECT left(encode(r.k, 'hex'), $2::int), encode(r.k, 'hex'), c.table_name,"
+                   " sync.canonical(r.key), r.body, encode(r.hash, 'hex')"
+                   " FROM sync.row r JOIN sync.codec c ON c.id = r.codec"
+                   " WHERE r.scope = $1::bigint AND NOT r.gone AND NOT r.withheld"
+                   " AND left(encode(r.k, 'hex'), $2::int) IN (SELECT unnest($3::text[]))"
+                   " ORDER BY r.k",
+                   {target.scope, std::to_string(level), text_array(leaves)})) {
+        LeafRow leaf;
+        leaf.k = row[1].value();
+        leaf.row.table = row[2].value();
+        leaf.row.key = row[3].value();
+        leaf.row.body =
+            protocol::RowBody{row[4].value(), protocol::digest_from_hex(row[5].value())};
+        rows[row[0].value()].push_back(std::move(leaf));
+    }
+    for (const std::string& prefix : leaves) rows_sent += static_cast<int64_t>(rows[prefix].size());
+    return send_leaves(spi, target, leaves, rows, messages);
+}
+
 // Counts a round for the repair; false when it is one too many: the breaker trips instead.
 bool begin_round(Spi& spi, const Target& target) {
     auto rows = spi.query(
@@ -246,6 +289,18 @@ bool begin_round(Spi& spi, const Target& target) {
 int64_t start_round(Spi& spi, const Target& target) {
     if (!begin_round(spi, target)) return 0;
     const std::vector<std::string> prefixes = children_of("");
+    if (!ranges_fit(target, prefixes)) {
+        // A limit too small for even the first level's ranges: the whole scope is sent.
+        int64_t messages = 0;
+        int64_t rows_sent = 0;
+        const int64_t last = send_whole(spi, target, {""}, messages, rows_sent);
+        spi.execute(
+            "UPDATE sync.repair SET phase = 'checking', level = 0, ranges = '{}',"
+            " waiting = $3::bigint, rows_sent = rows_sent + $4::bigint"
+            " WHERE replica = $1::uuid AND scope = $2::bigint",
+            {target.replica, target.scope, std::to_string(last), std::to_string(rows_sent)});
+        return messages;
+    }
     int64_t seq = send_ranges(spi, target, prefixes);
     spi.execute(
         "UPDATE sync.repair SET phase = 'asking', level = 1, ranges = $3::text[],"
@@ -286,6 +341,7 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
                    {target.scope, std::to_string(level), text_array(target.asked)}))
         server[row[0].value()] = {row[1].value(), count_of(row[2])};
     const std::string zero(kDigits, '0');
+    std::vector<std::string> mismatched;
     std::vector<std::string> leaves;
     std::vector<std::string> deeper;
     for (const std::string& prefix : target.asked) {
@@ -294,11 +350,18 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
         const std::pair<std::string, int64_t> server_side =
             found == server.end() ? std::make_pair(zero, int64_t{0}) : found->second;
         if (replica_side == server_side) continue;
+        mismatched.push_back(prefix);
         if (server_side.second <= settings::leaf_rows || prefix.size() >= kDigits) {
             leaves.push_back(prefix);
         } else {
             for (std::string& child : children_of(prefix)) deeper.push_back(std::move(child));
         }
+    }
+    // Drift too wide to ask about one level down in one message: what differs is sent whole
+    // (repairs split to fit), as no message may exceed magic_sync.bytes_per_message.
+    if (!deeper.empty() && !ranges_fit(target, deeper)) {
+        leaves = mismatched;
+        deeper.clear();
     }
     if (leaves.empty() && deeper.empty()) {
         // Every range matched, yet the whole did not: compare the whole again.
@@ -312,28 +375,7 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
     int64_t messages = 0;
     int64_t last = 0;
     int64_t rows_sent = 0;
-    if (!leaves.empty()) {
-        std::map<std::string, std::vector<LeafRow>> rows;
-        for (const auto& row :
-             spi.query("SELECT left(encode(r.k, 'hex'), $2::int), encode(r.k, 'hex'), c.table_name,"
-                       " sync.canonical(r.key), r.body, encode(r.hash, 'hex')"
-                       " FROM sync.row r JOIN sync.codec c ON c.id = r.codec"
-                       " WHERE r.scope = $1::bigint AND NOT r.gone AND NOT r.withheld"
-                       " AND left(encode(r.k, 'hex'), $2::int) IN (SELECT unnest($3::text[]))"
-                       " ORDER BY r.k",
-                       {target.scope, std::to_string(level), text_array(leaves)})) {
-            LeafRow leaf;
-            leaf.k = row[1].value();
-            leaf.row.table = row[2].value();
-            leaf.row.key = row[3].value();
-            leaf.row.body =
-                protocol::RowBody{row[4].value(), protocol::digest_from_hex(row[5].value())};
-            rows[row[0].value()].push_back(std::move(leaf));
-        }
-        for (const std::string& prefix : leaves)
-            rows_sent += static_cast<int64_t>(rows[prefix].size());
-        last = send_leaves(spi, target, leaves, rows, messages);
-    }
+    if (!leaves.empty()) last = send_whole(spi, target, leaves, messages, rows_sent);
     if (!deeper.empty()) {
         last = send_ranges(spi, target, deeper);
         ++messages;
