@@ -77,5 +77,42 @@ SELECT messages FROM sync.pass();
 SELECT * FROM sent ORDER BY replica, seq;
 SELECT * FROM sync.audit();
 
+-- Tables dropped by the dozen under a small limit: the drops go in as many messages as it takes,
+-- each within bytes_per_message, rows only with the last of them, each table dropped once, in
+-- order.
+UPDATE sync.outbox SET sent_at = now();
+SET magic_sync.bytes_per_message = '1kB';
+DO $$
+BEGIN
+    FOR i IN 1..30 LOOP
+        EXECUTE format('CREATE TABLE fleet.%I (id int PRIMARY KEY)', 'a_rather_long_table_name_number_' || i);
+        EXECUTE format('INSERT INTO fleet.%I VALUES (1)', 'a_rather_long_table_name_number_' || i);
+        PERFORM sync.catalog(format('fleet.%I', 'a_rather_long_table_name_number_' || i));
+    END LOOP;
+END
+$$;
+SELECT messages > 0 AS sent FROM sync.pass();
+UPDATE sync.outbox SET sent_at = now();
+SELECT count(sync.drop(format('fleet.%I', 'a_rather_long_table_name_number_' || i))) AS dropped
+FROM generate_series(1, 30) i;
+INSERT INTO fleet.van_routes VALUES ('12', 1, 'east loop');
+SELECT messages FROM sync.pass();
+SELECT messages FROM sync.pass();
+WITH m AS (SELECT s.replica, s.seq, octet_length(sync.message(s.replica, s.seq)) AS bytes,
+                  s.drop_tables, s.rows FROM sent s)
+SELECT m.replica, count(*) AS messages, max(m.bytes) <= 1024 AS within_limit,
+       sum(jsonb_array_length(coalesce(m.drop_tables, '[]'))) AS tables_dropped,
+       string_agg(m.rows, '; ') AS rows,
+       bool_and(m.rows IS NULL OR m.seq >= (SELECT max(d.seq) FROM m d
+                                            WHERE d.replica = m.replica AND d.drop_tables IS NOT NULL))
+           AS rows_after_drops,
+       (SELECT array_agg(t ORDER BY d.seq, x.n) FROM m d,
+               jsonb_array_elements_text(d.drop_tables) WITH ORDINALITY AS x(t, n) WHERE d.replica = m.replica)
+       = (SELECT array_agg(t ORDER BY t) FROM (SELECT DISTINCT jsonb_array_elements_text(d.drop_tables) AS t
+                                               FROM m d WHERE d.replica = m.replica) u) AS once_in_order
+FROM m GROUP BY m.replica ORDER BY 1;
+SELECT id, pending_table_drops FROM sync.replica ORDER BY 1;
+RESET magic_sync.bytes_per_message;
+
 \c regression
 DROP DATABASE table_drop_test;

@@ -123,6 +123,19 @@ MAGIC_SYNC_FUNCTION(magic_sync_envelope_size) {
         static_cast<int32>(protocol::rows_envelope_size(lists[0], lists[1], lists[2])));
 }
 
+// sync.drops_fitting(reset text[], drops text[], table_drops text[]) → int: how many of the
+// drops, then of the table drops, one rows message carries within magic_sync.bytes_per_message
+// (protocol::drops_fitting); the rest wait for the next message.
+MAGIC_SYNC_FUNCTION(magic_sync_drops_fitting) {
+    std::vector<std::string> lists[3];
+    for (int list = 0; list < 3; ++list)
+        for (auto& name : magic_sync::pg::text_array_arg(fcinfo, list))
+            if (name) lists[list].push_back(*name);
+    return Int32GetDatum(static_cast<int32>(
+        protocol::drops_fitting(lists[0], lists[1], lists[2],
+                                static_cast<size_t>(magic_sync::settings::bytes_per_message))));
+}
+
 // sync.row_travels(scope text, table text, key text, body text) → boolean: whether the row fits
 // a message of magic_sync.bytes_per_message at all (protocol::row_travels); one that does not is
 // withheld.

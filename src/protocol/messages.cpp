@@ -385,6 +385,29 @@ size_t rows_envelope_size(const std::vector<std::string>& reset,
     return none + (one - none) - (two - one) + 1;
 }
 
+size_t drops_fitting(const std::vector<std::string>& reset, const std::vector<std::string>& drop,
+                     const std::vector<std::string>& drop_tables, size_t max_bytes) {
+    const size_t total = drop.size() + drop_tables.size();
+    const auto size_of_first = [&](size_t n) {
+        const size_t drops = std::min(n, drop.size());
+        return rows_envelope_size(
+            reset, std::vector<std::string>(drop.begin(), drop.begin() + drops),
+            std::vector<std::string>(drop_tables.begin(), drop_tables.begin() + (n - drops)));
+    };
+    // The size grows with n: the largest n that fits, by bisection.
+    size_t fits = total == 0 ? 0 : 1;
+    size_t over = total + 1;
+    while (over - fits > 1) {
+        const size_t middle = fits + (over - fits) / 2;
+        if (size_of_first(middle) <= max_bytes) {
+            fits = middle;
+        } else {
+            over = middle;
+        }
+    }
+    return fits;
+}
+
 size_t chunk_overhead(std::string_view scope, int64_t from, int64_t to) {
     Chunk empty;
     empty.scope = std::string(scope);

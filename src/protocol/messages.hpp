@@ -230,6 +230,11 @@ size_t rows_envelope_overhead();  // no chunks, 36-byte replica, gen and seq of 
 size_t rows_envelope_size(const std::vector<std::string>& reset,
                           const std::vector<std::string>& drop,
                           const std::vector<std::string>& drop_tables);
+// How many names of `drop`, then of `drop_tables`, one rows message with `reset` can carry within
+// max_bytes (as rows_envelope_size counts them); at least one when there is any, so that a name
+// longer than the limit still goes, alone.
+size_t drops_fitting(const std::vector<std::string>& reset, const std::vector<std::string>& drop,
+                     const std::vector<std::string>& drop_tables, size_t max_bytes);
 size_t chunk_overhead(std::string_view scope, int64_t from, int64_t to);  // a chunk with no rows
 // `row` none: the row is gone.
 size_t encoded_row_size(std::string_view table, std::string_view key,

@@ -31,6 +31,11 @@ CREATE FUNCTION sync.envelope_size(reset text[], drops text[], table_drops text[
 RETURNS int
 AS 'MODULE_PATHNAME', 'magic_sync_envelope_size' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
+-- How many of `drops`, then of `table_drops`, one rows message carries within
+-- magic_sync.bytes_per_message; the rest wait for the next message.
+CREATE FUNCTION sync.drops_fitting(reset text[], drops text[], table_drops text[]) RETURNS int
+AS 'MODULE_PATHNAME', 'magic_sync_drops_fitting' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+
 -- Whether a row can travel at all within magic_sync.bytes_per_message (protocol::row_travels);
 -- one that cannot is withheld. A property of the row and its scope, not of any replica's cursor.
 CREATE FUNCTION sync.row_travels(scope text, "table" text, key text, body text) RETURNS boolean

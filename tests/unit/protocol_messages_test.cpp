@@ -583,6 +583,23 @@ TEST(Sizes, RowsEnvelopeSizeBoundsEnvelopesWithTheirListsAndWithheldRows) {
     EXPECT_EQ(encode(two).size(), bound + 2 * note_with_comma - 1);
 }
 
+// Drops that do not fit one message go in order, as many as fit, scope drops before table drops;
+// a name longer than the limit still goes, alone.
+TEST(Sizes, DropsFittingTakesTheLongestPrefixWithinTheLimit) {
+    const std::vector<std::string> reset = {"*"};
+    const std::vector<std::string> drop = {"store_id=1", "store_id=2", "store_id=3"};
+    const std::vector<std::string> tables = {"fleet.routes", "fleet.tasks"};
+    EXPECT_EQ(drops_fitting(reset, drop, tables, rows_envelope_size(reset, drop, tables)), 5u);
+    EXPECT_EQ(drops_fitting(reset, drop, tables, rows_envelope_size(reset, drop, tables) - 1), 4u);
+    EXPECT_EQ(drops_fitting(reset, drop, tables, rows_envelope_size(reset, drop, {})), 3u);
+    EXPECT_EQ(drops_fitting(reset, drop, tables, rows_envelope_size(reset, {"store_id=1"}, {})),
+              1u);
+    EXPECT_EQ(drops_fitting(reset, {}, tables, rows_envelope_size(reset, {}, {"fleet.routes"})),
+              1u);
+    EXPECT_EQ(drops_fitting(reset, drop, tables, 1), 1u);
+    EXPECT_EQ(drops_fitting(reset, {}, {}, 1), 0u);
+}
+
 // A row travels when it fits, with its comma, the largest chunk of its scope in a message that
 // resets everything and the largest repair of its scope: the rule depends on the row and the
 // scope alone.
