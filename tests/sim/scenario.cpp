@@ -53,6 +53,8 @@ const std::vector<StepKind>& step_kinds() {
         {"upload_catalog", "uploads", "a replica writes a catalog row (refused, kept)"},
         {"upload_foreign_both", "uploads",
          "a replica writes a both row it is not sent (another's: refused, kept)"},
+        {"upload_crafted", "uploads",
+         "a device's own upload: a number past double's range, holds of scopes it is not in"},
         {"kill_sender", "faults", "kill -9 of the sender, then a new one"},
         {"kill_replica", "faults", "kill -9 of a replica process, then it starts again"},
         {"kill_relay", "faults", "kill -9 of the relay's backend"},
@@ -74,6 +76,9 @@ std::string Step::text() const {
         case Action::Write:
             out += ": write " + table + " " + json +
                    (key_columns.empty() ? "" : " --key " + key_columns);
+            break;
+        case Action::Receive:
+            out += ": sync.receive " + json;
             break;
         case Action::Checkpoint: {
             out += ": live replicas";
@@ -747,6 +752,7 @@ class Generator {
             {"declare_late", 2},
             {"upload_catalog", 1},
             {"upload_foreign_both", 1},
+            {"upload_crafted", 1},
             {"kill_sender", 1},
             {"kill_replica", 1},
             {"kill_relay", 1},
@@ -1183,11 +1189,21 @@ class Generator {
     void write(const std::string& kind, int n, const std::string& table, const nlohmann::json& row,
                const nlohmann::json& key, const std::string& key_columns, int blocker, bool never,
                bool record) {
+        Step& step = upload(kind, n, table, row.dump(), key, blocker, Action::Write, never);
+        step.json = row.dump();
+        step.key_columns = key_columns;
+        if (record) records_.insert(step.upload);
+    }
+
+    // An upload of `row` (JSON text) into `table` by replica n, watched until a checkpoint finds
+    // it filed (or kept, when `never` or blocked); the step that makes it is returned.
+    Step& upload(const std::string& kind, int n, const std::string& table, const std::string& row,
+                 const nlohmann::json& key, int blocker, Action action, bool never = false) {
         Upload upload;
         upload.replica = n;
         upload.table = table;
         upload.key = key.dump();
-        upload.contains = row.dump();
+        upload.contains = row;
         upload.blocker = blocker;
         upload.never = never;
         // A replica that writes a row again before the first write is sent sends only the last,
@@ -1201,14 +1217,12 @@ class Generator {
                        watched_.end());
         scenario_.uploads.push_back(upload);
         int u = static_cast<int>(scenario_.uploads.size()) - 1;
-        Step& step = add(kind, Action::Write, "", n);
+        Step& step = add(kind, action, "", n);
         step.table = table;
-        step.json = row.dump();
-        step.key_columns = key_columns;
         step.upload = u;
         watched_.push_back(u);
-        if (record) records_.insert(u);
-        uploaded_.insert(n);
+        if (action == Action::Write) uploaded_.insert(n);  // the reference replica's: sent again
+        return step;
     }
 
     nlohmann::json record_row(const Table& t, int n, int id) {
@@ -1292,6 +1306,32 @@ class Generator {
             }
             write(kind, n, t.qualified(), row, {{"id", record_uuid(id)}}, "id", blocker, false,
                   true);
+            return true;
+        }
+        if (kind == "upload_crafted") {
+            // Not the reference replica: a device of another make, whose JSON numbers are not
+            // doubles (a numeric column takes 1e400 exactly) and whose holds name any scope
+            // (only the replica's own are kept). Its record row is filed.
+            std::vector<Table*> tables = tables_where([](const Table& t) {
+                return t.kind == Kind::Record && t.declared && t.late_blocker == 0;
+            });
+            if (tables.empty()) return false;
+            Table& t = *rng_.pick(tables);
+            int id = next_record();
+            nlohmann::json row = record_row(t, n, id);
+            row.erase("amount");
+            const std::string text = "{\"amount\":1e400," + row.dump().substr(1);
+            char upload_id[40];
+            snprintf(upload_id, sizeof upload_id, "cccccccc-0000-4000-8000-%012d", id);
+            const std::string zero_fp(64, '0');
+            const std::string holds = "{\"region=999\":{\"through\":1,\"fp\":\"" + zero_fp +
+                                      "\",\"n\":0},\"owner=" + replica_uuid(n + 100) +
+                                      "\":{\"through\":1,\"fp\":\"" + zero_fp + "\",\"n\":0}}";
+            Step& step =
+                upload(kind, n, t.qualified(), text, {{"id", record_uuid(id)}}, 0, Action::Receive);
+            step.json = std::string("{\"v\":1,\"id\":\"") + upload_id + "\",\"rows\":[{\"t\":\"" +
+                        t.qualified() + "\",\"r\":" + text + "}],\"holds\":" + holds + "}";
+            records_.insert(step.upload);
             return true;
         }
         if (kind == "upload_late_table") {

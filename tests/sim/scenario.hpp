@@ -16,6 +16,8 @@ enum class Action {
     StartReplica,     // run `sql`, then start the process of replica `replica`
     Write,            // replica `replica` queues a local write of `table`: `json`
     Resend,           // the last upload replica `replica` printed goes again through sync.receive
+    Receive,          // `json`, a whole upload made by hand, goes through sync.receive as from
+                      // replica `replica` (a device that is not the reference replica)
     KillSender,       // kill -9 of the sender, then a new one
     KillReplica,      // kill -9 of replica `replica`'s process, then it starts again
     KillRelay,        // kill -9 of the relay's backend (the postmaster restarts every backend)

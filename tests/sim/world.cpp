@@ -245,6 +245,25 @@ void World::run(const Step& step) {
                        {replica_id(step.replica), last_upload_[step.replica]});
             return;
         }
+        case Action::Receive: {
+            // As a device would: sent again until it is answered (a replica the relay has not
+            // taken as live yet is dropped, unanswered).
+            std::string answer;
+            auto deadline = std::chrono::steady_clock::now() + 60s;
+            while (std::chrono::steady_clock::now() < deadline) {
+                try {
+                    answer = connected(route_, route_conninfo())
+                                 .value("SELECT sync.receive($1::uuid, convert_to($2, 'UTF8'))",
+                                        {replica_id(step.replica), step.json});
+                    if (answer == "filed" || answer == "answered again") return;
+                } catch (const std::exception& e) {
+                    answer = e.what();
+                    route_.reset();
+                }
+                std::this_thread::sleep_for(200ms);
+            }
+            throw std::runtime_error("sync.receive did not file it within 60 s: " + answer);
+        }
         case Action::KillSender:
             sender_->stop(SIGKILL);
             start_sender();
