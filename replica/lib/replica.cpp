@@ -283,7 +283,16 @@ class Applier {
         bool had_rows = known.integer(0) > 0;
         known.run();
         std::map<std::pair<std::string, std::string>, std::string> kept;
-        for (const protocol::KeyNote& note : filed.kept) kept[{note.table, note.key}] = note.why;
+        // A note of no table: the server kept the upload whole (it could not read it), every
+        // write of it with that reason.
+        std::optional<std::string> kept_whole;
+        for (const protocol::KeyNote& note : filed.kept) {
+            if (note.table.empty()) {
+                kept_whole = note.why;
+            } else {
+                kept[{note.table, note.key}] = note.why;
+            }
+        }
         Statement insert_kept = database_.prepare(
             "INSERT INTO kept (tbl, key, body, why, upload) VALUES (?1, ?2, ?3, ?4, ?5)");
         Statement writes =
@@ -292,6 +301,9 @@ class Applier {
         std::set<std::pair<std::string, std::string>> matched;
         while (writes.step()) {
             auto found = kept.find({writes.text(0), writes.text(1)});
+            if (found == kept.end() && kept_whole)
+                found =
+                    kept.emplace(std::make_pair(writes.text(0), writes.text(1)), *kept_whole).first;
             if (found == kept.end()) continue;
             insert_kept.bind(1, writes.text(0))
                 .bind(2, writes.text(1))
@@ -334,6 +346,20 @@ class Applier {
         Statement why = database_.prepare(
             "UPDATE kept SET why = ?4 WHERE upload = ?1 AND tbl = ?2 AND key = ?3");
         for (const protocol::KeyNote& note : filed.kept) {
+            if (note.table.empty()) {
+                // Still kept whole: every kept write of it.
+                database_
+                    .prepare(
+                        "INSERT OR IGNORE INTO kept_named (upload, tbl, key)"
+                        " SELECT upload, tbl, key FROM kept WHERE upload = ?1")
+                    .bind(1, filed.upload)
+                    .run();
+                database_.prepare("UPDATE kept SET why = ?2 WHERE upload = ?1")
+                    .bind(1, filed.upload)
+                    .bind(2, note.why)
+                    .run();
+                continue;
+            }
             named.bind(1, filed.upload).bind(2, note.table).bind(3, note.key).run();
             why.bind(1, filed.upload).bind(2, note.table).bind(3, note.key).bind(4, note.why).run();
         }

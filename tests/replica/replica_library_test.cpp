@@ -534,6 +534,37 @@ TEST_F(ReplicaTest, ALaterAnswerToAnUploadSaysWhichOfItsKeptRowsWereFiled) {
     EXPECT_TRUE(replica.kept().empty());
 }
 
+// An upload the server kept whole (it could not read it: over magic_sync.max_upload_bytes, a NUL)
+// is answered with one note of no table: every write of it is kept with that reason, none taken
+// as filed; a later answer that names it again keeps them, one that names nothing files them.
+TEST_F(ReplicaTest, AnUploadKeptWholeKeepsEveryWriteOfIt) {
+    replica.write(kSales, R"({"id":1,"total":5})");
+    replica.write(kSales, R"({"id":2,"total":7})");
+    std::optional<PreparedUpload> upload = replica.prepare_upload();
+    ASSERT_TRUE(upload);
+    replica.mark_sent(upload->id);
+    const std::string why = "the upload is over magic_sync.max_upload_bytes";
+    auto kept_now = [&] {
+        std::vector<std::string> kept;
+        for (const KeptWrite& write : replica.kept())
+            kept.push_back(write.table + " " + write.key + " " + write.why);
+        return kept;
+    };
+    replica.apply(filed_message(1, 1, upload->id, {{"", "{}", why}}));
+    EXPECT_EQ(kept_now(), (std::vector<std::string>{kSales + " " + id_key(1) + " " + why,
+                                                    kSales + " " + id_key(2) + " " + why}));
+    EXPECT_TRUE(replica.local_writes().empty());
+    EXPECT_TRUE(replica.held_rows().empty());
+
+    replica.apply(filed_message(1, 2, upload->id, {{"", "{}", why + ", still"}}));
+    EXPECT_EQ(kept_now(),
+              (std::vector<std::string>{kSales + " " + id_key(1) + " " + why + ", still",
+                                        kSales + " " + id_key(2) + " " + why + ", still"}));
+
+    replica.apply(filed_message(1, 3, upload->id));
+    EXPECT_TRUE(replica.kept().empty());
+}
+
 // An answer in parts: each part settles the writes it names as kept; the upload and its other
 // writes stay until the last part, which files them.
 TEST_F(ReplicaTest, FiledAnswerInPartsFilesTheUploadWithItsLastPart) {
