@@ -273,6 +273,18 @@ SELECT sync.filed_parts('00000000-0000-0000-0000-0000000000a1',
                        'kept', jsonb_build_array(jsonb_build_object('t', 'shop.ghosts', 'k', '{"id": 1}'::jsonb,
                                                                     'why', repeat('no room ', 100)))),
     400) AS cut;
+-- A kept row whose key is too long to name within the limit, even with its reason cut, is named
+-- by its hash (protocol version 2): the answer still fits.
+SELECT sync.receive('00000000-0000-0000-0000-0000000000a1', up('10000000-0000-0000-0000-000000000015',
+    json_build_array(json_build_object('t', 'shop.ghosts', 'r', json_build_object('id', repeat('g', 800))))::text));
+SELECT messages FROM sync.pass();
+SELECT octet_length(sync.message(o.replica, o.seq)) <= 600 AS within, m->'v' AS v,
+       m->'kept'->0->'k' AS k,
+       m->'kept'->0->>'kh' = encode(sync.key_hash('shop.ghosts', jsonb_build_object('id', repeat('g', 800))), 'hex')
+           AS named_by_its_hash
+FROM sync.outbox o
+CROSS JOIN LATERAL (SELECT convert_from(sync.message(o.replica, o.seq), 'UTF8')::jsonb AS m) x
+WHERE o.kind = 'filed' AND m->>'upload' = '10000000-0000-0000-0000-000000000015' ORDER BY o.seq;
 RESET magic_sync.bytes_per_message;
 SELECT forget();
 

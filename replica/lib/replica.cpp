@@ -275,6 +275,29 @@ class Applier {
 
     enum class Filing { kAnsweredBefore, kFiledWithoutRows, kFiledRows, kFiledLater };
 
+    // The notes of an answer, each naming its key: one that names a key by its hash (too long
+    // for the message) takes the key of the write it names, among the (table, key) rows
+    // `candidates` selects for the upload; one that names none shows its hash.
+    std::vector<protocol::KeyNote> with_keys(const protocol::FiledMessage& filed,
+                                             const char* candidates) {
+        std::vector<protocol::KeyNote> notes = filed.kept;
+        std::map<protocol::Digest, std::string> by_hash;
+        for (protocol::KeyNote& note : notes) {
+            if (!note.key_hash) continue;
+            if (by_hash.empty()) {
+                Statement keys = database_.prepare(candidates);
+                keys.bind(1, filed.upload);
+                while (keys.step())
+                    by_hash[protocol::key_hash(keys.text(0), keys.text(1))] = keys.text(1);
+            }
+            auto found = by_hash.find(*note.key_hash);
+            note.key = found != by_hash.end()
+                           ? found->second
+                           : "{\"kh\":\"" + protocol::to_hex(*note.key_hash) + "\"}";
+        }
+        return notes;
+    }
+
     Filing file(const protocol::FiledMessage& filed) {
         Statement known = database_.prepare(
             "SELECT (SELECT count(*) FROM local_writes WHERE upload = ?1) FROM uploads WHERE id = "
@@ -286,7 +309,8 @@ class Applier {
         // A note of no table: the server kept the upload whole (it could not read it), every
         // write of it with that reason.
         std::optional<std::string> kept_whole;
-        for (const protocol::KeyNote& note : filed.kept) {
+        for (const protocol::KeyNote& note :
+             with_keys(filed, "SELECT tbl, key FROM local_writes WHERE upload = ?1")) {
             if (note.table.empty()) {
                 kept_whole = note.why;
             } else {
@@ -345,7 +369,8 @@ class Applier {
             "INSERT OR IGNORE INTO kept_named (upload, tbl, key) VALUES (?1, ?2, ?3)");
         Statement why = database_.prepare(
             "UPDATE kept SET why = ?4 WHERE upload = ?1 AND tbl = ?2 AND key = ?3");
-        for (const protocol::KeyNote& note : filed.kept) {
+        for (const protocol::KeyNote& note :
+             with_keys(filed, "SELECT tbl, key FROM kept WHERE upload = ?1")) {
             if (note.table.empty()) {
                 // Still kept whole: every kept write of it.
                 database_

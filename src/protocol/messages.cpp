@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "protocol/canonical.hpp"
+#include "protocol/fingerprint.hpp"
 #include "protocol/json_tree.hpp"
 
 namespace magic_sync::protocol {
@@ -31,7 +32,8 @@ bool operator==(const DownRow& a, const DownRow& b) {
     return std::tie(a.table, a.key, a.body) == std::tie(b.table, b.key, b.body);
 }
 bool operator==(const KeyNote& a, const KeyNote& b) {
-    return std::tie(a.table, a.key, a.why) == std::tie(b.table, b.key, b.why);
+    return std::tie(a.table, a.key, a.why, a.key_hash) ==
+           std::tie(b.table, b.key, b.why, b.key_hash);
 }
 bool operator==(const Chunk& a, const Chunk& b) {
     return std::tie(a.scope, a.from, a.to, a.rows) == std::tie(b.scope, b.from, b.to, b.rows);
@@ -140,7 +142,11 @@ void append_down_row(std::string& out, const DownRow& row) {
 void append_key_note(std::string& out, const KeyNote& note) {
     ObjectWriter object(out);
     object.string_field("t", note.table);
-    object.raw_field("k", note.key);
+    if (note.key_hash) {
+        object.string_field("kh", to_hex(*note.key_hash));
+    } else {
+        object.raw_field("k", note.key);
+    }
     object.string_field("why", note.why);
     object.close();
 }
@@ -219,7 +225,10 @@ std::string encode_rows(const RowsMessage& message, const std::vector<std::strin
 
 std::string encode(const FiledMessage& message) {
     std::string out;
-    ObjectWriter object = open_down(out, "filed", message.header);
+    const bool hashed = std::any_of(message.kept.begin(), message.kept.end(),
+                                    [](const KeyNote& note) { return note.key_hash.has_value(); });
+    ObjectWriter object =
+        open_down(out, "filed", message.header, hashed ? kVersion : kFirstVersion);
     object.string_field("upload", message.upload);
     append_list(object.field("kept"), message.kept, append_key_note);
     if (message.more) object.raw_field("more", "true");
@@ -249,17 +258,23 @@ std::vector<FiledMessage> split_filed(const FiledMessage& answer, size_t max_byt
     std::vector<FiledMessage> parts;
     FiledMessage part{answer.header, answer.upload, {}, false};
     size_t used = 0;
+    const auto cut_why = [&](KeyNote& note, size_t size) {
+        const size_t over = size - room + kCutMark.size();
+        if (over >= note.why.size()) return size;
+        size_t keep = note.why.size() - over;
+        while (keep > 0 && (static_cast<unsigned char>(note.why[keep]) & 0xc0) == 0x80) --keep;
+        note.why = note.why.substr(0, keep) + kCutMark;
+        return note_size(note);
+    };
     for (KeyNote note : answer.kept) {
         size_t size = note_size(note);
-        if (size > room) {
-            const size_t over = size - room + kCutMark.size();
-            if (over < note.why.size()) {
-                size_t keep = note.why.size() - over;
-                while (keep > 0 && (static_cast<unsigned char>(note.why[keep]) & 0xc0) == 0x80)
-                    --keep;
-                note.why = note.why.substr(0, keep) + kCutMark;
-                size = note_size(note);
-            }
+        if (size > room) size = cut_why(note, size);
+        if (size > room && !note.key_hash) {
+            // A key too long to name within the limit is named by its hash.
+            note.key_hash = key_hash(note.table, note.key);
+            note.key.clear();
+            size = note_size(note);
+            if (size > room) size = cut_why(note, size);
         }
         if (!part.kept.empty() && used + size > room) {
             part.more = true;
@@ -653,8 +668,16 @@ std::vector<KeyNote> decode_key_notes(const std::optional<Field>& list, RowBudge
     std::vector<KeyNote> notes;
     if (!list) return notes;
     for (const Field& item : budget.take(*list)) {
-        notes.push_back(KeyNote{item.member("t").string(), item.member("k").object_payload(),
-                                item.member("why").string()});
+        KeyNote note;
+        note.table = item.member("t").string();
+        if (std::optional<Field> hash = item.optional_member("kh")) {
+            if (item.optional_member("k")) item.fail("names its key twice (\"k\" and \"kh\")");
+            note.key_hash = hash->digest();
+        } else {
+            note.key = item.member("k").object_payload();
+        }
+        note.why = item.member("why").string();
+        notes.push_back(std::move(note));
     }
     return notes;
 }

@@ -8,7 +8,8 @@
 //   filed:  "upload":UUID, "kept":[{"t":..,"k":{..},"why":".."},...], "more":true?
 //           (an answer too big for one message comes in parts; every part but the last says
 //           "more", and the upload is filed once the last has come; a later answer to the same
-//           upload, after the server filed kept rows of it, names what is still kept of it)
+//           upload, after the server filed kept rows of it, names what is still kept of it; a
+//           key too long to fit a message is named by its hash: {"t":..,"kh":"<64 hex k>",..})
 //   ranges: "scope":.., "ranges":[[LO,HI],...]
 //   repair: "scope":.., "lo":LO, "hi":HI, "rows":[ROW,...]
 //   ROW = {"t":table,"k":{key},"r":{row},"h":"<64 hex v>"}, or {"t":..,"k":{..},"r":null} for a row
@@ -18,7 +19,8 @@
 //    "untaken":[{"seq":N,"t":..,"k":{..},"why":".."},...]?,
 //    "holds":{scope:{"through":N,"fp":"<64 hex>","n":N,"ranges":[[LO,HI,"<64 hex fp>",N],...]?}}?}
 // V is the lowest version that reads the message right: 2 for a rows message that drops tables
-// (a build of version 1 would not know the field and keep the rows), 1 for every other message.
+// (a build of version 1 would not know the field and keep the rows) and for a filed message that
+// names a key by its hash, 1 for every other message.
 // Fields marked ? are left out when empty. Encoding writes fields in exactly this order with no
 // whitespace, so equal messages encode to equal bytes. Decoding accepts any order, ignores fields
 // it does not know and refuses duplicate keys.
@@ -86,8 +88,12 @@ struct DownRow {
 // A row named by key with a reason: withheld (rows), kept (filed).
 struct KeyNote {
     std::string table;
-    std::string key;
+    std::string key;  // "" when the note names the key by its hash
     std::string why;
+    // A filed answer names a key too long for a message of its limit by its hash k (key_hash of
+    // the table and key), "kh":"<64 hex>" in place of "k": the replica matches it against the
+    // keys of its own writes.
+    std::optional<Digest> key_hash = std::nullopt;
 };
 
 struct Chunk {

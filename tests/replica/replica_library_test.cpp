@@ -565,6 +565,35 @@ TEST_F(ReplicaTest, AnUploadKeptWholeKeepsEveryWriteOfIt) {
     EXPECT_TRUE(replica.kept().empty());
 }
 
+// A key too long for the server's messages is named by its hash: the write it names is kept, the
+// others filed; a later answer naming it so keeps it, one naming nothing files it.
+TEST_F(ReplicaTest, AKeptKeyNamedByItsHashKeepsItsWrite) {
+    const std::string long_id = std::string(2000, 'x');
+    replica.write(kSales, R"({"id":")" + long_id + R"(","total":5})");
+    replica.write(kSales, R"({"id":2,"total":7})");
+    std::optional<PreparedUpload> upload = replica.prepare_upload();
+    ASSERT_TRUE(upload);
+    replica.mark_sent(upload->id);
+    const std::string key = R"({"id":")" + long_id + R"("})";
+    protocol::KeyNote note{kSales, "", "index row size exceeds the maximum"};
+    note.key_hash = protocol::key_hash(kSales, key);
+    protocol::FiledMessage answer{protocol::MessageHeader{kReplicaId, 1, 1}, upload->id, {note}};
+    replica.apply(protocol::encode(answer));
+    ASSERT_EQ(replica.kept().size(), 1u);
+    EXPECT_EQ(replica.kept()[0].key, key);
+    EXPECT_EQ(replica.kept()[0].why, "index row size exceeds the maximum");
+    EXPECT_TRUE(replica.kept()[0].json.has_value());
+    EXPECT_TRUE(replica.local_writes().empty());
+
+    answer.header.seq = 2;
+    replica.apply(protocol::encode(answer));
+    EXPECT_EQ(replica.kept().size(), 1u);
+    answer.header.seq = 3;
+    answer.kept.clear();
+    replica.apply(protocol::encode(answer));
+    EXPECT_TRUE(replica.kept().empty());
+}
+
 // An answer in parts: each part settles the writes it names as kept; the upload and its other
 // writes stay until the last part, which files them.
 TEST_F(ReplicaTest, FiledAnswerInPartsFilesTheUploadWithItsLastPart) {

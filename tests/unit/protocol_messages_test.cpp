@@ -237,6 +237,46 @@ TEST(SplitFiled, CutsAReasonTooLongForAnyPart) {
     EXPECT_GT(encode(widest).size(), 900u) << "cut more than it had to";
 }
 
+// A key too long to name within the limit, even with its reason cut, is named by its hash: the
+// part fits, says version 2 (a build of version 1 would not know "kh"), and reads back.
+TEST(SplitFiled, NamesAKeyTooLongForAnyPartByItsHash) {
+    const std::string key = R"({"id":")" + std::string(3000, 'x') + R"("})";
+    FiledMessage answer{header(18),
+                        kUpload,
+                        {KeyNote{"shop.sales", R"({"id":1})", "no such sale"},
+                         KeyNote{"shop.sales", key, "index row size exceeds the maximum"}}};
+    std::vector<FiledMessage> parts = split_filed(answer, 1000);
+    std::vector<KeyNote> joined;
+    for (const FiledMessage& part : parts) {
+        FiledMessage widest = part;
+        widest.header.gen = widest.header.seq = std::numeric_limits<int64_t>::max();
+        EXPECT_LE(encode(widest).size(), 1000u);
+        joined.insert(joined.end(), part.kept.begin(), part.kept.end());
+    }
+    ASSERT_EQ(joined.size(), 2u);
+    EXPECT_EQ(joined[0], answer.kept[0]);
+    EXPECT_EQ(joined[1].key, "");
+    EXPECT_EQ(joined[1].key_hash, key_hash("shop.sales", key));
+    EXPECT_EQ(joined[1].why, "index row size exceeds the maximum");
+
+    const FiledMessage& last = parts.back();
+    const std::string text = encode(last);
+    EXPECT_EQ(text.substr(0, 6), R"({"v":2)");
+    EXPECT_NE(text.find(R"("kh":")" + to_hex(key_hash("shop.sales", key)) + R"(")"),
+              std::string::npos);
+    EXPECT_EQ(std::get<FiledMessage>(decode_down(text)), last);
+    EXPECT_EQ(encode(parts.front()).substr(0, 6), parts.size() > 1 ? R"({"v":1)" : R"({"v":2)");
+}
+
+// A note names its key once: by "k" or by "kh".
+TEST(Wire, AKeptNoteWithBothKeysIsRefused) {
+    EXPECT_EQ(down_refusal(R"({"v":2,"kind":"filed","replica":")" + kReplica +
+                           R"(","gen":3,"seq":18,"upload":")" + kUpload +
+                           R"(","kept":[{"t":"shop.sales","k":{"id":1},"kh":")" +
+                           std::string(64, '0') + R"(","why":"x"}]})"),
+              R"(filed: field "kept"[0] names its key twice ("k" and "kh"))");
+}
+
 TEST(Wire, Ranges) {
     EXPECT_EQ(encode(small_ranges()),
               R"({"v":1,"kind":"ranges","replica":")" + kReplica +
