@@ -256,5 +256,30 @@ FROM sync.status s JOIN shop.registers g ON g.id = s.replica ORDER BY g.label;
 SELECT notes_backlog, relay_pid = pg_backend_pid() AS this_session_relays, set_aside_notes
 FROM sync.health;
 
+-- A row too big to travel whose key is itself too long for a withheld note within the limit is
+-- withheld all the same, named by its key's hash (protocol version 2), and the rows after it go on.
+SELECT deliver_all();
+DELETE FROM sync.set_aside;
+CREATE TABLE shop.notices (code text PRIMARY KEY, body text);
+SELECT sync.catalog('shop.notices');
+SET magic_sync.bytes_per_message = 600;
+INSERT INTO shop.notices VALUES (repeat('k', 700), 'long key'), ('short', 'after it');
+SELECT messages FROM sync.pass();
+SELECT g.label AS register, o.seq, y.rows, m->'v' AS v,
+       (SELECT string_agg(w->>'t' || ' ' || coalesce(w->'k'->>'id', 'kh'), ', ')
+        FROM jsonb_array_elements(m->'withheld') w) AS withheld,
+       (SELECT w->>'kh' FROM jsonb_array_elements(m->'withheld') w WHERE w->>'t' = 'shop.notices')
+       = encode(sync.key_hash('shop.notices', jsonb_build_object('code', repeat('k', 700))), 'hex')
+           AS named_by_its_hash,
+       octet_length(sync.message(o.replica, o.seq)) <= 600 AS within_limit
+FROM sync.outbox o JOIN shop.registers g ON g.id = o.replica
+CROSS JOIN LATERAL (SELECT convert_from(sync.message(o.replica, o.seq), 'UTF8')::jsonb AS m) x
+LEFT JOIN LATERAL (SELECT string_agg(r->'k'->>'code', ' ') AS rows
+                   FROM jsonb_array_elements(m->'chunks') c, jsonb_array_elements(c->'rows') r) y ON true
+WHERE o.sent_at IS NULL AND g.label = 'a1' ORDER BY o.seq;
+SELECT left(key->>'code', 10) AS key, withheld FROM sync.row
+WHERE codec = (SELECT id FROM sync.codec WHERE table_name = 'shop.notices') ORDER BY 1;
+RESET magic_sync.bytes_per_message;
+
 \c regression
 DROP DATABASE pass_test;

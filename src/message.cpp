@@ -42,12 +42,15 @@ std::string assemble(magic_sync::pg::Spi& spi, const std::string& replica, const
         "SELECT unnest(table_drops) FROM sync.outbox WHERE replica = $1::uuid AND seq = $2::bigint",
         key));
     for (const auto& note :
-         spi.query("SELECT w->>'t', sync.canonical(w->'k'), w->>'why' FROM sync.outbox o,"
+         spi.query("SELECT w->>'t', sync.canonical(w->'k'), w->>'why', w->>'kh' FROM sync.outbox o,"
                    " unnest(o.chunks) WITH ORDINALITY AS u(id, position)"
                    " JOIN sync.chunk c ON c.id = u.id, jsonb_array_elements(c.withheld) w"
                    " WHERE o.replica = $1::uuid AND o.seq = $2::bigint ORDER BY u.position",
-                   key))
-        message.withheld.push_back({note[0].value(), note[1].value(), note[2].value()});
+                   key)) {
+        protocol::KeyNote withheld{note[0].value(), note[1].value_or(""), note[2].value()};
+        if (note[3]) withheld.key_hash = protocol::digest_from_hex(*note[3]);
+        message.withheld.push_back(std::move(withheld));
+    }
     std::vector<std::string> chunks = column_of(spi.query(
         "SELECT c.body FROM sync.outbox o, unnest(o.chunks) WITH ORDINALITY AS u(id, position)"
         " JOIN sync.chunk c ON c.id = u.id"

@@ -643,7 +643,9 @@ void build_chunks(Spi& spi, int ahead) {
     const std::string bytes_limit = std::to_string(settings::bytes_per_message);
     // Picked in runs of rows_per_message rows (grp); the first run is cut as its rows are picked:
     // rows that fit, in order, until the running size passes the budget; the rows from there on
-    // are dropped. A row too big for any message takes no room: it is withheld. The row's size
+    // are dropped, never the first (a withheld row's note always fits a message whose limit
+    // leaves room for one note named by its hash). A row too big for any message takes no room:
+    // it is withheld. The row's size
     // is worked out where its key is encoded (OFFSET 0: pulled up, the key was encoded once for
     // the row and again for its size).
     spi.execute(
@@ -651,8 +653,8 @@ void build_chunks(Spi& spi, int ahead) {
         " codec, key, table_name, ktext, body, hash, size, fits, dropped, last_fetched, echo)"
         " SELECT p.origin, p.scope, p.grp, p.head, p.scope_name, p.budget, p.seq, p.codec, p.key,"
         " p.table_name, p.ktext, p.body, p.hash, p.size, p.fits, CASE WHEN p.grp = 0 THEN"
-        "  sum(CASE WHEN p.fits THEN p.size + 1"
-        "   ELSE sync.withheld_size(p.table_name, p.ktext, 'too big') END)"
+        "  p.position > 1 AND sum(CASE WHEN p.fits THEN p.size + 1"
+        "   ELSE sync.withheld_size(p.scope_name, p.table_name, p.ktext, 'too big') END)"
         "  OVER (PARTITION BY p.scope, p.origin ORDER BY p.seq) > p.budget"
         "  WHEN p.grp > 0 THEN false END,"
         " p.position % $1::int = 0, p.echo"
@@ -689,7 +691,7 @@ void build_chunks(Spi& spi, int ahead) {
         "  max(seq) FILTER (WHERE NOT dropped) AS last_seq,"
         "  count(*) FILTER (WHERE fits AND NOT dropped) AS rows,"
         "  coalesce(sum(size + 1) FILTER (WHERE fits AND NOT dropped), 0)"
-        "  + coalesce(sum(sync.withheld_size(table_name, ktext, 'too big'))"
+        "  + coalesce(sum(sync.withheld_size(scope_name, table_name, ktext, 'too big'))"
         "   FILTER (WHERE NOT fits AND NOT dropped), 0) AS row_bytes,"
         "  coalesce(bool_or(echo), false) AS echoes,"
         "  array_agg(seq) FILTER (WHERE fits AND NOT dropped) AS seqs,"
@@ -697,9 +699,9 @@ void build_chunks(Spi& spi, int ahead) {
         "  array_agg(ktext) FILTER (WHERE fits AND NOT dropped) AS keys,"
         "  array_agg(body) FILTER (WHERE fits AND NOT dropped) AS bodies,"
         "  array_agg(hash) FILTER (WHERE fits AND NOT dropped) AS hashes,"
-        "  jsonb_agg(jsonb_build_object('t', table_name, 'k', key, 'why', 'too big')"
+        "  jsonb_agg(sync.withheld_note(scope_name, table_name, ktext, 'too big')"
         "   ORDER BY seq) FILTER (WHERE NOT fits AND NOT dropped) AS withheld,"
-        "  sum(sync.withheld_size(table_name, ktext, 'too big'))"
+        "  sum(sync.withheld_size(scope_name, table_name, ktext, 'too big'))"
         "   FILTER (WHERE NOT fits AND NOT dropped) AS withheld_bytes"
         "  FROM pg_temp.magic_sync_pick GROUP BY origin, scope, coalesce(grp, 0)),"
         " started AS (SELECT r.*, CASE WHEN r.grp = 0 THEN r.origin ELSE"

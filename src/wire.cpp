@@ -146,17 +146,24 @@ MAGIC_SYNC_FUNCTION(magic_sync_row_travels) {
         static_cast<size_t>(magic_sync::settings::bytes_per_message)));
 }
 
-// sync.withheld_size(table text, key text, why text) → int: the bytes a withheld note adds
-// (its comma included).
+// sync.withheld_note(scope text, table text, key text, why text) → jsonb: the note that announces
+// a withheld row of the scope, naming its key or, when that is too long, its hash
+// (protocol::withheld_note).
+MAGIC_SYNC_FUNCTION(magic_sync_withheld_note) {
+    const std::string list = protocol::encode_key_notes({protocol::withheld_note(
+        magic_sync::pg::text_arg(fcinfo, 0), magic_sync::pg::text_arg(fcinfo, 1),
+        magic_sync::pg::text_arg(fcinfo, 2), magic_sync::pg::text_arg(fcinfo, 3),
+        static_cast<size_t>(magic_sync::settings::bytes_per_message))});
+    return magic_sync::pg::jsonb_datum(list.substr(1, list.size() - 2));
+}
+
+// sync.withheld_size(scope text, table text, key text, why text) → int: the bytes that note adds
+// to a rows message (its comma included).
 MAGIC_SYNC_FUNCTION(magic_sync_withheld_size) {
-    protocol::RowsMessage one;
-    one.withheld.push_back({magic_sync::pg::text_arg(fcinfo, 0),
-                            magic_sync::pg::text_arg(fcinfo, 1),
-                            magic_sync::pg::text_arg(fcinfo, 2)});
-    protocol::RowsMessage two = one;
-    two.withheld.push_back(one.withheld.front());
-    return Int32GetDatum(
-        static_cast<int32>(protocol::encode(two).size() - protocol::encode(one).size()));
+    return Int32GetDatum(static_cast<int32>(protocol::withheld_note_size(protocol::withheld_note(
+        magic_sync::pg::text_arg(fcinfo, 0), magic_sync::pg::text_arg(fcinfo, 1),
+        magic_sync::pg::text_arg(fcinfo, 2), magic_sync::pg::text_arg(fcinfo, 3),
+        static_cast<size_t>(magic_sync::settings::bytes_per_message)))));
 }
 
 // sync.encode_chunk(scope, from, to, seqs bigint[], tables text[], keys text[], bodies text[],

@@ -225,13 +225,21 @@ class Applier {
     // A row the server withholds (too big for any message) is outside both sides' fingerprints:
     // a version of it held from before goes.
     void withhold(const protocol::KeyNote& note) {
-        if (!find_row_.bind(1, note.table).bind(2, note.key).step()) return;
+        std::string key = note.key;
+        if (note.key_hash) {
+            // Named by its hash (a key too long for the note): the held row with that k.
+            Statement by_hash = database_.prepare("SELECT key FROM rows WHERE tbl = ?1 AND k = ?2");
+            by_hash.bind(1, note.table).bind_blob(2, blob_of(*note.key_hash));
+            if (!by_hash.step()) return;
+            key = by_hash.text(0);
+        }
+        if (!find_row_.bind(1, note.table).bind(2, key).step()) return;
         const std::string held_scope = find_row_.text(0);
         const Digest v = digest_of(find_row_.blob(1));
         find_row_.run();
         scope(held_scope)
-            .fingerprint.remove(protocol::element(protocol::key_hash(note.table, note.key), v));
-        delete_row_.bind(1, note.table).bind(2, note.key).run();
+            .fingerprint.remove(protocol::element(protocol::key_hash(note.table, key), v));
+        delete_row_.bind(1, note.table).bind(2, key).run();
     }
 
     void apply_repair(const protocol::RepairMessage& repair) {
@@ -655,7 +663,10 @@ ApplyResult Replica::apply(std::string_view message) {
         for (const protocol::Chunk& chunk : rows->chunks) applier.apply_chunk(chunk);
         for (const protocol::KeyNote& note : rows->withheld) {
             applier.withhold(note);
-            add_notice("withheld by the server: " + note.table + " " + note.key + ": " + note.why);
+            add_notice(
+                "withheld by the server: " + note.table + " " +
+                (note.key_hash ? "(key hash " + protocol::to_hex(*note.key_hash) + ")" : note.key) +
+                ": " + note.why);
         }
     } else if (const auto* filed = std::get_if<protocol::FiledMessage>(&decoded)) {
         Applier::Filing filing = applier.file(*filed);

@@ -179,8 +179,11 @@ ObjectWriter open_down(std::string& out, std::string_view kind, const MessageHea
 template <typename ChunkTexts>
 std::string encode_rows_with(const RowsMessage& message, const ChunkTexts& chunks) {
     std::string out;
-    ObjectWriter object = open_down(out, "rows", message.header,
-                                    message.drop_tables.empty() ? kFirstVersion : kVersion);
+    const bool hashed = std::any_of(message.withheld.begin(), message.withheld.end(),
+                                    [](const KeyNote& note) { return note.key_hash.has_value(); });
+    ObjectWriter object =
+        open_down(out, "rows", message.header,
+                  message.drop_tables.empty() && !hashed ? kFirstVersion : kVersion);
     if (!message.reset.empty()) append_scopes(object.field("reset"), message.reset);
     if (!message.drop.empty()) append_scopes(object.field("drop"), message.drop);
     if (!message.drop_tables.empty()) {
@@ -398,6 +401,25 @@ size_t rows_envelope_size(const std::vector<std::string>& reset,
     const size_t one = encode(one_note).size();
     const size_t two = encode(two_notes).size();
     return none + (one - none) - (two - one) + 1;
+}
+
+KeyNote withheld_note(std::string_view scope, std::string_view table, std::string_view key,
+                      std::string_view why, size_t max_bytes) {
+    constexpr int64_t kLargestSeq = std::numeric_limits<int64_t>::max();
+    static const size_t envelope = rows_envelope_size({"*"}, {}, {});
+    KeyNote note{std::string(table), std::string(key), std::string(why)};
+    const size_t around = envelope + chunk_overhead(scope, kLargestSeq, kLargestSeq) + 1;
+    if (around + withheld_note_size(note) > max_bytes) {
+        note.key_hash = key_hash(table, key);
+        note.key.clear();
+    }
+    return note;
+}
+
+size_t withheld_note_size(const KeyNote& note) {
+    std::string out;
+    append_key_note(out, note);
+    return out.size() + 1;
 }
 
 size_t drops_fitting(const std::vector<std::string>& reset, const std::vector<std::string>& drop,

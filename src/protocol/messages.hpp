@@ -4,7 +4,8 @@
 // Down (server → replica); every one starts {"v":V,"kind":K,"replica":UUID,"gen":G,"seq":S, then:
 //   rows:   "reset":[scope,...]?, "drop":[scope,...]?, "drop_tables":[table,...]?,
 //           "chunks":[{"scope":..,"from":F,"to":T,"rows":[ROW,...]},...],
-//           "withheld":[{"t":..,"k":{..},"why":".."},...]?
+//           "withheld":[{"t":..,"k":{..},"why":".."},...]? (a key too long for a note within
+//           the limit is named by its hash: "kh":"<64 hex k>" in place of "k")
 //   filed:  "upload":UUID, "kept":[{"t":..,"k":{..},"why":".."},...], "more":true?
 //           (an answer too big for one message comes in parts; every part but the last says
 //           "more", and the upload is filed once the last has come; a later answer to the same
@@ -19,8 +20,8 @@
 //    "untaken":[{"seq":N,"t":..,"k":{..},"why":".."},...]?,
 //    "holds":{scope:{"through":N,"fp":"<64 hex>","n":N,"ranges":[[LO,HI,"<64 hex fp>",N],...]?}}?}
 // V is the lowest version that reads the message right: 2 for a rows message that drops tables
-// (a build of version 1 would not know the field and keep the rows) and for a filed message that
-// names a key by its hash, 1 for every other message.
+// (a build of version 1 would not know the field and keep the rows) and for a message that names
+// a key by its hash, 1 for every other message.
 // Fields marked ? are left out when empty. Encoding writes fields in exactly this order with no
 // whitespace, so equal messages encode to equal bytes. Decoding accepts any order, ignores fields
 // it does not know and refuses duplicate keys.
@@ -236,6 +237,13 @@ size_t rows_envelope_overhead();  // no chunks, 36-byte replica, gen and seq of 
 size_t rows_envelope_size(const std::vector<std::string>& reset,
                           const std::vector<std::string>& drop,
                           const std::vector<std::string>& drop_tables);
+// The note that announces a withheld row of `scope`: it names the key or, when that note would not
+// fit a rows message of max_bytes beside the widest envelope and the scope's chunk frame, the
+// key's hash, so that a note always fits where its row could not.
+KeyNote withheld_note(std::string_view scope, std::string_view table, std::string_view key,
+                      std::string_view why, size_t max_bytes);
+// The bytes a withheld note adds to a rows message, its comma included.
+size_t withheld_note_size(const KeyNote& note);
 // How many names of `drop`, then of `drop_tables`, one rows message with `reset` can carry within
 // max_bytes (as rows_envelope_size counts them); at least one when there is any, so that a name
 // longer than the limit still goes, alone.

@@ -41,8 +41,13 @@ AS 'MODULE_PATHNAME', 'magic_sync_drops_fitting' LANGUAGE C STABLE STRICT PARALL
 CREATE FUNCTION sync.row_travels(scope text, "table" text, key text, body text) RETURNS boolean
 AS 'MODULE_PATHNAME', 'magic_sync_row_travels' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 
-CREATE FUNCTION sync.withheld_size("table" text, key text, why text) RETURNS int
-AS 'MODULE_PATHNAME', 'magic_sync_withheld_size' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+-- The note announcing a withheld row of a scope (its key, or its key's hash when the key is too
+-- long for a note within magic_sync.bytes_per_message), and the bytes it adds to a message.
+CREATE FUNCTION sync.withheld_note(scope text, "table" text, key text, why text) RETURNS jsonb
+AS 'MODULE_PATHNAME', 'magic_sync_withheld_note' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION sync.withheld_size(scope text, "table" text, key text, why text) RETURNS int
+AS 'MODULE_PATHNAME', 'magic_sync_withheld_size' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 
 CREATE FUNCTION sync.encode_chunk(scope text, from_seq bigint, to_seq bigint, seqs bigint[],
                                   tables text[], keys text[], bodies text[], hashes text[])

@@ -174,6 +174,31 @@ TEST_F(ReplicaTest, AWithheldRowGoesFromWhereItWasHeld) {
               "withheld by the server: " + kProducts + " " + id_key(1) + ": too big");
 }
 
+// A withheld row whose key is too long for the server's note is named by its key's hash: the
+// held row with that hash goes all the same.
+TEST_F(ReplicaTest, AWithheldRowNamedByItsKeyHashGoes) {
+    replica.apply(rows_message(1, 1,
+                               {chunk("all", 0, 2,
+                                      {row(kProducts, id_key(1), product(1, "a")),
+                                       row(kProducts, id_key(2), product(2, "b"))})},
+                               {"*"}));
+    protocol::RowsMessage withheld;
+    withheld.header = {kReplicaId, 1, 2};
+    withheld.chunks.push_back(chunk("all", 2, 3, {}));
+    protocol::KeyNote note{kProducts, "", "too big"};
+    note.key_hash = protocol::key_hash(kProducts, id_key(1));
+    withheld.withheld.push_back(note);
+    ASSERT_EQ(replica.apply(protocol::encode(withheld)).outcome, Outcome::kApplied);
+    auto rows = held_by_key(replica);
+    EXPECT_EQ(rows.size(), 1u);
+    EXPECT_TRUE(rows.count(kProducts + id_key(2)));
+    EXPECT_EQ(replica.holdings().at(0).fingerprint, replica.recompute("all"));
+    const std::string notice = replica.notices().back();
+    EXPECT_EQ(notice.substr(notice.find("withheld")),
+              "withheld by the server: " + kProducts + " (key hash " +
+                  protocol::to_hex(*note.key_hash) + "): too big");
+}
+
 TEST_F(ReplicaTest, GenerationRules) {
     replica.apply(rows_message(
         2, 5, {chunk("all", 0, 1, {row(kProducts, id_key(1), product(1, "a"))})}, {"*"}));

@@ -268,6 +268,32 @@ TEST(SplitFiled, NamesAKeyTooLongForAnyPartByItsHash) {
     EXPECT_EQ(encode(parts.front()).substr(0, 6), parts.size() > 1 ? R"({"v":1)" : R"({"v":2)");
 }
 
+// A withheld row's note names its key while that note fits a message beside the widest envelope
+// and the scope's chunk frame, and its key's hash past that; a rows message with such a note is
+// version 2 and reads back.
+TEST(Sizes, AWithheldNoteNamesAKeyTooLongByItsHash) {
+    const std::string short_key = R"({"id":1})";
+    const std::string long_key = R"({"code":")" + std::string(700, 'k') + R"("})";
+    const KeyNote keyed = withheld_note("all", "shop.notices", short_key, "too big", 600);
+    EXPECT_EQ(keyed, (KeyNote{"shop.notices", short_key, "too big"}));
+    const KeyNote hashed = withheld_note("all", "shop.notices", long_key, "too big", 600);
+    EXPECT_EQ(hashed.key, "");
+    EXPECT_EQ(hashed.key_hash, key_hash("shop.notices", long_key));
+    EXPECT_EQ(withheld_note("all", "shop.notices", long_key, "too big", 2000).key, long_key);
+    RowsMessage rows;
+    rows.header = header(4);
+    rows.withheld = {keyed, hashed};
+    const std::string text = encode(rows);
+    EXPECT_EQ(text.substr(0, 6), R"({"v":2)");
+    EXPECT_EQ(std::get<RowsMessage>(decode_down(text)), rows);
+    EXPECT_EQ(
+        withheld_note_size(hashed), encode(rows).size() - [&] {
+            RowsMessage one = rows;
+            one.withheld.pop_back();
+            return encode(one).size();
+        }());
+}
+
 // A note names its key once: by "k" or by "kh".
 TEST(Wire, AKeptNoteWithBothKeysIsRefused) {
     EXPECT_EQ(down_refusal(R"({"v":2,"kind":"filed","replica":")" + kReplica +
