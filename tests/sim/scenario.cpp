@@ -55,6 +55,8 @@ const std::vector<StepKind>& step_kinds() {
          "a replica writes a both row it is not sent (another's: refused, kept)"},
         {"upload_crafted", "uploads",
          "a device's own upload: a number past double's range, holds of scopes it is not in"},
+        {"upload_too_many_rows", "uploads",
+         "a device's upload of more rows than max_upload_rows (kept whole, the limit named)"},
         {"kill_sender", "faults", "kill -9 of the sender, then a new one"},
         {"kill_replica", "faults", "kill -9 of a replica process, then it starts again"},
         {"kill_relay", "faults", "kill -9 of the relay's backend"},
@@ -78,7 +80,11 @@ std::string Step::text() const {
                    (key_columns.empty() ? "" : " --key " + key_columns);
             break;
         case Action::Receive:
-            out += ": sync.receive " + json;
+            out += ": sync.receive " +
+                   (json.size() <= 600
+                        ? json
+                        : json.substr(0, 600) + "... (" + std::to_string(json.size()) + " bytes)") +
+                   " → " + answer;
             break;
         case Action::Checkpoint: {
             out += ": live replicas";
@@ -102,6 +108,7 @@ enum class KeyKind { Int, BigInt, Uuid, Text, Composite };
 enum class Kind { CatalogAll, CatalogOwn, CatalogGroup, Record, Both };
 
 const int kRegions = 3;
+const int kMaxUploadRows = 10000;  // magic_sync.max_upload_rows, as the simulation leaves it
 
 // The generator's picture of a row: only what decides who holds it.
 struct Row {
@@ -753,6 +760,7 @@ class Generator {
             {"upload_catalog", 1},
             {"upload_foreign_both", 1},
             {"upload_crafted", 1},
+            {"upload_too_many_rows", 1},
             {"kill_sender", 1},
             {"kill_replica", 1},
             {"kill_relay", 1},
@@ -1331,7 +1339,26 @@ class Generator {
                 upload(kind, n, t.qualified(), text, {{"id", record_uuid(id)}}, 0, Action::Receive);
             step.json = std::string("{\"v\":1,\"id\":\"") + upload_id + "\",\"rows\":[{\"t\":\"" +
                         t.qualified() + "\",\"r\":" + text + "}],\"holds\":" + holds + "}";
+            step.answer = "filed";
+            scenario_.uploads[step.upload].crafted = true;
             records_.insert(step.upload);
+            return true;
+        }
+        if (kind == "upload_too_many_rows") {
+            // Refused while it is read, kept whole and answered with the limit named: never filed.
+            const int id = next_record();
+            const std::string marker = "too-many-" + std::to_string(id);
+            const std::string row = "{\"t\":\"sim.r2\",\"r\":{\"note\":\"" + marker + "\"}}";
+            char upload_id[40];
+            snprintf(upload_id, sizeof upload_id, "dddddddd-0000-4000-8000-%012d", id);
+            std::string rows;
+            for (int i = 0; i <= kMaxUploadRows; ++i) rows += (i ? "," : "") + row;
+            Step& step =
+                upload(kind, n, "sim.r2", "{}", {{"note", marker}}, 0, Action::Receive, true);
+            step.json =
+                std::string("{\"v\":1,\"id\":\"") + upload_id + "\",\"rows\":[" + rows + "]}";
+            step.answer = "kept";
+            scenario_.uploads[step.upload].crafted = true;
             return true;
         }
         if (kind == "upload_late_table") {

@@ -35,6 +35,7 @@ struct Upload {
     std::string contains;  // what the filed row must contain (jsonb @>)
     int blocker = 0;       // the blocker that keeps it from being filed until fixed (0: none)
     bool never = false;    // never filed (an upload of a catalog row): kept with a reason
+    bool crafted = false;  // made by hand, not by a reference replica: no kept list to check
 };
 
 // What a checkpoint verifies of one upload.
@@ -51,7 +52,8 @@ struct Step {
     std::string table;           // Write
     std::string json;            // Write
     std::string key_columns;     // Write: --key
-    int upload = -1;             // Write: its index in Scenario::uploads
+    int upload = -1;             // Write, Receive: its index in Scenario::uploads
+    std::string answer;          // Receive: what sync.receive must answer
     int unblocks = 0;            // the blocker this step fixes
     std::vector<int> live;       // Checkpoint: the replicas that are live now
     std::vector<Verify> verify;  // Checkpoint: uploads to check

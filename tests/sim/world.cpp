@@ -255,14 +255,15 @@ void World::run(const Step& step) {
                     answer = connected(route_, route_conninfo())
                                  .value("SELECT sync.receive($1::uuid, convert_to($2, 'UTF8'))",
                                         {replica_id(step.replica), step.json});
-                    if (answer == "filed" || answer == "answered again") return;
+                    if (answer == step.answer || answer == "answered again") return;
                 } catch (const std::exception& e) {
                     answer = e.what();
                     route_.reset();
                 }
                 std::this_thread::sleep_for(200ms);
             }
-            throw std::runtime_error("sync.receive did not file it within 60 s: " + answer);
+            throw std::runtime_error("sync.receive did not answer " + step.answer +
+                                     " within 60 s: " + answer);
         }
         case Action::KillSender:
             sender_->stop(SIGKILL);
