@@ -39,6 +39,20 @@ const char* const kDeliveries = R"sql(
 
 std::string deliveries(Connection& db) { return db.value(kDeliveries); }
 
+// What the relay holds, for a failure's message: notes, rows, members, chunks, outbox, set aside.
+std::string relay_state(Connection& db) {
+    return db.value(R"sql(
+        SELECT format(E'notes %s\nrows %s\nmembers %s\nchunks %s\noutbox %s\nset aside %s\n',
+            (SELECT count(*) FROM sync.note),
+            (SELECT string_agg(format('%s/%s seq %s withheld %s', scope, key, seq, withheld), '; ')
+             FROM sync.row),
+            (SELECT string_agg(format('%s/%s sent %s', replica, scope, sent), '; ') FROM sync.member),
+            (SELECT string_agg(format('%s %s..%s rows %s withheld %s', scope, from_seq, to_seq, rows,
+                                      withheld), '; ') FROM sync.chunk),
+            (SELECT string_agg(format('%s seq %s %s', replica, seq, kind), '; ') FROM sync.outbox),
+            (SELECT string_agg(format('%s %s %s', kind, key, reason), '; ') FROM sync.set_aside)))sql");
+}
+
 int count_in_log(const Cluster& cluster, const std::string& text) {
     std::string log = cluster.log();
     int count = 0;
@@ -359,7 +373,8 @@ TEST(Worker, RetriesWhatWasSetAsideAndReportsIt) {
     db.query("INSERT INTO products VALUES (1, repeat('x', 1000))");
     ASSERT_TRUE(eventually([&] {
         return db.value("SELECT count(*) FROM sync.set_aside WHERE kind = 'row'") == "1";
-    })) << shop.cluster.log();
+    })) << relay_state(db)
+        << shop.cluster.log();
     ASSERT_TRUE(eventually([&] {
         return count_in_log(
                    shop.cluster,
