@@ -724,7 +724,7 @@ void build_chunks(Spi& spi, int ahead) {
         " SELECT sync.keep('row', array_agg(w.codec), array_agg(w.key), array_agg(w.reason))"
         " FROM (SELECT DISTINCT ON (p.codec, p.key) p.codec, p.key, format('too big: %s bytes"
         " encoded, over the %s bytes a message may hold (magic_sync.bytes_per_message)', p.size,"
-        " p.budget) AS reason"
+        " sync.row_room(p.scope_name)) AS reason"
         " FROM pg_temp.magic_sync_pick p JOIN built b ON b.scope = p.scope AND p.seq > b.from_seq"
         "  AND p.seq <= b.to_seq"
         " WHERE NOT p.fits AND NOT p.dropped ORDER BY p.codec, p.key, p.budget) w"

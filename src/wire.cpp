@@ -123,6 +123,14 @@ MAGIC_SYNC_FUNCTION(magic_sync_envelope_size) {
         static_cast<int32>(protocol::rows_envelope_size(lists[0], lists[1], lists[2])));
 }
 
+// sync.row_room(scope text) → int: the most bytes an encoded row of the scope may take and still
+// travel within magic_sync.bytes_per_message (protocol::row_room).
+MAGIC_SYNC_FUNCTION(magic_sync_row_room) {
+    return Int32GetDatum(static_cast<int32>(
+        protocol::row_room(magic_sync::pg::text_arg(fcinfo, 0),
+                           static_cast<size_t>(magic_sync::settings::bytes_per_message))));
+}
+
 // sync.drops_fitting(reset text[], drops text[], table_drops text[]) → int: how many of the
 // drops, then of the table drops, one rows message carries within magic_sync.bytes_per_message
 // (protocol::drops_fitting); the rest wait for the next message.

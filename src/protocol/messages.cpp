@@ -465,6 +465,10 @@ size_t encoded_row_size(std::string_view table, std::string_view key,
 
 bool row_travels(std::string_view scope, std::string_view table, std::string_view key,
                  std::string_view row, size_t max_bytes) {
+    return encoded_row_size(table, key, row) <= row_room(scope, max_bytes);
+}
+
+size_t row_room(std::string_view scope, size_t max_bytes) {
     constexpr int64_t kLargestSeq = std::numeric_limits<int64_t>::max();
     static const size_t envelope = rows_envelope_size({"*"}, {}, {});
     RepairMessage repair;
@@ -476,7 +480,7 @@ bool row_travels(std::string_view scope, std::string_view table, std::string_vie
     const size_t around = std::max(envelope + chunk_overhead(scope, kLargestSeq, kLargestSeq),
                                    encode(repair).size()) +
                           1;
-    return around < max_bytes && encoded_row_size(table, key, row) + 1 <= max_bytes - around;
+    return around < max_bytes ? max_bytes - around - 1 : 0;  // its comma
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -260,5 +260,7 @@ size_t encoded_row_size(std::string_view table, std::string_view key,
 // replica's cursor stands, so the server, the replica and an oracle agree on it.
 bool row_travels(std::string_view scope, std::string_view table, std::string_view key,
                  std::string_view row, size_t max_bytes);
+// The most bytes an encoded row of `scope` may take and still travel (row_travels).
+size_t row_room(std::string_view scope, size_t max_bytes);
 
 }  // namespace magic_sync::protocol

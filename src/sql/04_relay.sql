@@ -41,6 +41,11 @@ AS 'MODULE_PATHNAME', 'magic_sync_drops_fitting' LANGUAGE C STABLE STRICT PARALL
 CREATE FUNCTION sync.row_travels(scope text, "table" text, key text, body text) RETURNS boolean
 AS 'MODULE_PATHNAME', 'magic_sync_row_travels' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 
+-- The most bytes an encoded row of the scope may take and still travel (what a withheld row's
+-- reason names).
+CREATE FUNCTION sync.row_room(scope text) RETURNS int
+AS 'MODULE_PATHNAME', 'magic_sync_row_room' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+
 -- The note announcing a withheld row of a scope (its key, or its key's hash when the key is too
 -- long for a note within magic_sync.bytes_per_message), and the bytes it adds to a message.
 CREATE FUNCTION sync.withheld_note(scope text, "table" text, key text, why text) RETURNS jsonb

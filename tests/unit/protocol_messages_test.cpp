@@ -689,6 +689,8 @@ TEST(Sizes, RowTravelsByTheRowAndItsScopeAlone) {
     fits += R"("})";
     EXPECT_EQ(encoded_row_size(table, key, fits) + 1, limit - around);
     EXPECT_TRUE(row_travels(scope, table, key, fits, limit));
+    EXPECT_EQ(row_room(scope, limit), encoded_row_size(table, key, fits));  // what a reason names
+    EXPECT_EQ(row_room(scope, around), 0u);
     const std::string one_more = fits.substr(0, fits.size() - 2) + R"(a"})";
     EXPECT_FALSE(row_travels(scope, table, key, one_more, limit));
     // A longer scope name leaves less room.
