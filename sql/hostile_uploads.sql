@@ -12,6 +12,8 @@ CREATE TABLE shop.products (id int PRIMARY KEY, name text NOT NULL);
 CREATE TABLE shop.sales (id int PRIMARY KEY, total numeric(10, 2) NOT NULL CHECK (total >= 0), note text);
 CREATE TABLE shop.notes (id text PRIMARY KEY, body text);
 CREATE TABLE shop.readings (id int PRIMARY KEY, value numeric);
+-- Records that go back down to their register.
+CREATE TABLE shop.scores (id int PRIMARY KEY, register_id uuid, score numeric);
 -- Without a row policy: the engine alone keeps each register to its own assignments.
 CREATE TABLE shop.assignments (id int PRIMARY KEY, register_id uuid, status text);
 CREATE TABLE shop.drawers (register_id uuid PRIMARY KEY, counted numeric(10, 2),
@@ -21,6 +23,7 @@ SELECT sync.catalog('shop.products');
 SELECT sync.record('shop.sales');
 SELECT sync.record('shop.notes');
 SELECT sync.record('shop.readings');
+SELECT sync.record('shop.scores', "to" => 'register_id');
 SELECT sync.both('shop.assignments', "to" => 'register_id', replica_columns => ARRAY['status']);
 SELECT sync.both('shop.drawers', "to" => 'register_id', replica_columns => ARRAY['counted']);
 
@@ -39,8 +42,8 @@ CREATE POLICY own_drawer ON shop.drawers
 CREATE ROLE hostile_route IN ROLE sync_receiver;
 GRANT USAGE ON SCHEMA shop TO hostile_route;
 GRANT SELECT ON shop.registers TO hostile_route;
-GRANT SELECT, INSERT, UPDATE ON shop.sales, shop.notes, shop.readings, shop.drawers, shop.assignments
-    TO hostile_route;
+GRANT SELECT, INSERT, UPDATE ON shop.sales, shop.notes, shop.readings, shop.drawers, shop.assignments,
+    shop.scores TO hostile_route;
 
 -- The hostile register, and a bystander that must not notice anything.
 INSERT INTO shop.registers VALUES ('00000000-0000-0000-0000-0000000000a1', 'hostile'),
@@ -172,7 +175,11 @@ INSERT INTO cases VALUES
 (69, 'another register''s assignment', id(69)::uuid, up(69, '[{"t":"shop.assignments","r":{"id":30,"status":"hijacked"}}]')),
 (70, 'a new assignment (whose would it be?)', id(70)::uuid, up(70, '[{"t":"shop.assignments","r":{"id":32,"status":"mine now"}}]')),
 (71, 'its own assignment, beside another''s', id(71)::uuid,
-    up(71, '[{"t":"shop.assignments","r":{"id":31,"status":"done"}},{"t":"shop.assignments","r":{"id":30,"status":"done too"}}]'));
+    up(71, '[{"t":"shop.assignments","r":{"id":31,"status":"done"}},{"t":"shop.assignments","r":{"id":30,"status":"done too"}}]')),
+-- A number no double holds cannot go down to a replica (which reads numbers as doubles): in a
+-- table whose rows go down it is that row's reason; the rest is filed.
+(72, 'a number past double''s range in a table whose rows go down', id(72)::uuid,
+    up(72, '[{"t":"shop.scores","r":{"id":72,"register_id":"00000000-0000-0000-0000-0000000000a1","score":1e400}},{"t":"shop.scores","r":{"id":73,"register_id":"00000000-0000-0000-0000-0000000000a1","score":2.5}}]'));
 
 -- What changes outside what receive writes for the relay (set_aside, answer, upload): the app's
 -- tables and the relay's state.
@@ -181,6 +188,7 @@ CREATE FUNCTION state() RETURNS TABLE (what text, digest text) LANGUAGE sql AS $
     UNION ALL SELECT 'shop.sales', md5(coalesce(string_agg(t::text, ',' ORDER BY t.id), '')) FROM shop.sales t
     UNION ALL SELECT 'shop.notes', md5(coalesce(string_agg(t::text, ',' ORDER BY t.id), '')) FROM shop.notes t
     UNION ALL SELECT 'shop.readings', md5(coalesce(string_agg(t::text, ',' ORDER BY t.id), '')) FROM shop.readings t
+    UNION ALL SELECT 'shop.scores', md5(coalesce(string_agg(t::text, ',' ORDER BY t.id), '')) FROM shop.scores t
     UNION ALL SELECT 'shop.assignments', md5(coalesce(string_agg(t::text, ',' ORDER BY t.id), '')) FROM shop.assignments t
     UNION ALL SELECT 'shop.drawers', md5(coalesce(string_agg(t::text, ',' ORDER BY t.register_id), '')) FROM shop.drawers t
     UNION ALL SELECT 'shop.registers', md5(coalesce(string_agg(t::text, ',' ORDER BY t.id), '')) FROM shop.registers t
@@ -247,6 +255,7 @@ FROM (SELECT * FROM cases ORDER BY n OFFSET 0) c, LATERAL run_case(c.message, c.
 SELECT id, total, short(note) AS note FROM shop.sales ORDER BY id;
 SELECT short(id) AS id, body FROM shop.notes ORDER BY id;
 SELECT id, value FROM shop.readings ORDER BY id;
+SELECT id, score FROM shop.scores ORDER BY id;
 SELECT a.id, r.label, a.status FROM shop.assignments a LEFT JOIN shop.registers r ON r.id = a.register_id ORDER BY a.id;
 SELECT r.label, d.counted, d.opened_by FROM shop.drawers d JOIN shop.registers r ON r.id = d.register_id ORDER BY 1;
 SELECT * FROM shop.products;

@@ -643,11 +643,11 @@ void build_chunks(Spi& spi, int ahead) {
     const std::string bytes_limit = std::to_string(settings::bytes_per_message);
     // Picked in runs of rows_per_message rows (grp); the first run is cut as its rows are picked:
     // rows that fit, in order, until the running size passes the budget; the rows from there on
-    // are dropped, never the first (a withheld row's note always fits a message whose limit
-    // leaves room for one note named by its hash). A row too big for any message takes no room:
-    // it is withheld. The row's size
-    // is worked out where its key is encoded (OFFSET 0: pulled up, the key was encoded once for
-    // the row and again for its size).
+    // are dropped, but never the first, so that a chunk always moves on (a withheld row's note,
+    // its key named by its hash when need be, fits any but the smallest limits). A row too big
+    // for any message takes no room: it is withheld. The row's size is worked out where its key
+    // is encoded (OFFSET 0: pulled up, the key was encoded once for the row and again for its
+    // size).
     spi.execute(
         "INSERT INTO pg_temp.magic_sync_pick (origin, scope, grp, head, scope_name, budget, seq,"
         " codec, key, table_name, ktext, body, hash, size, fits, dropped, last_fetched, echo)"

@@ -76,6 +76,7 @@ struct Codec {
     // the replicas relation `replicas` (sync.audience_sql). A replica changes only its own rows.
     Value audience;
     std::string replicas;
+    bool goes_down = false;  // its rows are sent to replicas
 };
 
 // What the senders' hooks say of the replica that files: what known() returned (none, with which
@@ -102,7 +103,7 @@ std::map<std::string, Codec> load_codecs(Spi& spi, const std::vector<protocol::U
     pg::as_extension_owner([&] {
         found = spi.query(
             "SELECT table_name, relation, kind, column_name, is_key, may_file, is_stamp,"
-            " is_required, audience, replicas"
+            " is_required, audience, replicas, goes_down"
             " FROM sync.receive_codecs(ARRAY(SELECT jsonb_array_elements_text($1::jsonb)))",
             {"[" + list + "]"});
     });
@@ -123,6 +124,7 @@ std::map<std::string, Codec> load_codecs(Spi& spi, const std::vector<protocol::U
         codec.kind = row[2].value();
         codec.audience = row[8];
         codec.replicas = row[9].value_or("");
+        codec.goes_down = row[10] == "t";
         Column column;
         column.raw = row[3].value();
         column.name = pg::quote_identifier(column.raw);
@@ -416,6 +418,17 @@ std::vector<Kept> file_rows(Spi& spi, const std::vector<protocol::UpRow>& rows, 
                                     "table " + row.table + " has no column " + lacking +
                                         ": the row is kept until it has, never filed without it"));
             continue;
+        }
+        if (codec.goes_down) {
+            if (std::optional<std::string> number = protocol::number_past_double(row.row)) {
+                flush();
+                kept.push_back(kept_row(i, row, std::move(key),
+                                        "the row holds " + number->substr(0, 40) +
+                                            (number->size() > 40 ? "..." : "") +
+                                            ", a number no double holds: the rows of " + row.table +
+                                            " go to replicas, which may read numbers as doubles"));
+                continue;
+            }
         }
         Shape shape = shape_of(codec, members);
         if (run.codec != &codec || !(run.shape == shape)) {

@@ -1,5 +1,8 @@
 #include "protocol/canonical.hpp"
 
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
 #include <stdexcept>
 
 #include "protocol/json_tree.hpp"
@@ -114,6 +117,34 @@ void append_json_object(std::string& out,
         out += members[i].second;
     }
     out += '}';
+}
+
+std::optional<std::string> number_past_double(std::string_view json) {
+    bool in_string = false;
+    for (size_t at = 0; at < json.size(); ++at) {
+        const char c = json[at];
+        if (in_string) {
+            if (c == '\\') {
+                ++at;  // the escaped character
+            } else if (c == '"') {
+                in_string = false;
+            }
+            continue;
+        }
+        if (c == '"') {
+            in_string = true;
+        } else if (c == '-' || (c >= '0' && c <= '9')) {
+            size_t end = at + 1;
+            while (end < json.size() &&
+                   (std::isdigit(static_cast<unsigned char>(json[end])) || json[end] == '.' ||
+                    json[end] == 'e' || json[end] == 'E' || json[end] == '+' || json[end] == '-'))
+                ++end;
+            const std::string lexeme(json.substr(at, end - at));
+            if (!std::isfinite(std::strtod(lexeme.c_str(), nullptr))) return lexeme;
+            at = end - 1;
+        }
+    }
+    return std::nullopt;
 }
 
 }  // namespace magic_sync::protocol

@@ -21,6 +21,7 @@
 
 #include "protocol/pure.hpp"
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -31,6 +32,11 @@
 namespace magic_sync::protocol {
 
 std::string canonical_json(std::string_view text, const Limits& limits = Limits{});
+
+// The first number of `json` (valid JSON, e.g. an uploaded row) that no double holds, as written;
+// none when every number fits one. Such a row cannot go down to a replica, which may read its
+// numbers as doubles (canonical_json refuses it).
+std::optional<std::string> number_past_double(std::string_view json);
 
 // Appends `value` as a canonical JSON string (quotes included). Throws std::invalid_argument if
 // `value` is not valid UTF-8.

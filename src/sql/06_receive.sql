@@ -62,11 +62,11 @@ $$;
 -- columns, kind 'undeclared': a row kept for it is named by its key, so the device can tell its
 -- rows apart and the retry, once the table is declared, answers which of them it filed.
 -- audience: a both codec's rule as SQL over the row `t` and the replica's row `r` of the
--- replicas relation (`replicas`).
+-- replicas relation (`replicas`). goes_down: the table's rows are sent to replicas.
 CREATE FUNCTION sync.receive_codecs(tables text[])
 RETURNS TABLE (table_name text, relation text, kind text, column_name text, is_key boolean,
                may_file boolean, is_stamp boolean, is_required boolean, audience text,
-               replicas text)
+               replicas text, goes_down boolean)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -84,7 +84,8 @@ BEGIN
            a.attname = ANY (c.stamp),
            a.attname = ANY (required.columns),
            CASE WHEN c.kind = 'both' THEN sync.audience_sql(c.id, 't', 'r') END,
-           (SELECT s.relation::text FROM sync.replica_set s)
+           (SELECT s.relation::text FROM sync.replica_set s),
+           c.audience <> 'nobody'
     FROM sync.codec c
     JOIN pg_class t ON t.oid = c.relation
     JOIN pg_namespace n ON n.oid = t.relnamespace
@@ -104,7 +105,7 @@ BEGIN
         CONTINUE WHEN user_table IS NULL OR sync.relation_name(user_table) <> undeclared;
         RETURN QUERY
         SELECT undeclared, undeclared, 'undeclared'::text, k.attname::text, true, false, false, false,
-               NULL::text, NULL::text
+               NULL::text, NULL::text, false
         FROM pg_class t
         JOIN pg_namespace n ON n.oid = t.relnamespace
         CROSS JOIN LATERAL unnest(sync.key_columns(t.oid)) WITH ORDINALITY AS k(attname, ord)

@@ -1318,8 +1318,9 @@ class Generator {
         }
         if (kind == "upload_crafted") {
             // Not the reference replica: a device of another make, whose JSON numbers are not
-            // doubles (a numeric column takes 1e400 exactly) and whose holds name any scope
-            // (only the replica's own are kept). Its record row is filed.
+            // doubles and whose holds name any scope (only the replica's own are kept). Its
+            // record row is filed, 1e400 exactly in a numeric column, unless the table's rows go
+            // back down to their owner: then it is kept (a replica may read numbers as doubles).
             std::vector<Table*> tables = tables_where([](const Table& t) {
                 return t.kind == Kind::Record && t.declared && t.late_blocker == 0;
             });
@@ -1335,8 +1336,8 @@ class Generator {
             const std::string holds = "{\"region=999\":{\"through\":1,\"fp\":\"" + zero_fp +
                                       "\",\"n\":0},\"owner=" + replica_uuid(n + 100) +
                                       "\":{\"through\":1,\"fp\":\"" + zero_fp + "\",\"n\":0}}";
-            Step& step =
-                upload(kind, n, t.qualified(), text, {{"id", record_uuid(id)}}, 0, Action::Receive);
+            Step& step = upload(kind, n, t.qualified(), text, {{"id", record_uuid(id)}}, 0,
+                                Action::Receive, t.record_to_owner);
             step.json = std::string("{\"v\":1,\"id\":\"") + upload_id + "\",\"rows\":[{\"t\":\"" +
                         t.qualified() + "\",\"r\":" + text + "}],\"holds\":" + holds + "}";
             step.answer = "filed";

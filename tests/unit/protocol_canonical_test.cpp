@@ -192,5 +192,15 @@ TEST(AppendJsonString, WritesAndRefusesAsNlohmannDumpDoes) {
     }
 }
 
+// The first number no double holds, as written, outside strings; none when all fit.
+TEST(NumberPastDouble, FindsTheFirstNumberNoDoubleHolds) {
+    EXPECT_EQ(number_past_double(R"({"a":1.5,"b":[1e308,-2],"c":"1e400"})"), std::nullopt);
+    EXPECT_EQ(number_past_double(R"({"a":1,"b":[2,1e400],"c":-1E+500})"), "1e400");
+    EXPECT_EQ(number_past_double(R"({"a\"1e400":-1E+500})"), "-1E+500");
+    EXPECT_EQ(number_past_double(R"({"tiny":1e-400})"), std::nullopt);  // 0 as a double
+    EXPECT_EQ(number_past_double("1" + std::string(400, '0')), "1" + std::string(400, '0'));
+}
+
 }  // namespace
+
 }  // namespace magic_sync::protocol
