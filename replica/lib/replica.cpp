@@ -450,6 +450,9 @@ class Applier {
         Statement save = database_.prepare(
             "INSERT OR REPLACE INTO scopes (scope, through, fp, n) VALUES (?1, ?2, ?3, ?4)");
         Statement remove = database_.prepare("DELETE FROM scopes WHERE scope = ?1");
+        // A scope left is no longer reported: given back later, even as it was, it is reported
+        // again (the server forgot, or never took, what was said of it).
+        Statement unsaid = database_.prepare("DELETE FROM advertised WHERE scope = ?1");
         for (const auto& [name, state] : scopes_) {
             if (state.held) {
                 save.bind(1, name)
@@ -459,6 +462,7 @@ class Applier {
                     .run();
             } else {
                 remove.bind(1, name).run();
+                unsaid.bind(1, name).run();
             }
         }
     }

@@ -766,6 +766,27 @@ TEST_F(ReplicaTest, WhatIsTakenAsSaidIsWhatWasSent) {
     EXPECT_EQ(next->upload.holds["all"].through, 6);
 }
 
+// A scope the server drops and gives back (the replica left a group and joined it again) is
+// reported again, even when it comes back as it was: the server forgot the report with the
+// membership, and may never have taken it (it takes reports of its members' scopes only).
+TEST_F(ReplicaTest, AScopeDroppedAndGivenBackIsReportedAgain) {
+    replica.apply(rows_message(
+        1, 1, {chunk("crew=2", 0, 4, {row(kProducts, id_key(1), product(1, "a"))})}, {"*"}));
+    std::optional<PreparedUpload> first = replica.prepare_upload();
+    ASSERT_TRUE(first);
+    ASSERT_EQ(first->upload.holds.count("crew=2"), 1u);
+    replica.mark_sent(first->id, first->body);
+    replica.apply(filed_message(1, 2, first->id));
+    replica.apply(rows_message(1, 3, {}, {}, {"crew=2"}));
+    replica.apply(
+        rows_message(1, 4, {chunk("crew=2", 0, 4, {row(kProducts, id_key(1), product(1, "a"))})}));
+    std::optional<PreparedUpload> next = replica.prepare_upload();
+    ASSERT_TRUE(next);
+    ASSERT_EQ(next->upload.holds.count("crew=2"), 1u);
+    EXPECT_EQ(next->upload.holds["crew=2"].through, 4);
+    EXPECT_EQ(next->upload.holds["crew=2"].fingerprint, first->upload.holds["crew=2"].fingerprint);
+}
+
 TEST_F(ReplicaTest, AnAnswerToAnUploadAnsweredBeforeIsAcknowledged) {
     replica.apply(rows_message(1, 1, {}, {"*"}));
     replica.write(kSales, R"({"id":1,"total":5})");
