@@ -33,7 +33,7 @@ void PostgresUpRoute::connect() {
     }
 }
 
-void PostgresUpRoute::send(const std::string& replica_id, const std::string& body) {
+std::string PostgresUpRoute::send(const std::string& replica_id, const std::string& body) {
     if (connection_ == nullptr || PQstatus(connection_) != CONNECTION_OK) connect();
     const char* values[] = {replica_id.c_str(), body.data()};
     int lengths[] = {0, static_cast<int>(body.size())};
@@ -42,8 +42,11 @@ void PostgresUpRoute::send(const std::string& replica_id, const std::string& bod
                                     nullptr, values, lengths, formats, 0);
     ExecStatusType status = PQresultStatus(result);
     std::string error = PQresultErrorMessage(result);
+    std::string answer;
+    if (status == PGRES_TUPLES_OK && PQntuples(result) == 1 && !PQgetisnull(result, 0, 0))
+        answer = PQgetvalue(result, 0, 0);
     PQclear(result);
-    if (status == PGRES_TUPLES_OK) return;
+    if (status == PGRES_TUPLES_OK) return answer;
     // A broken connection is made again on the next send.
     if (PQstatus(connection_) != CONNECTION_OK) {
         PQfinish(connection_);
@@ -55,7 +58,9 @@ void PostgresUpRoute::send(const std::string& replica_id, const std::string& bod
 std::vector<std::string> send_uploads(Replica& replica, PostgresUpRoute& route) {
     std::vector<std::string> sent;
     while (std::optional<PreparedUpload> upload = replica.prepare_upload()) {
-        route.send(replica.id(), upload->body);
+        if (route.send(replica.id(), upload->body) == "dropped")
+            throw UpRouteError("the server dropped upload " + upload->id +
+                               ": it does not know this replica (is it live?)");
         replica.mark_sent(upload->id, upload->body);
         sent.push_back(upload->id);
     }

@@ -26,8 +26,9 @@ class PostgresUpRoute {
     PostgresUpRoute(const PostgresUpRoute&) = delete;
     PostgresUpRoute& operator=(const PostgresUpRoute&) = delete;
 
-    // SELECT sync.receive($1::uuid, $2::bytea). Connects (again) when needed.
-    void send(const std::string& replica_id, const std::string& body);
+    // SELECT sync.receive($1::uuid, $2::bytea): its answer ('filed', 'answered again', 'kept' or
+    // 'dropped'). Connects (again) when needed.
+    std::string send(const std::string& replica_id, const std::string& body);
 
   private:
     void connect();
@@ -36,8 +37,9 @@ class PostgresUpRoute {
     PGconn* connection_ = nullptr;
 };
 
-// Sends every upload the replica has to send, marking each sent once sync.receive returned.
-// Returns the ids sent; throws UpRouteError (after marking those that went) when one fails.
+// Sends every upload the replica has to send, marking each sent once sync.receive took it.
+// Returns the ids sent; throws UpRouteError (after marking those that went) when one fails or is
+// dropped (the server does not know the replica: nothing of it was taken).
 std::vector<std::string> send_uploads(Replica& replica, PostgresUpRoute& route);
 
 }  // namespace magic_sync::replica
