@@ -197,9 +197,13 @@ class Applier {
     }
 
     // Empties a scope; `stays` keeps it held (a reset), otherwise the replica leaves it (a drop).
+    // The server starts the scope over (a reset), or takes it away (a drop): what was reported of
+    // it is forgotten, so that it is reported again once held, even as it was (the server forgot,
+    // or never took, the last report: a report of a scope it had taken away is not kept).
     void empty_scope(const std::string& scope, bool stays) {
         database_.prepare("DELETE FROM rows WHERE scope = ?1").bind(1, scope).run();
         database_.prepare("DELETE FROM range_requests WHERE scope = ?1").bind(1, scope).run();
+        database_.prepare("DELETE FROM advertised WHERE scope = ?1").bind(1, scope).run();
         scopes_[scope] = ScopeState{0, Fingerprint{}, stays};
     }
 
@@ -450,9 +454,6 @@ class Applier {
         Statement save = database_.prepare(
             "INSERT OR REPLACE INTO scopes (scope, through, fp, n) VALUES (?1, ?2, ?3, ?4)");
         Statement remove = database_.prepare("DELETE FROM scopes WHERE scope = ?1");
-        // A scope left is no longer reported: given back later, even as it was, it is reported
-        // again (the server forgot, or never took, what was said of it).
-        Statement unsaid = database_.prepare("DELETE FROM advertised WHERE scope = ?1");
         for (const auto& [name, state] : scopes_) {
             if (state.held) {
                 save.bind(1, name)
@@ -462,7 +463,6 @@ class Applier {
                     .run();
             } else {
                 remove.bind(1, name).run();
-                unsaid.bind(1, name).run();
             }
         }
     }

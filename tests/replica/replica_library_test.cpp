@@ -785,6 +785,16 @@ TEST_F(ReplicaTest, AScopeDroppedAndGivenBackIsReportedAgain) {
     ASSERT_EQ(next->upload.holds.count("crew=2"), 1u);
     EXPECT_EQ(next->upload.holds["crew=2"].through, 4);
     EXPECT_EQ(next->upload.holds["crew=2"].fingerprint, first->upload.holds["crew=2"].fingerprint);
+    replica.mark_sent(next->id, next->body);
+    replica.apply(filed_message(1, 5, next->id));
+    // Dropped and given back in one message (the server planned both before it wrote it).
+    replica.apply(
+        rows_message(1, 6, {chunk("crew=2", 0, 4, {row(kProducts, id_key(1), product(1, "a"))})},
+                     {}, {"crew=2"}));
+    std::optional<PreparedUpload> again = replica.prepare_upload();
+    ASSERT_TRUE(again);
+    ASSERT_EQ(again->upload.holds.count("crew=2"), 1u);
+    EXPECT_EQ(again->upload.holds["crew=2"].through, 4);
 }
 
 TEST_F(ReplicaTest, AnAnswerToAnUploadAnsweredBeforeIsAcknowledged) {
