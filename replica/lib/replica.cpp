@@ -858,16 +858,26 @@ void Replica::mark_sent(const std::string& upload_id, const std::optional<std::s
     protocol::Upload upload = protocol::decode_upload(sent_body ? *sent_body : stored.text(0));
     stored.run();
 
+    // A message applied since the upload was taken may have dropped or reset a scope it reports,
+    // and the server may have taken that scope away before the report reached it (it keeps
+    // reports of its members' scopes only). What was said is then not taken as heard: the next
+    // upload says it again. Otherwise a scope given back as it was would never be reported.
+    Statement state = database_.prepare("SELECT seq FROM state");
+    state.step();
+    bool applied_since = upload.applied.value_or(0) != state.integer(0);
+    state.run();
     Statement advertise = database_.prepare(
         "INSERT OR REPLACE INTO advertised (scope, through, fp, n) VALUES (?1, ?2, ?3, ?4)");
     Statement answered =
         database_.prepare("DELETE FROM range_requests WHERE scope = ?1 AND lo = ?2 AND hi IS ?3");
     for (const auto& [scope, holding] : upload.holds) {
-        advertise.bind(1, scope)
-            .bind(2, holding.through)
-            .bind_blob(3, blob_of(holding.fingerprint.sum))
-            .bind(4, holding.fingerprint.count)
-            .run();
+        if (!applied_since) {
+            advertise.bind(1, scope)
+                .bind(2, holding.through)
+                .bind_blob(3, blob_of(holding.fingerprint.sum))
+                .bind(4, holding.fingerprint.count)
+                .run();
+        }
         for (const protocol::RangeFingerprint& range : holding.ranges) {
             answered.bind(1, scope).bind_blob(2, blob_of(range.range.lo));
             if (range.range.hi) {
