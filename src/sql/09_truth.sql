@@ -124,7 +124,8 @@ CREATE TABLE sync.drifted_scope (
 -- again), and every live replica's scopes by the declarations
 -- against its membership (sync.member). One statement, one snapshot: a user transaction commits
 -- a change and its note together and the relay plans notes and state together, so the tables
--- equal the state but for the keys still noted (or set aside), which both sides leave out. What
+-- equal the state but for the keys still noted (or set aside) and the rows of tables that ended
+-- (sync.dropped_codec, until the next pass forgets them), which both sides leave out. What
 -- disagrees is a bug of the bookkeeping: each disagreement is returned, and planned again from the
 -- tables: the codecs whose rows the scope holds are noted whole and the scope's fingerprint is
 -- counted again (sync.drifted_scope), a replica whose membership differs is noted.
@@ -167,6 +168,8 @@ BEGIN
             FROM sync.row r
             WHERE NOT r.gone AND NOT r.withheld
               AND (EXISTS (SELECT FROM noted_whole w WHERE w.codec = r.codec)
+                   -- A table that ended keeps its rows in the state until a pass forgets them.
+                   OR EXISTS (SELECT FROM sync.dropped_codec d WHERE d.codec = r.codec)
                    OR EXISTS (SELECT FROM noted_keys n WHERE n.codec = r.codec
                               AND n.key = sync.canonical(r.key)))),
         from_tables AS (
