@@ -31,10 +31,10 @@ WHERE p.pronamespace = 'sync'::regnamespace
   AND p.oid <> 'sync.capture()'::regprocedure  -- qualifies its names: a SET would cost every write
   AND p.oid <> 'sync.encode_row(record, text[])'::regprocedure  -- resolves no name: a row's type by oid
   AND p.oid <> 'sync.row_travels(text, text, text, text)'::regprocedure  -- reads a setting, no name
-  AND p.oid <> 'sync.row_room(text)'::regprocedure  -- reads a setting, no name
   AND p.oid <> 'sync.drops_fitting(text[], text[], text[])'::regprocedure  -- reads a setting, no name
   AND p.oid <> 'sync.withheld_note(text, text, text, text)'::regprocedure  -- reads a setting, no name
   AND p.oid <> 'sync.withheld_size(text, text, text, text)'::regprocedure  -- reads a setting, no name
+  AND p.oid <> 'sync.withheld_reason(text, text, text, text)'::regprocedure  -- reads a setting, no name
   AND p.oid <> 'sync.setting(text)'::regprocedure;  -- reads a setting, no name
 
 -- The extension cannot be moved to another schema.

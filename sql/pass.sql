@@ -281,5 +281,40 @@ SELECT left(key->>'code', 10) AS key, withheld FROM sync.row
 WHERE codec = (SELECT id FROM sync.codec WHERE table_name = 'shop.notices') ORDER BY 1;
 RESET magic_sync.bytes_per_message;
 
+-- A number no double holds (a numeric past 1.8e308) cannot go down: a replica may read numbers
+-- as doubles. Its row is withheld, by the same rule everywhere (sync.row_travels), named to the
+-- replica with that reason (by its key's hash when the key holds the number) and set aside; the
+-- rows after it go on, and the audit and sync.expected agree with the pass.
+SELECT messages FROM sync.pass();
+SELECT deliver_all();
+DELETE FROM sync.set_aside;
+CREATE TABLE shop.weights (id numeric PRIMARY KEY, grams numeric);
+SELECT sync.catalog('shop.weights');
+INSERT INTO shop.weights VALUES (1, 1e400), (1e400, 5), (2, 5);
+SELECT messages, set_aside FROM sync.pass();
+SELECT g.label AS register, o.seq, y.rows,
+       (SELECT string_agg(w->>'t' || ' ' || coalesce(w->'k'->>'id', 'kh') || ': ' || (w->>'why'), ', ')
+        FROM jsonb_array_elements(m->'withheld') w) AS withheld,
+       (SELECT w->>'kh' FROM jsonb_array_elements(m->'withheld') w WHERE w->'k' IS NULL)
+       = encode(sync.key_hash('shop.weights', jsonb_build_object('id', 1e400)), 'hex')
+           AS named_by_its_hash
+FROM sync.outbox o JOIN shop.registers g ON g.id = o.replica
+CROSS JOIN LATERAL (SELECT convert_from(sync.message(o.replica, o.seq), 'UTF8')::jsonb AS m) x
+LEFT JOIN LATERAL (SELECT string_agg(r->>'k' || ' ' || left(r->>'r', 40), '; ') AS rows
+                   FROM jsonb_array_elements(m->'chunks') c, jsonb_array_elements(c->'rows') r) y ON true
+WHERE o.sent_at IS NULL AND g.label = 'a1' ORDER BY o.seq;
+SELECT kind, left(key->>'id', 10) AS key, reason FROM sync.set_aside ORDER BY 2;
+SELECT left(key->>'id', 10) AS key, withheld FROM sync.row
+WHERE codec = (SELECT id FROM sync.codec WHERE table_name = 'shop.weights') ORDER BY 1;
+SELECT * FROM sync.audit();
+SELECT left(key, 20) AS key, withheld FROM sync.expected('00000000-0000-0000-0000-0000000000a1')
+WHERE table_name = 'shop.weights' ORDER BY 1;
+-- Brought within a double, the row travels and is set aside no more.
+SELECT deliver_all();
+UPDATE shop.weights SET grams = 1e300 WHERE id = 1;
+SELECT messages FROM sync.pass();
+SELECT register, left(rows, 60) AS rows, withheld FROM messages WHERE register = 'a1';
+SELECT kind, left(key->>'id', 10) AS key FROM sync.set_aside;
+
 \c regression
 DROP DATABASE pass_test;

@@ -420,12 +420,11 @@ std::vector<Kept> file_rows(Spi& spi, const std::vector<protocol::UpRow>& rows, 
             continue;
         }
         if (codec.goes_down) {
-            if (std::optional<std::string> number = protocol::number_past_double(row.row)) {
+            if (std::optional<std::string> problem =
+                    protocol::number_past_double_problem(row.row)) {
                 flush();
                 kept.push_back(kept_row(i, row, std::move(key),
-                                        "the row holds " + number->substr(0, 40) +
-                                            (number->size() > 40 ? "..." : "") +
-                                            ", a number no double holds: the rows of " + row.table +
+                                        *problem + ": the rows of " + row.table +
                                             " go to replicas, which may read numbers as doubles"));
                 continue;
             }

@@ -123,14 +123,6 @@ MAGIC_SYNC_FUNCTION(magic_sync_envelope_size) {
         static_cast<int32>(protocol::rows_envelope_size(lists[0], lists[1], lists[2])));
 }
 
-// sync.row_room(scope text) → int: the most bytes an encoded row of the scope may take and still
-// travel within magic_sync.bytes_per_message (protocol::row_room).
-MAGIC_SYNC_FUNCTION(magic_sync_row_room) {
-    return Int32GetDatum(static_cast<int32>(
-        protocol::row_room(magic_sync::pg::text_arg(fcinfo, 0),
-                           static_cast<size_t>(magic_sync::settings::bytes_per_message))));
-}
-
 // sync.drops_fitting(reset text[], drops text[], table_drops text[]) → int: how many of the
 // drops, then of the table drops, one rows message carries within magic_sync.bytes_per_message
 // (protocol::drops_fitting); the rest wait for the next message.
@@ -144,9 +136,9 @@ MAGIC_SYNC_FUNCTION(magic_sync_drops_fitting) {
                                 static_cast<size_t>(magic_sync::settings::bytes_per_message))));
 }
 
-// sync.row_travels(scope text, table text, key text, body text) → boolean: whether the row fits
-// a message of magic_sync.bytes_per_message at all (protocol::row_travels); one that does not is
-// withheld.
+// sync.row_travels(scope text, table text, key text, body text) → boolean: whether the row can
+// travel at all: it fits a message of magic_sync.bytes_per_message and a double holds its numbers
+// (protocol::row_travels); one that does not is withheld.
 MAGIC_SYNC_FUNCTION(magic_sync_row_travels) {
     return BoolGetDatum(protocol::row_travels(
         magic_sync::pg::text_arg(fcinfo, 0), magic_sync::pg::text_arg(fcinfo, 1),
@@ -154,24 +146,41 @@ MAGIC_SYNC_FUNCTION(magic_sync_row_travels) {
         static_cast<size_t>(magic_sync::settings::bytes_per_message)));
 }
 
-// sync.withheld_note(scope text, table text, key text, why text) → jsonb: the note that announces
-// a withheld row of the scope, naming its key or, when that is too long, its hash
+namespace {
+
+// The withheld note of the row in arguments 0-3 (scope, table, key, body), with its reason.
+protocol::KeyNote withheld_note_arg(FunctionCallInfo fcinfo) {
+    const std::string key = magic_sync::pg::text_arg(fcinfo, 2);
+    return protocol::withheld_note(magic_sync::pg::text_arg(fcinfo, 0),
+                                   magic_sync::pg::text_arg(fcinfo, 1), key,
+                                   protocol::why_withheld(key, magic_sync::pg::text_arg(fcinfo, 3)),
+                                   static_cast<size_t>(magic_sync::settings::bytes_per_message));
+}
+
+}  // namespace
+
+// sync.withheld_note(scope text, table text, key text, body text) → jsonb: the note that
+// announces a withheld row of the scope with why, naming its key or its hash
 // (protocol::withheld_note).
 MAGIC_SYNC_FUNCTION(magic_sync_withheld_note) {
-    const std::string list = protocol::encode_key_notes({protocol::withheld_note(
-        magic_sync::pg::text_arg(fcinfo, 0), magic_sync::pg::text_arg(fcinfo, 1),
-        magic_sync::pg::text_arg(fcinfo, 2), magic_sync::pg::text_arg(fcinfo, 3),
-        static_cast<size_t>(magic_sync::settings::bytes_per_message))});
+    const std::string list = protocol::encode_key_notes({withheld_note_arg(fcinfo)});
     return magic_sync::pg::jsonb_datum(list.substr(1, list.size() - 2));
 }
 
-// sync.withheld_size(scope text, table text, key text, why text) → int: the bytes that note adds
+// sync.withheld_size(scope text, table text, key text, body text) → int: the bytes that note adds
 // to a rows message (its comma included).
 MAGIC_SYNC_FUNCTION(magic_sync_withheld_size) {
-    return Int32GetDatum(static_cast<int32>(protocol::withheld_note_size(protocol::withheld_note(
+    return Int32GetDatum(
+        static_cast<int32>(protocol::withheld_note_size(withheld_note_arg(fcinfo))));
+}
+
+// sync.withheld_reason(scope text, table text, key text, body text) → text: why the row is
+// withheld and what to do, as it is set aside (protocol::withheld_reason).
+MAGIC_SYNC_FUNCTION(magic_sync_withheld_reason) {
+    return magic_sync::pg::text_datum(protocol::withheld_reason(
         magic_sync::pg::text_arg(fcinfo, 0), magic_sync::pg::text_arg(fcinfo, 1),
         magic_sync::pg::text_arg(fcinfo, 2), magic_sync::pg::text_arg(fcinfo, 3),
-        static_cast<size_t>(magic_sync::settings::bytes_per_message)))));
+        static_cast<size_t>(magic_sync::settings::bytes_per_message)));
 }
 
 // sync.encode_chunk(scope, from, to, seqs bigint[], tables text[], keys text[], bodies text[],

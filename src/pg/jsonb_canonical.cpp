@@ -75,12 +75,6 @@ std::string numeric_text(Datum value) {
     return owned(guard([&] { return DatumGetCString(DirectFunctionCall1(numeric_out, value)); }));
 }
 
-// A number's text as it stands, when a double surely holds it.
-std::string sure_number(std::string text) {
-    if (text.size() > kLongestSureNumber) throw Undecided{};
-    return text;
-}
-
 struct Frame {
     bool is_object = false;
     bool raw_scalar = false;  // jsonb keeps a top-level scalar as a one-element array
@@ -173,7 +167,7 @@ class Walker {
             case jbvString:
                 return quoted(string_of(value), limits_);
             case jbvNumeric:
-                return sure_number(numeric_text(NumericGetDatum(value.val.numeric)));
+                return numeric_text(NumericGetDatum(value.val.numeric));
             default:
                 throw Undecided{};
         }
@@ -192,7 +186,7 @@ class Walker {
 // A number as to_jsonb keeps it: a numeric of the text, or the text as a string when it is no
 // JSON number (NaN, Infinity).
 std::string number_of(std::string text, bool is_json_number, const protocol::Limits& limits) {
-    return is_json_number ? sure_number(std::move(text)) : quoted(text, limits);
+    return is_json_number ? std::move(text) : quoted(text, limits);
 }
 
 // to_jsonb writes a float with its output function and keeps that text as a numeric.

@@ -12,13 +12,10 @@
 
 namespace magic_sync::pg {
 
-// A double overflows only past 1.8e308; numeric_out writes no exponent, so a number's text this
-// long or shorter surely fits, and a longer one is left to the text way to check.
-inline constexpr size_t kLongestSureNumber = 308;
-
 // The canonical JSON of the jsonb argument `n`, the same as protocol::canonical_json of its text
-// output; nullopt when the value breaks `limits`, holds a number a double cannot hold or a string
-// that is not UTF-8: the caller then encodes the text, which refuses it with the exact error.
+// output; nullopt when the value breaks `limits` or holds a string that is not UTF-8: the caller
+// then encodes the text, which refuses it with the exact error. A number is its numeric_out text,
+// whatever its size (a row with one no double holds is withheld: protocol::row_travels).
 std::optional<std::string> jsonb_canonical_arg(FunctionCallInfo fcinfo, int n,
                                                const protocol::Limits& limits);
 // The same for a jsonb datum.

@@ -147,4 +147,12 @@ std::optional<std::string> number_past_double(std::string_view json) {
     return std::nullopt;
 }
 
+std::optional<std::string> number_past_double_problem(std::string_view json) {
+    constexpr size_t kShown = 40;
+    std::optional<std::string> number = number_past_double(json);
+    if (!number) return std::nullopt;
+    return "the row holds " + number->substr(0, kShown) + (number->size() > kShown ? "..." : "") +
+           ", a number no double holds";
+}
+
 }  // namespace magic_sync::protocol

@@ -35,8 +35,11 @@ std::string canonical_json(std::string_view text, const Limits& limits = Limits{
 
 // The first number of `json` (valid JSON, e.g. an uploaded row) that no double holds, as written;
 // none when every number fits one. Such a row cannot go down to a replica, which may read its
-// numbers as doubles (canonical_json refuses it).
+// numbers as doubles (row_travels says so).
 std::optional<std::string> number_past_double(std::string_view json);
+// "the row holds N, a number no double holds" when `json` has one (N cut to 40 characters); none
+// when it has none.
+std::optional<std::string> number_past_double_problem(std::string_view json);
 
 // Appends `value` as a canonical JSON string (quotes included). Throws std::invalid_argument if
 // `value` is not valid UTF-8.

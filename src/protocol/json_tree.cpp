@@ -1,7 +1,6 @@
 #include "protocol/json_tree.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -64,14 +63,9 @@ class TreeBuilder : public nlohmann::json_sax<Json> {
         return scalar(JsonNode::Type::kNumber, std::to_string(value));
     }
 
-    bool number_float(number_float_t value, const string_t& lexeme) override {
-        // A row the server sends is refused a number no double holds (a replica may read it as
-        // one); an upload's row is not: numeric columns take it exactly.
-        if (placement_ == PayloadPlacement::kWholeDocument &&
-            !std::isfinite(static_cast<double>(value))) {
-            throw DecodeError("invalid JSON: " +
-                              printable("number overflow parsing '" + lexeme + "'"));
-        }
+    // A number keeps its text: numeric columns take it exactly. One that no double holds is
+    // canonical too; such a row does not travel down (row_travels), a replica may read it as one.
+    bool number_float(number_float_t, const string_t& lexeme) override {
         return scalar(JsonNode::Type::kNumber, lexeme);
     }
 

@@ -409,7 +409,7 @@ KeyNote withheld_note(std::string_view scope, std::string_view table, std::strin
     static const size_t envelope = rows_envelope_size({"*"}, {}, {});
     KeyNote note{std::string(table), std::string(key), std::string(why)};
     const size_t around = envelope + chunk_overhead(scope, kLargestSeq, kLargestSeq) + 1;
-    if (around + withheld_note_size(note) > max_bytes) {
+    if (around + withheld_note_size(note) > max_bytes || number_past_double(key)) {
         note.key_hash = key_hash(table, key);
         note.key.clear();
     }
@@ -465,7 +465,26 @@ size_t encoded_row_size(std::string_view table, std::string_view key,
 
 bool row_travels(std::string_view scope, std::string_view table, std::string_view key,
                  std::string_view row, size_t max_bytes) {
-    return encoded_row_size(table, key, row) <= row_room(scope, max_bytes);
+    return encoded_row_size(table, key, row) <= row_room(scope, max_bytes) &&
+           !number_past_double(key) && !number_past_double(row);
+}
+
+std::string why_withheld(std::string_view key, std::string_view row) {
+    return number_past_double(key) || number_past_double(row) ? "number past double" : "too big";
+}
+
+std::string withheld_reason(std::string_view scope, std::string_view table, std::string_view key,
+                            std::string_view row, size_t max_bytes) {
+    for (std::string_view part : {key, row}) {
+        if (std::optional<std::string> problem = number_past_double_problem(part)) {
+            return *problem +
+                   ": replicas may read numbers as doubles, so the row is withheld from them; "
+                   "store it within a double's range, or leave its column out of the declaration";
+        }
+    }
+    return "too big: " + std::to_string(encoded_row_size(table, key, row)) +
+           " bytes encoded, over the " + std::to_string(row_room(scope, max_bytes)) +
+           " bytes a message may hold (magic_sync.bytes_per_message)";
 }
 
 size_t row_room(std::string_view scope, size_t max_bytes) {

@@ -238,8 +238,9 @@ size_t rows_envelope_size(const std::vector<std::string>& reset,
                           const std::vector<std::string>& drop,
                           const std::vector<std::string>& drop_tables);
 // The note that announces a withheld row of `scope`: it names the key or, when that note would not
-// fit a rows message of max_bytes beside the widest envelope and the scope's chunk frame, the
-// key's hash, so that a note always fits where its row could not.
+// fit a rows message of max_bytes beside the widest envelope and the scope's chunk frame or the
+// key holds a number past a double, the key's hash, so that a note always fits and can be read
+// where its row could not.
 KeyNote withheld_note(std::string_view scope, std::string_view table, std::string_view key,
                       std::string_view why, size_t max_bytes);
 // The bytes a withheld note adds to a rows message, its comma included.
@@ -253,7 +254,8 @@ size_t chunk_overhead(std::string_view scope, int64_t from, int64_t to);  // a c
 // `row` none: the row is gone.
 size_t encoded_row_size(std::string_view table, std::string_view key,
                         std::optional<std::string_view> row);
-// Whether a row can travel at all: it fits, with the comma before it, a chunk of its scope at the
+// Whether a row can travel at all: no number of its key or row is past a double (a replica may
+// read numbers as doubles), and it fits, with the comma before it, a chunk of its scope at the
 // largest seqs in a rows message that resets everything, and a repair message of its scope,
 // within `max_bytes`. A row that does not
 // is withheld (DESIGN §4, §7): the rule depends on the row and its scope alone, never on where a
@@ -262,5 +264,11 @@ bool row_travels(std::string_view scope, std::string_view table, std::string_vie
                  std::string_view row, size_t max_bytes);
 // The most bytes an encoded row of `scope` may take and still travel (row_travels).
 size_t row_room(std::string_view scope, size_t max_bytes);
+// Why a row that does not travel is withheld, as its note says: "number past double" when its key
+// or row holds a number no double holds, "too big" otherwise.
+std::string why_withheld(std::string_view key, std::string_view row);
+// The same, as the server sets the row aside: what is wrong, and what to do.
+std::string withheld_reason(std::string_view scope, std::string_view table, std::string_view key,
+                            std::string_view row, size_t max_bytes);
 
 }  // namespace magic_sync::protocol

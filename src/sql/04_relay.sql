@@ -36,23 +36,23 @@ AS 'MODULE_PATHNAME', 'magic_sync_envelope_size' LANGUAGE C IMMUTABLE STRICT PAR
 CREATE FUNCTION sync.drops_fitting(reset text[], drops text[], table_drops text[]) RETURNS int
 AS 'MODULE_PATHNAME', 'magic_sync_drops_fitting' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 
--- Whether a row can travel at all within magic_sync.bytes_per_message (protocol::row_travels);
--- one that cannot is withheld. A property of the row and its scope, not of any replica's cursor.
+-- Whether a row can travel at all: within magic_sync.bytes_per_message, with no number a double
+-- does not hold (protocol::row_travels); one that cannot is withheld. A property of the row and its
+-- scope, not of any replica's cursor.
 CREATE FUNCTION sync.row_travels(scope text, "table" text, key text, body text) RETURNS boolean
 AS 'MODULE_PATHNAME', 'magic_sync_row_travels' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 
--- The most bytes an encoded row of the scope may take and still travel (what a withheld row's
--- reason names).
-CREATE FUNCTION sync.row_room(scope text) RETURNS int
-AS 'MODULE_PATHNAME', 'magic_sync_row_room' LANGUAGE C STABLE STRICT PARALLEL SAFE;
-
--- The note announcing a withheld row of a scope (its key, or its key's hash when the key is too
--- long for a note within magic_sync.bytes_per_message), and the bytes it adds to a message.
-CREATE FUNCTION sync.withheld_note(scope text, "table" text, key text, why text) RETURNS jsonb
+-- The note announcing a withheld row of a scope, with why (its key, or its key's hash when the key
+-- is too long for a note within magic_sync.bytes_per_message or holds a number past a double), the
+-- bytes it adds to a message, and the reason it is set aside with.
+CREATE FUNCTION sync.withheld_note(scope text, "table" text, key text, body text) RETURNS jsonb
 AS 'MODULE_PATHNAME', 'magic_sync_withheld_note' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 
-CREATE FUNCTION sync.withheld_size(scope text, "table" text, key text, why text) RETURNS int
+CREATE FUNCTION sync.withheld_size(scope text, "table" text, key text, body text) RETURNS int
 AS 'MODULE_PATHNAME', 'magic_sync_withheld_size' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION sync.withheld_reason(scope text, "table" text, key text, body text) RETURNS text
+AS 'MODULE_PATHNAME', 'magic_sync_withheld_reason' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 
 CREATE FUNCTION sync.encode_chunk(scope text, from_seq bigint, to_seq bigint, seqs bigint[],
                                   tables text[], keys text[], bodies text[], hashes text[])

@@ -94,7 +94,14 @@ TEST(CanonicalJson, RefusesWhatIsNotOneJsonValue) {
     EXPECT_NE(refusal("/* c */ 1"), "accepted");
     EXPECT_NE(refusal("NaN"), "accepted");
     EXPECT_NE(refusal("01"), "accepted");
-    EXPECT_EQ(refusal("1e400"), "invalid JSON: number overflow parsing '1e400'");
+}
+
+// A number no double holds keeps its text: canonical, so the server can hash and withhold a row
+// that holds one (row_travels), which a replica may read as a double. Past a long double the text
+// way refuses it (the server writes a numeric's text straight from its value).
+TEST(CanonicalJson, KeepsANumberPastADoubleAsWritten) {
+    EXPECT_EQ(canonical_json(R"({"b":1e400,"a":-1E+400})"), R"({"a":-1E+400,"b":1e400})");
+    EXPECT_EQ(canonical_json("1" + std::string(400, '0')), "1" + std::string(400, '0'));
     EXPECT_EQ(refusal("1e99999"), "invalid JSON: number overflow parsing '1e99999'");
 }
 
@@ -199,6 +206,11 @@ TEST(NumberPastDouble, FindsTheFirstNumberNoDoubleHolds) {
     EXPECT_EQ(number_past_double(R"({"a\"1e400":-1E+500})"), "-1E+500");
     EXPECT_EQ(number_past_double(R"({"tiny":1e-400})"), std::nullopt);  // 0 as a double
     EXPECT_EQ(number_past_double("1" + std::string(400, '0')), "1" + std::string(400, '0'));
+    EXPECT_EQ(number_past_double_problem(R"({"a":1})"), std::nullopt);
+    EXPECT_EQ(number_past_double_problem(R"({"a":1e400})"),
+              "the row holds 1e400, a number no double holds");
+    EXPECT_EQ(number_past_double_problem("[1" + std::string(400, '0') + "]"),
+              "the row holds 1" + std::string(39, '0') + "..., a number no double holds");
 }
 
 }  // namespace

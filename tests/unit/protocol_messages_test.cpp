@@ -5,6 +5,7 @@
 #include <variant>
 
 #include "protocol/canonical.hpp"
+#include "protocol/hash.hpp"
 #include "protocol/messages.hpp"
 
 namespace magic_sync::protocol {
@@ -697,6 +698,32 @@ TEST(Sizes, RowTravelsByTheRowAndItsScopeAlone) {
     EXPECT_FALSE(row_travels(scope + "0", table, key, fits, limit));
     // A limit below the frame around a row lets nothing travel.
     EXPECT_FALSE(row_travels(scope, table, key, "{}", around));
+    EXPECT_EQ(why_withheld(key, one_more), "too big");
+    EXPECT_EQ(withheld_reason(scope, table, key, one_more, limit),
+              "too big: " + std::to_string(encoded_row_size(table, key, one_more)) +
+                  " bytes encoded, over the " + std::to_string(row_room(scope, limit)) +
+                  " bytes a message may hold (magic_sync.bytes_per_message)");
+}
+
+// A number no double holds, in the key or the row, keeps a row of any size from travelling: a
+// replica may read numbers as doubles. Its note names the key by its hash when the key holds it.
+TEST(Sizes, NoRowTravelsWithANumberPastADouble) {
+    const std::string table = "shop.weights";
+    EXPECT_TRUE(row_travels("all", table, R"({"id":1})", R"({"g":1e308,"id":1})", 4096));
+    EXPECT_FALSE(row_travels("all", table, R"({"id":1})", R"({"g":1e400,"id":1})", 4096));
+    EXPECT_FALSE(row_travels("all", table, R"({"id":1e400})", R"({"g":1,"id":1e400})", 4096));
+    EXPECT_EQ(why_withheld(R"({"id":1})", R"({"g":1e400,"id":1})"), "number past double");
+    EXPECT_EQ(why_withheld(R"({"id":1e400})", R"({"g":1,"id":1e400})"), "number past double");
+    EXPECT_EQ(withheld_reason("all", table, R"({"id":1})", R"({"g":-1e400,"id":1})", 4096),
+              "the row holds -1e400, a number no double holds: replicas may read numbers as "
+              "doubles, so the row is withheld from them; store it within a double's range, or "
+              "leave its column out of the declaration");
+    const KeyNote by_key = withheld_note("all", table, R"({"id":1})", "number past double", 4096);
+    EXPECT_EQ(by_key.key, R"({"id":1})");
+    const KeyNote by_hash =
+        withheld_note("all", table, R"({"id":1e400})", "number past double", 4096);
+    EXPECT_EQ(by_hash.key, "");
+    EXPECT_EQ(by_hash.key_hash, key_hash(table, R"({"id":1e400})"));
 }
 
 TEST(EncodeRows, SplicesPreEncodedChunks) {
