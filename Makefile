@@ -12,11 +12,18 @@ everything: all programs
 
 MODULE_big = magic_sync
 EXTENSION = magic_sync
-# The install script is assembled from the parts in src/sql/, in the order of their names.
-SQL_PARTS := $(sort $(wildcard src/sql/*.sql))
+# The features of the extension, a folder each with its C++ and its SQL side by side (see
+# docs/ARCHITECTURE.md); src/pg/ holds the bridge and the wrappers, src/protocol/ the pure wire.
+FEATURES := state capture declare relay filing verify wire
+# The install script is assembled from the features' SQL parts, in this order: each part uses
+# only what the parts before it created.
+SQL_PARTS := src/state/schema.sql src/relay/relay_lock.sql src/declare/declare.sql \
+	src/wire/wire.sql src/relay/relay.sql src/relay/outbox.sql src/filing/set_aside.sql \
+	src/filing/receive.sql src/relay/relay_loop.sql src/verify/repair.sql src/verify/truth.sql \
+	src/state/privileges.sql
 DATA_built = build/magic_sync--0.1.0.sql
 
-EXT_SRCS := $(wildcard src/*.cpp src/pg/*.cpp)
+EXT_SRCS := $(wildcard $(foreach feature,$(FEATURES) pg,src/$(feature)/*.cpp))
 PROTOCOL_SRCS := $(wildcard src/protocol/*.cpp)
 PROTOCOL_OBJS := $(patsubst src/protocol/%.cpp,build/protocol/%.o,$(PROTOCOL_SRCS))
 OBJS = $(EXT_SRCS:.cpp=.o) $(PROTOCOL_OBJS)
@@ -53,7 +60,7 @@ build/protocol/%.o: src/protocol/%.cpp $(wildcard src/protocol/*.hpp)
 	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_BUILD) $(PROTOCOL_INCLUDES) -c -o $@ $<
 
 # The extension's objects include the protocol headers too.
-$(EXT_SRCS:.cpp=.o): $(wildcard src/*.hpp src/pg/*.hpp src/protocol/*.hpp)
+$(EXT_SRCS:.cpp=.o): $(wildcard $(foreach folder,$(FEATURES) pg protocol,src/$(folder)/*.hpp))
 
 # GoogleTest binaries: one per folder of tests/, each linked with what it tests and with
 # tests/support/ (a throwaway cluster, processes).

@@ -11,10 +11,10 @@ extern "C" {
 #include <string>
 
 #include "pg/bridge.hpp"
-#include "pg/relay_worker.hpp"
 #include "pg/settings.hpp"
 #include "pg/values.hpp"
 #include "pg/wake.hpp"
+#include "relay/worker.hpp"
 
 extern "C" {
 PG_MODULE_MAGIC;
@@ -25,7 +25,7 @@ PGDLLEXPORT void _PG_init(void);
 void _PG_init(void) {
     magic_sync::settings::define();
     magic_sync::pg::define_wake(process_shared_preload_libraries_in_progress);
-    if (process_shared_preload_libraries_in_progress) magic_sync::pg::register_relay_workers();
+    if (process_shared_preload_libraries_in_progress) magic_sync::relay::register_relay_workers();
 }
 
 // sync.wake(): the relay runs as soon as the current transaction commits.

@@ -1,8 +1,8 @@
 // What sync.receive computes from a decoded upload before and around filing it, without
 // PostgreSQL: the top-level members of a canonical row, the key built from a codec's key columns,
 // the JSON of a kept row, of the untaken list and of the holds handed to SQL, and the id of a
-// message that does not decode. Here, not in src/receive.cpp, so that the upload fuzzer runs the
-// very code the server runs.
+// message that does not decode. Here, not in src/filing/receive.cpp, so that the upload fuzzer runs
+// the very code the server runs.
 #pragma once
 
 #include "protocol/pure.hpp"

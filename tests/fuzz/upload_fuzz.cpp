@@ -1,6 +1,7 @@
 // libFuzzer target: the upload path of sync.receive without PostgreSQL. The filer's SQL runs in a
 // backend and is covered by the regress tests; this drives everything the server computes from
-// the bytes before and around it (src/protocol/upload_fields.cpp, which src/receive.cpp calls):
+// the bytes before and around it (src/protocol/upload_fields.cpp, which src/filing/receive.cpp
+// calls):
 //   - the id recovered from a message that does not decode never differs from the decoded one,
 //     and is always recovered from an encoded upload;
 //   - every decoded row is canonical, its top-level members scan to exactly the object's members

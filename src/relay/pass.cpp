@@ -1,10 +1,10 @@
 // The relay pass (DESIGN §4): notes → row state → replicas → outbox, in one transaction on the
 // session that holds the relay lock. Every step is set-wise SQL over temporary tables; C++ only
 // sequences the steps and builds the per-codec statements from the catalog.
-#include "pass.hpp"
+#include "relay/pass.hpp"
 
-#include "answers.hpp"
-#include "repair.hpp"
+#include "relay/answers.hpp"
+#include "verify/repair.hpp"
 
 #include <initializer_list>
 #include <string>

@@ -14,7 +14,7 @@
 // worker connecting to a database that does not exist would end FATAL, and a worker the postmaster
 // restarts by itself would say so every few seconds for as long as the database is missing; the
 // launcher says it once and looks again every second.
-#include "pg/relay_worker.hpp"
+#include "relay/worker.hpp"
 
 extern "C" {
 #include "postgres.h"
@@ -55,7 +55,7 @@ PGDLLEXPORT void magic_sync_launcher_main(Datum main_arg);
 #include "pg/settings.hpp"
 #include "pg/wake.hpp"
 
-namespace magic_sync::pg {
+namespace magic_sync::relay {
 
 namespace {
 
@@ -210,7 +210,7 @@ bool relay_step(RelayState* state) {
     if (!state->holding) {
         single_value("SELECT sync.relay_lock()", 0, nullptr, nullptr);
         state->holding = true;
-        register_relay_latch();
+        pg::register_relay_latch();
         // Taking the lock is when a deploy shows: try again what was set aside, kept uploads
         // that wait for a change included.
         single_value("SELECT sync.filing_changed()", 0, nullptr, nullptr);
@@ -548,7 +548,7 @@ void register_relay_workers() {
     RegisterBackgroundWorker(&launcher);
 }
 
-}  // namespace magic_sync::pg
+}  // namespace magic_sync::relay
 
 // Connected to no database: it reads pg_database, which is shared, and starts relay workers.
 void magic_sync_launcher_main(Datum) {
@@ -557,7 +557,7 @@ void magic_sync_launcher_main(Datum) {
     BackgroundWorkerUnblockSignals();
     BackgroundWorkerInitializeConnection(nullptr, nullptr, 0);
     pgstat_report_appname("magic_sync launcher");
-    magic_sync::pg::launcher_loop();
+    magic_sync::relay::launcher_loop();
 }
 
 // Started by the launcher or by sync.start_relay(), with the oid of its database.
@@ -567,11 +567,11 @@ void magic_sync_relay_main(Datum main_arg) {
     BackgroundWorkerUnblockSignals();
     BackgroundWorkerInitializeConnectionByOid(DatumGetObjectId(main_arg), InvalidOid, 0);
     pgstat_report_appname("magic_sync relay");
-    magic_sync::pg::worker_loop();
+    magic_sync::relay::worker_loop();
 }
 
 MAGIC_SYNC_FUNCTION(magic_sync_relay) {
-    magic_sync::pg::guard([&] { magic_sync::pg::procedure_loop(fcinfo); });
+    magic_sync::pg::guard([&] { magic_sync::relay::procedure_loop(fcinfo); });
     return Datum(0);
 }
 
@@ -579,7 +579,7 @@ MAGIC_SYNC_FUNCTION(magic_sync_relay) {
 MAGIC_SYNC_FUNCTION(magic_sync_start_relay) {
     return magic_sync::pg::guard([&] {
         BackgroundWorker worker;
-        magic_sync::pg::fill_worker(&worker, get_database_name(MyDatabaseId), MyDatabaseId);
+        magic_sync::relay::fill_worker(&worker, get_database_name(MyDatabaseId), MyDatabaseId);
         worker.bgw_notify_pid = MyProcPid;
         BackgroundWorkerHandle* handle = nullptr;
         if (!RegisterDynamicBackgroundWorker(&worker, &handle))

@@ -236,7 +236,7 @@ CREATE TABLE sync.set_aside (
     upload uuid,
     table_name text,
     settings jsonb,
-    -- When an upload is tried again (05_set_aside.sql): once next_try_at has passed (a failure
+    -- When an upload is tried again (src/filing/set_aside.sql): once next_try_at has passed (a failure
     -- that data may cure, backed off), or, when it is NULL, only once something filing depends on
     -- has changed since the change it was last tried under (sync.filing_change).
     next_try_at timestamptz,

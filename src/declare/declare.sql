@@ -4,7 +4,7 @@
 -- wrong and how to fix it. Every identifier they splice into SQL comes from the catalog and is
 -- quoted with format('%I').
 
--- The capture trigger (src/pg/capture.cpp). It writes the notes as this function's owner, so
+-- The capture trigger (src/capture/trigger.cpp). It writes the notes as this function's owner, so
 -- whoever writes a synced table may note its changes without any privilege on sync.note; every
 -- name in its statements is qualified, so it needs no SET search_path (which would cost a
 -- settings save and restore on every statement of the application).

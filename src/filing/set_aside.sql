@@ -167,7 +167,7 @@ $$;
 
 -- Trying again ----------------------------------------------------------------------------------
 
--- Files the kept uploads `ids` again (src/receive.cpp): [{"id", "filed", "answered", "key",
+-- Files the kept uploads `ids` again (src/filing/receive.cpp): [{"id", "filed", "answered", "key",
 -- "reason", "waits"}], one per item.
 CREATE FUNCTION sync.refile(ids bigint[]) RETURNS jsonb
 AS 'MODULE_PATHNAME', 'magic_sync_refile'

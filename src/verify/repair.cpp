@@ -5,7 +5,7 @@
 //
 // A round is one batch of messages for a (replica, scope): a ranges message, repairs, or both.
 // Repairs are rare, so the steps below loop per repair in C++; every value is a bound parameter.
-#include "repair.hpp"
+#include "verify/repair.hpp"
 
 #include <limits>
 #include <map>

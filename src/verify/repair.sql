@@ -1,7 +1,7 @@
 -- Knowing what a replica holds (DESIGN §7): drift found by fingerprint, repaired by range -------
 --
 -- Each replica reports per scope what it holds (sync.holding, written by sync.receive). The pass
--- (src/repair.cpp) compares a report made at the scope's head with the scope's running
+-- (repair.cpp) compares a report made at the scope's head with the scope's running
 -- fingerprint; on a difference it asks the fingerprints of 16 ranges of the key hash k, resends
 -- whole the mismatched ranges of at most magic_sync.leaf_rows rows (range-replace), splits the
 -- larger ones again, and checks once more. One row here per (replica, scope) being repaired.
@@ -73,4 +73,4 @@ BEGIN
 END
 $$;
 
--- sync.status (one row per replica) compares with the declarations too: in 09_truth.sql.
+-- sync.status (one row per replica) compares with the declarations too: in src/verify/truth.sql.

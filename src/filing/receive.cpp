@@ -1,10 +1,10 @@
 // sync.receive(replica, message) (DESIGN §6): files an upload in the caller's transaction, as the
 // caller (or as magic_sync.role), after the senders' known and filing hooks. Besides the app's own
 // tables it writes only what the relay reads later (sync.upload, sync.answer, sync.confirmation,
-// sync.holding, sync.set_aside), through the SECURITY DEFINER helpers of 06_receive.sql, and never
+// sync.holding, sync.set_aside), through the SECURITY DEFINER helpers of receive.sql, and never
 // a row that the relay pass locks.
 //
-// sync.refile(ids) files again what receive kept (the retry of 05_set_aside.sql): each kept item
+// sync.refile(ids) files again what receive kept (the retry of set_aside.sql): each kept item
 // as the role and under the settings the route had, after the same hooks, by the same code.
 #include <algorithm>
 #include <map>
@@ -873,7 +873,7 @@ MAGIC_SYNC_FUNCTION(magic_sync_receive) {
     return magic_sync::pg::text_datum(status);
 }
 
-// sync.refile(ids bigint[]) → jsonb: the kept uploads `ids`, filed again (05_set_aside.sql), as
+// sync.refile(ids bigint[]) → jsonb: the kept uploads `ids`, filed again (set_aside.sql), as
 // [{"id", "filed", "answered", "key", "reason", "waits"}, ...].
 MAGIC_SYNC_FUNCTION(magic_sync_refile) {
     std::string ids = "{";

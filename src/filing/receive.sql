@@ -18,17 +18,6 @@ LANGUAGE C VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan;
 
--- The filed message with its header, as the relay puts it in the outbox: payload
--- {"upload": uuid, "kept": [{"t": table, "k": key, "why": reason}, ...]}.
-CREATE FUNCTION sync.encode_filed(replica uuid, gen bigint, seq bigint, payload jsonb) RETURNS bytea
-AS 'MODULE_PATHNAME', 'magic_sync_encode_filed' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
-
--- An answer too big for one message goes in parts: the payloads of the parts, in order, each of
--- which encodes within max_bytes (every part but the last says "more"; a reason too long for a
--- part of its own is cut).
-CREATE FUNCTION sync.filed_parts(replica uuid, payload jsonb, max_bytes bigint) RETURNS jsonb
-AS 'MODULE_PATHNAME', 'magic_sync_filed_parts' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
-
 -- The senders' hooks as qualified function names (NULL: the default), whether the replica is
 -- live, which is what the default known() asks, and its row of the replicas relation (what a
 -- both row's audience is worked out against).

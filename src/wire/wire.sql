@@ -1,0 +1,97 @@
+-- The wire's SQL-callable pieces: canonical JSON, hashes, sizes, chunks, answers ------------------
+--
+-- The wire functions compute, never read the catalog: they pin no search_path, because every
+-- pass calls them once per row and a SET clause would cost a GUC save and restore each time.
+
+CREATE FUNCTION sync.canonical(jsonb) RETURNS text
+AS 'MODULE_PATHNAME', 'magic_sync_canonical' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+-- sync.canonical(to_jsonb(row) - hidden), written from the row's columns; NULL when a column is
+-- of a type it leaves to to_jsonb (the pass then goes through to_jsonb). STABLE: timestamptz is
+-- written in the session's time zone, as to_jsonb writes it.
+CREATE FUNCTION sync.encode_row("row" record, hidden text[]) RETURNS text
+AS 'MODULE_PATHNAME', 'magic_sync_encode_row' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION sync.key_hash("table" text, key jsonb) RETURNS bytea
+AS 'MODULE_PATHNAME', 'magic_sync_key_hash' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION sync.row_hash(body text) RETURNS bytea
+AS 'MODULE_PATHNAME', 'magic_sync_row_hash' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION sync.fp_element(k bytea, v bytea) RETURNS bytea
+AS 'MODULE_PATHNAME', 'magic_sync_fp_element' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION sync.row_size("table" text, key text, body text) RETURNS int
+AS 'MODULE_PATHNAME', 'magic_sync_row_size' LANGUAGE C IMMUTABLE PARALLEL SAFE;
+
+CREATE FUNCTION sync.chunk_size(scope text, from_seq bigint, to_seq bigint) RETURNS int
+AS 'MODULE_PATHNAME', 'magic_sync_chunk_size' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION sync.envelope_size(reset text[], drops text[], table_drops text[] DEFAULT '{}')
+RETURNS int
+AS 'MODULE_PATHNAME', 'magic_sync_envelope_size' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+-- How many of `drops`, then of `table_drops`, one rows message carries within
+-- magic_sync.bytes_per_message; the rest wait for the next message.
+CREATE FUNCTION sync.drops_fitting(reset text[], drops text[], table_drops text[]) RETURNS int
+AS 'MODULE_PATHNAME', 'magic_sync_drops_fitting' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+
+-- Whether a row can travel at all: within magic_sync.bytes_per_message, with no number a double
+-- does not hold (protocol::row_travels); one that cannot is withheld. A property of the row and its
+-- scope, not of any replica's cursor.
+CREATE FUNCTION sync.row_travels(scope text, "table" text, key text, body text) RETURNS boolean
+AS 'MODULE_PATHNAME', 'magic_sync_row_travels' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+
+-- The note announcing a withheld row of a scope, with why (its key, or its key's hash when the key
+-- is too long for a note within magic_sync.bytes_per_message or holds a number past a double), the
+-- bytes it adds to a message, and the reason it is set aside with.
+CREATE FUNCTION sync.withheld_note(scope text, "table" text, key text, body text) RETURNS jsonb
+AS 'MODULE_PATHNAME', 'magic_sync_withheld_note' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION sync.withheld_size(scope text, "table" text, key text, body text) RETURNS int
+AS 'MODULE_PATHNAME', 'magic_sync_withheld_size' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION sync.withheld_reason(scope text, "table" text, key text, body text) RETURNS text
+AS 'MODULE_PATHNAME', 'magic_sync_withheld_reason' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION sync.encode_chunk(scope text, from_seq bigint, to_seq bigint, seqs bigint[],
+                                  tables text[], keys text[], bodies text[], hashes text[])
+RETURNS text
+AS 'MODULE_PATHNAME', 'magic_sync_encode_chunk' LANGUAGE C IMMUTABLE PARALLEL SAFE;
+
+-- Fingerprint arithmetic: 256-bit sums mod 2^256.
+CREATE FUNCTION sync.fp_add(bytea, bytea) RETURNS bytea
+AS 'MODULE_PATHNAME', 'magic_sync_fp_add' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION sync.fp_sub(bytea, bytea) RETURNS bytea
+AS 'MODULE_PATHNAME', 'magic_sync_fp_sub' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+CREATE FUNCTION sync.fp_zero() RETURNS bytea
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea;
+
+CREATE AGGREGATE sync.fp_sum(bytea) (
+    SFUNC = sync.fp_add,
+    STYPE = bytea,
+    INITCOND = '\x0000000000000000000000000000000000000000000000000000000000000000',
+    COMBINEFUNC = sync.fp_add,
+    PARALLEL = SAFE
+);
+
+-- A scope's name on the wire: all, all@p, id=<uuid>, store_id=42, store_id=42@p.
+CREATE FUNCTION sync.scope_name(match text, value text, part text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN CASE match WHEN '*' THEN 'all' ELSE match || '=' || value END
+       || CASE WHEN part <> '' THEN '@' || part ELSE '' END;
+
+-- The filed message with its header, as the relay puts it in the outbox: payload
+-- {"upload": uuid, "kept": [{"t": table, "k": key, "why": reason}, ...]}.
+CREATE FUNCTION sync.encode_filed(replica uuid, gen bigint, seq bigint, payload jsonb) RETURNS bytea
+AS 'MODULE_PATHNAME', 'magic_sync_encode_filed' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+-- An answer too big for one message goes in parts: the payloads of the parts, in order, each of
+-- which encodes within max_bytes (every part but the last says "more"; a reason too long for a
+-- part of its own is cut).
+CREATE FUNCTION sync.filed_parts(replica uuid, payload jsonb, max_bytes bigint) RETURNS jsonb
+AS 'MODULE_PATHNAME', 'magic_sync_filed_parts' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
