@@ -442,17 +442,6 @@ std::vector<Kept> file_rows(Spi& spi, const std::vector<protocol::UpRow>& rows, 
     return kept;
 }
 
-std::string hex_of(std::string_view bytes) {
-    static const char digits[] = "0123456789abcdef";
-    std::string hex;
-    hex.reserve(bytes.size() * 2);
-    for (unsigned char c : bytes) {
-        hex += digits[c >> 4];
-        hex += digits[c & 0xf];
-    }
-    return hex;
-}
-
 // Records the upload id first, so two receives of one upload file it once (the second waits on
 // the first's row of sync.upload). Returns the answer's kept list when the id was filed before.
 Value seen_before(Spi& spi, const std::string& replica, const std::string& id) {
@@ -467,15 +456,14 @@ Value seen_before(Spi& spi, const std::string& replica, const std::string& id) {
 Value filing_role(Spi& spi) { return spi.scalar("SELECT current_user::text"); }
 
 void finish_upload(Spi& spi, const std::string& replica, const std::string& id,
-                   const std::string& kept, const Value& applied, const std::string& untaken,
+                   const std::string& kept, const pg::Param& applied, const std::string& untaken,
                    const std::string& holds, bool answered, const Value& change = std::nullopt) {
     const Value role = filing_role(spi);
     pg::as_extension_owner([&] {
         spi.execute(
             "SELECT sync.upload_end($1::uuid, $2::uuid, $3::jsonb, $4::bigint, $5::jsonb,"
             " $6::jsonb, $7::boolean, $8::name, $9::bigint)",
-            {replica, id, kept, applied, untaken, holds, answered ? "true" : "false", role,
-             change});
+            {replica, id, kept, applied, untaken, holds, answered, role, change});
     });
     // The relay moves the answer and applies the confirmation as soon as this commits.
     pg::wake_relay_at_commit();
@@ -494,10 +482,8 @@ std::string keep_whole(Spi& spi, const std::string& replica, const std::string& 
     }
     const Value role = filing_role(spi);
     pg::as_extension_owner([&] {
-        spi.execute(
-            "SELECT sync.keep_message($1::uuid, decode($2, 'hex'), $3, $4::name, $5::uuid,"
-            " $6::boolean)",
-            {replica, hex_of(message), reason, role, id, waits ? "true" : "false"});
+        spi.execute("SELECT sync.keep_message($1::uuid, $2, $3, $4::name, $5::uuid, $6)",
+                    {replica, pg::Param::bytea(message), reason, role, id, waits});
     });
     if (!id) return "kept";
     std::string note = "[{\"t\":\"\",\"k\":{},\"why\":" + json_string(reason) +
@@ -625,8 +611,7 @@ std::string receive(Spi& spi, const std::string& replica, const std::string& mes
             });
         status = "filed";
     }
-    Value applied;
-    if (upload.applied) applied = std::to_string(*upload.applied);
+    const pg::Param applied = upload.applied ? pg::Param(*upload.applied) : pg::Param(std::nullopt);
     finish_upload(spi, replica, upload.id, kept, applied, protocol::untaken_json(upload),
                   protocol::holds_json(upload), !upload.rows.empty() || kept != "[]", known.change);
     return status;
@@ -762,9 +747,9 @@ void refile_group(Spi& spi, const std::vector<KeptItem>& items, size_t begin, si
         for (size_t i = begin; i < end; ++i) out.push_back(kept_again(items[i].id, reason, waits));
     };
     if (first.filed_as &&
-        spi.scalar("SELECT CASE WHEN to_regrole($1) IS NULL THEN false ELSE"
-                   " has_function_privilege($1, 'sync.receive(uuid, bytea)', 'EXECUTE') END",
-                   {first.filed_as}) != "t") {
+        !spi.flag("SELECT CASE WHEN to_regrole($1) IS NULL THEN false ELSE"
+                  " has_function_privilege($1, 'sync.receive(uuid, bytea)', 'EXECUTE') END",
+                  {first.filed_as})) {
         keep_all("role " + *first.filed_as +
                      ", which sync.receive kept it as, cannot file uploads any more (it does not"
                      " exist, or may not execute sync.receive): nothing was filed",

@@ -18,43 +18,79 @@ namespace magic_sync::pg {
 
 namespace {
 
-// Plans kept for the backend's life, by statement text.
+Oid type_oid(Param::Type type) {
+    switch (type) {
+        case Param::Type::kBigint:
+            return INT8OID;
+        case Param::Type::kBoolean:
+            return BOOLOID;
+        case Param::Type::kBytea:
+            return BYTEAOID;
+        case Param::Type::kUuid:
+            return UUIDOID;
+        case Param::Type::kText:
+            break;
+    }
+    return TEXTOID;
+}
+
+// Plans kept for the backend's life, by statement text and parameter types.
 std::unordered_map<std::string, SPIPlanPtr>& kept_plans() {
     static std::unordered_map<std::string, SPIPlanPtr> plans;
     return plans;
 }
 
-SPIPlanPtr plan_for(const std::string& sql, int nargs) {
+SPIPlanPtr plan_for(const std::string& sql, const std::vector<Param>& params) {
+    std::string key = sql;
+    for (const Param& param : params)
+        key += static_cast<char>('0' + static_cast<int>(param.type()));
     auto& plans = kept_plans();
-    auto found = plans.find(sql);
+    auto found = plans.find(key);
     if (found != plans.end()) return found->second;
     SPIPlanPtr plan = guard([&] {
         Oid types[FUNC_MAX_ARGS];
-        for (int i = 0; i < nargs; ++i) types[i] = TEXTOID;
-        SPIPlanPtr prepared = SPI_prepare(sql.c_str(), nargs, types);
+        for (size_t i = 0; i < params.size(); ++i) types[i] = type_oid(params[i].type());
+        SPIPlanPtr prepared = SPI_prepare(sql.c_str(), static_cast<int>(params.size()), types);
         if (prepared == nullptr)
             elog(ERROR, "magic_sync: could not plan a statement: %s",
                  SPI_result_code_string(SPI_result));
         SPI_keepplan(prepared);
         return prepared;
     });
-    plans.emplace(sql, plan);
+    plans.emplace(std::move(key), plan);
     return plan;
 }
 
+Datum datum_of(const Param& param) {
+    switch (param.type()) {
+        case Param::Type::kBigint:
+            return Int64GetDatum(param.integer());
+        case Param::Type::kBoolean:
+            return BoolGetDatum(param.integer() != 0);
+        case Param::Type::kUuid:
+            return guard([&] {
+                return DirectFunctionCall1(uuid_in, CStringGetDatum(param.text().c_str()));
+            });
+        case Param::Type::kText:
+        case Param::Type::kBytea:
+            break;
+    }
+    // text and bytea are both a varlena of the bytes.
+    return guard([&] {
+        return PointerGetDatum(
+            cstring_to_text_with_len(param.text().data(), static_cast<int>(param.text().size())));
+    });
+}
+
 // Runs a kept plan; the result is in SPI_tuptable. Returns SPI_processed.
-uint64_t run(const std::string& sql, const std::vector<Value>& params, bool read_only) {
+uint64_t run(const std::string& sql, const std::vector<Param>& params, bool read_only) {
     if (params.size() > FUNC_MAX_ARGS) throw Error("magic_sync: too many parameters");
-    SPIPlanPtr plan = plan_for(sql, static_cast<int>(params.size()));
+    SPIPlanPtr plan = plan_for(sql, params);
     Datum values[FUNC_MAX_ARGS];
     char nulls[FUNC_MAX_ARGS];
     for (size_t i = 0; i < params.size(); ++i) {
-        nulls[i] = params[i] ? ' ' : 'n';
-        values[i] = params[i] ? guard([&] {
-            return PointerGetDatum(
-                cstring_to_text_with_len(params[i]->data(), static_cast<int>(params[i]->size())));
-        })
-                              : Datum(0);
+        nulls[i] = params[i].is_null() ? 'n' : ' ';
+        values[i] = params[i].is_null() ? Datum(0) : datum_of(params[i]);
     }
     return guard([&] {
         int result = SPI_execute_plan(plan, values, nulls, read_only, 0);
@@ -79,11 +115,11 @@ void Spi::finish() {
     guard([] { SPI_finish(); });
 }
 
-uint64_t Spi::execute(const std::string& sql, const std::vector<Value>& params) {
+uint64_t Spi::execute(const std::string& sql, const std::vector<Param>& params) {
     return run(sql, params, false);
 }
 
-std::vector<Row> Spi::query(const std::string& sql, const std::vector<Value>& params) {
+std::vector<Row> Spi::query(const std::string& sql, const std::vector<Param>& params) {
     uint64_t count = run(sql, params, false);
     std::vector<Row> rows;
     if (SPI_tuptable == nullptr) return rows;
@@ -107,10 +143,21 @@ std::vector<Row> Spi::query(const std::string& sql, const std::vector<Value>& pa
     return rows;
 }
 
-Value Spi::scalar(const std::string& sql, const std::vector<Value>& params) {
+Value Spi::scalar(const std::string& sql, const std::vector<Param>& params) {
     auto rows = query(sql, params);
     if (rows.empty() || rows.front().empty()) return std::nullopt;
     return rows.front().front();
+}
+
+bool Spi::flag(const std::string& sql, const std::vector<Param>& params) {
+    if (run(sql, params, false) == 0 || SPI_tuptable == nullptr) return false;
+    TupleDesc descriptor = SPI_tuptable->tupdesc;
+    if (descriptor->natts != 1 || SPI_gettypeid(descriptor, 1) != BOOLOID)
+        throw Error("magic_sync: Spi::flag needs one boolean column: " + sql);
+    bool is_null = false;
+    Datum value =
+        guard([&] { return SPI_getbinval(SPI_tuptable->vals[0], descriptor, 1, &is_null); });
+    return !is_null && DatumGetBool(value);
 }
 
 void subtransaction(const std::function<void()>& work) {

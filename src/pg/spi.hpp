@@ -2,8 +2,9 @@
 // Statements are planned once per backend and kept (keyed by their text), because the relay runs
 // the same few dozen statements on every pass.
 //
-// Parameters and results travel as text: a parameter is NULL or a string that the statement
-// casts ($1::bigint); a result cell is NULL or its text output.
+// A parameter is bound with its own type (text, bigint, boolean, bytea, uuid): an integer or a
+// flag reaches the statement as itself, not as text it casts. A result cell is NULL or its text
+// output.
 #pragma once
 
 #include <cstdint>
@@ -17,6 +18,37 @@ namespace magic_sync::pg {
 using Value = std::optional<std::string>;
 using Row = std::vector<Value>;
 
+// A statement's parameter: NULL, text, a bigint, a boolean, bytea or a uuid. Text by default;
+// integers and flags by their C++ type; bytea and uuid by name.
+class Param {
+  public:
+    enum class Type { kText, kBigint, kBoolean, kBytea, kUuid };
+
+    Param(std::nullopt_t) : null_(true) {}
+    Param(const char* text) : text_(text) {}
+    Param(std::string text) : text_(std::move(text)) {}
+    Param(const Value& text) : null_(!text), text_(text.value_or("")) {}
+    Param(int value) : Param(static_cast<int64_t>(value)) {}
+    Param(int64_t value) : type_(Type::kBigint), integer_(value) {}
+    Param(bool value) : type_(Type::kBoolean), integer_(value) {}
+    static Param bytea(std::string bytes) { return Param(Type::kBytea, std::move(bytes)); }
+    // A uuid in its text form; one that is not a uuid is an error when the statement runs.
+    static Param uuid(std::string text) { return Param(Type::kUuid, std::move(text)); }
+
+    Type type() const { return type_; }
+    bool is_null() const { return null_; }
+    const std::string& text() const { return text_; }
+    int64_t integer() const { return integer_; }
+
+  private:
+    Param(Type type, std::string text) : type_(type), text_(std::move(text)) {}
+
+    Type type_ = Type::kText;
+    bool null_ = false;
+    std::string text_;
+    int64_t integer_ = 0;
+};
+
 // A session with SPI: connects on construction; finish() disconnects. When an exception leaves
 // the scope without finish(), the transaction's abort cleans up the connection.
 class Spi {
@@ -27,11 +59,14 @@ class Spi {
     void finish();
 
     // Runs a statement; returns the number of rows it processed.
-    uint64_t execute(const std::string& sql, const std::vector<Value>& params = {});
+    uint64_t execute(const std::string& sql, const std::vector<Param>& params = {});
     // Runs a query; returns its rows.
-    std::vector<Row> query(const std::string& sql, const std::vector<Value>& params = {});
+    std::vector<Row> query(const std::string& sql, const std::vector<Param>& params = {});
     // The single value of a query that returns one row and one column (NULL: no row).
-    Value scalar(const std::string& sql, const std::vector<Value>& params = {});
+    Value scalar(const std::string& sql, const std::vector<Param>& params = {});
+    // The boolean of a query that returns one row and one boolean column, read as a boolean
+    // (false: no row, or NULL).
+    bool flag(const std::string& sql, const std::vector<Param>& params = {});
 
   private:
     bool connected_ = false;

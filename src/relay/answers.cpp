@@ -22,7 +22,7 @@ int64_t move_answers(pg::Spi& spi) {
         "  FROM (SELECT replica, count(*) AS n FROM written GROUP BY replica) w"
         "  WHERE r.id = w.replica)"
         " SELECT count(*) FROM written",
-        {std::to_string(settings::bytes_per_message)});
+        {settings::bytes_per_message});
     return written ? std::stoll(*written) : 0;
 }
 

@@ -19,33 +19,31 @@ std::vector<std::string> column_of(const std::vector<magic_sync::pg::Row>& rows)
     return values;
 }
 
-std::string assemble(magic_sync::pg::Spi& spi, const std::string& replica, const std::string& seq) {
+std::string assemble(magic_sync::pg::Spi& spi, const std::string& replica, int64_t seq) {
+    const std::vector<magic_sync::pg::Param> key = {magic_sync::pg::Param::uuid(replica), seq};
     auto rows = spi.query(
         "SELECT gen, convert_from(body, 'UTF8') FROM sync.outbox"
-        " WHERE replica = $1::uuid AND seq = $2::bigint",
-        {replica, seq});
+        " WHERE replica = $1 AND seq = $2",
+        key);
     if (rows.empty())
-        throw magic_sync::Error("replica " + replica + " has no message " + seq + " in its outbox",
-                                ERRCODE_NO_DATA_FOUND);
+        throw magic_sync::Error(
+            "replica " + replica + " has no message " + std::to_string(seq) + " in its outbox",
+            ERRCODE_NO_DATA_FOUND);
     if (rows.front()[1]) return *rows.front()[1];
 
     protocol::RowsMessage message;
-    message.header = {replica, std::stoll(rows.front()[0].value()), std::stoll(seq)};
-    const std::vector<magic_sync::pg::Value> key = {replica, seq};
-    message.reset = column_of(spi.query(
-        "SELECT unnest(reset) FROM sync.outbox WHERE replica = $1::uuid AND seq = $2::bigint",
-        key));
-    message.drop = column_of(spi.query(
-        "SELECT unnest(drops) FROM sync.outbox WHERE replica = $1::uuid AND seq = $2::bigint",
-        key));
+    message.header = {replica, std::stoll(rows.front()[0].value()), seq};
+    message.reset = column_of(
+        spi.query("SELECT unnest(reset) FROM sync.outbox WHERE replica = $1 AND seq = $2", key));
+    message.drop = column_of(
+        spi.query("SELECT unnest(drops) FROM sync.outbox WHERE replica = $1 AND seq = $2", key));
     message.drop_tables = column_of(spi.query(
-        "SELECT unnest(table_drops) FROM sync.outbox WHERE replica = $1::uuid AND seq = $2::bigint",
-        key));
+        "SELECT unnest(table_drops) FROM sync.outbox WHERE replica = $1 AND seq = $2", key));
     for (const auto& note :
          spi.query("SELECT w->>'t', sync.canonical(w->'k'), w->>'why', w->>'kh' FROM sync.outbox o,"
                    " unnest(o.chunks) WITH ORDINALITY AS u(id, position)"
                    " JOIN sync.chunk c ON c.id = u.id, jsonb_array_elements(c.withheld) w"
-                   " WHERE o.replica = $1::uuid AND o.seq = $2::bigint ORDER BY u.position",
+                   " WHERE o.replica = $1 AND o.seq = $2 ORDER BY u.position",
                    key)) {
         protocol::KeyNote withheld{note[0].value(), note[1].value_or(""), note[2].value()};
         if (note[3]) withheld.key_hash = protocol::digest_from_hex(*note[3]);
@@ -54,7 +52,7 @@ std::string assemble(magic_sync::pg::Spi& spi, const std::string& replica, const
     std::vector<std::string> chunks = column_of(spi.query(
         "SELECT c.body FROM sync.outbox o, unnest(o.chunks) WITH ORDINALITY AS u(id, position)"
         " JOIN sync.chunk c ON c.id = u.id"
-        " WHERE o.replica = $1::uuid AND o.seq = $2::bigint ORDER BY u.position",
+        " WHERE o.replica = $1 AND o.seq = $2 ORDER BY u.position",
         key));
     return protocol::encode_rows(message, {chunks.begin(), chunks.end()});
 }
@@ -63,7 +61,7 @@ std::string assemble(magic_sync::pg::Spi& spi, const std::string& replica, const
 
 MAGIC_SYNC_FUNCTION(magic_sync_message) {
     std::string replica = magic_sync::pg::uuid_arg(fcinfo, 0);
-    std::string seq = std::to_string(magic_sync::pg::int64_arg(fcinfo, 1));
+    const int64_t seq = magic_sync::pg::int64_arg(fcinfo, 1);
     magic_sync::pg::Spi spi;
     std::string bytes = assemble(spi, replica, seq);
     spi.finish();

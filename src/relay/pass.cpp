@@ -52,7 +52,7 @@ const char* const kTempTables[] = {
 
 void ensure_temp_tables(Spi& spi) {
     // The last table of the list exists only when all were made.
-    if (spi.scalar("SELECT to_regclass('pg_temp.magic_sync_picked') IS NULL") != "t") return;
+    if (!spi.flag("SELECT to_regclass('pg_temp.magic_sync_picked') IS NULL")) return;
     for (const char* statement : kTempTables) spi.execute(statement);
 }
 
@@ -102,7 +102,7 @@ int64_t take_notes(Spi& spi) {
                    " kept AS (INSERT INTO pg_temp.magic_sync_note (codec, key)"
                    " SELECT DISTINCT codec, key FROM taken)"
                    " SELECT count(*) FROM taken",
-                   {std::to_string(settings::notes_per_pass)}));
+                   {settings::notes_per_pass}));
 }
 
 // Whether a row is withheld depends on magic_sync.bytes_per_message: when it changed, the rows
@@ -118,7 +118,7 @@ void note_rows_the_limit_changed(Spi& spi) {
         " WHERE EXISTS (SELECT FROM changed) AND NOT r.gone"
         " AND r.withheld = sync.row_travels(sync.scope_name(s.match, s.value, s.partition),"
         "  c.table_name, sync.canonical(r.key), r.body)",
-        {std::to_string(settings::bytes_per_message)});
+        {settings::bytes_per_message});
 }
 
 // Codecs that ended (sync.dropped_codec): their rows leave the relay's state and their scopes'
@@ -166,7 +166,7 @@ ReplicaSet replica_set(Spi& spi) {
         " coalesce(st.replicas_scanned_at < now() - make_interval(secs => $1::int), true)"
         " FROM sync.replica_set s JOIN pg_class c ON c.oid = s.relation"
         " CROSS JOIN sync.relay_state st",
-        {std::to_string(settings::replica_scan_s)});
+        {settings::replica_scan_s});
     if (rows.empty()) return set;
     const auto& row = rows.front();
     set.declared = true;
@@ -239,7 +239,7 @@ ReplicaCounts plan_replicas(Spi& spi, const ReplicaSet& replicas) {
             " t UNION SELECT 0, jsonb_build_object('id', r.id) FROM sync.replica r");
         spi.execute("UPDATE sync.relay_state SET replicas_scanned_at = now()");
     }
-    if (spi.scalar("SELECT EXISTS (SELECT FROM pg_temp.magic_sync_note WHERE codec = 0)") != "t")
+    if (!spi.flag("SELECT EXISTS (SELECT FROM pg_temp.magic_sync_note WHERE codec = 0)"))
         return counts;
 
     // The replica columns that `to => 'col = replica_col'` codecs match on.
@@ -547,7 +547,7 @@ int64_t record_changes(Spi& spi) {
         "  p.body) AS withheld FROM sync.codec c WHERE c.id = p.codec) w"
         " WHERE r.scope IS DISTINCT FROM s.id OR r.hash IS DISTINCT FROM p.hash"
         " OR coalesce(r.withheld, false) <> w.withheld"));
-    if (spi.scalar("SELECT EXISTS (SELECT FROM sync.echo)") == "t") {
+    if (spi.flag("SELECT EXISTS (SELECT FROM sync.echo)")) {
         if (changed > 0) mark_echoes(spi);
         spi.execute(
             "DELETE FROM sync.echo e USING pg_temp.magic_sync_row p"
@@ -639,8 +639,8 @@ void apply_confirmations(Spi& spi) {
 // byte limit (the next one starts at a row-limit boundary), and where it holds no replica's echo
 // (whether an echo is sent back depends on the cursor) and fits the byte limit whole.
 void build_chunks(Spi& spi, int ahead) {
-    const std::string rows_limit = std::to_string(settings::rows_per_message);
-    const std::string bytes_limit = std::to_string(settings::bytes_per_message);
+    const int rows_limit = settings::rows_per_message;
+    const int bytes_limit = settings::bytes_per_message;
     // Picked in runs of rows_per_message rows (grp); the first run is cut as its rows are picked:
     // rows that fit, in order, until the running size passes the budget; the rows from there on
     // are dropped, but never the first, so that a chunk always moves on (a withheld row's note,
@@ -679,7 +679,7 @@ void build_chunks(Spi& spi, int ahead) {
         "       WHERE m.scope = w.scope AND m.replica <> sync.row.echo_of))"
         "      ORDER BY seq LIMIT $1::int * w.chunks) y) x"
         "    JOIN sync.codec c ON c.id = x.codec OFFSET 0) k) r ON true) p",
-        {rows_limit, bytes_limit, std::to_string(ahead)});
+        {rows_limit, bytes_limit, ahead});
     // A chunk covers the scope up to its head, or up to its last row when it was cut short. Its
     // rows are aggregated in one order, unsorted, and put in seq order by sync.encode_chunk: five
     // aggregates each sorting its own input cost more than the encoding. The rows withheld from
@@ -749,7 +749,7 @@ int64_t write_messages(Spi& spi, int rounds_left) {
         " CROSS JOIN LATERAL (SELECT count(*) AS unsent FROM sync.outbox o"
         "  WHERE o.replica = m.replica AND o.sent_at IS NULL) u"
         " WHERE m.sent < s.head AND u.unsent < $1::int",
-        {std::to_string(settings::window)});
+        {settings::window});
     auto attach_chunks = [&] {
         spi.execute(
             "UPDATE pg_temp.magic_sync_need n SET chunk = c.id, chunk_to = c.to_seq,"
@@ -762,8 +762,7 @@ int64_t write_messages(Spi& spi, int rounds_left) {
             " WHERE n.chunk IS NULL AND c.scope = n.scope AND c.from_seq = n.sent");
     };
     attach_chunks();
-    if (spi.scalar("SELECT EXISTS (SELECT FROM pg_temp.magic_sync_need WHERE chunk IS NULL)") ==
-        "t") {
+    if (spi.flag("SELECT EXISTS (SELECT FROM pg_temp.magic_sync_need WHERE chunk IS NULL)")) {
         build_chunks(spi, rounds_left);
         attach_chunks();
     }
@@ -780,7 +779,7 @@ int64_t write_messages(Spi& spi, int rounds_left) {
         "  WINDOW w AS (PARTITION BY n.replica ORDER BY n.scope)) x"
         " WHERE (position = 1 AND NOT drops)"
         " OR (bytes_so_far <= budget AND (position = 1 OR rows_so_far <= $1::int))",
-        {std::to_string(settings::rows_per_message), std::to_string(settings::bytes_per_message)});
+        {settings::rows_per_message, settings::bytes_per_message});
     int64_t messages = count_of(spi.scalar(
         "WITH message AS ("
         "  SELECT replica, array_agg(chunk ORDER BY scope) AS chunks,"
@@ -811,7 +810,7 @@ int64_t write_messages(Spi& spi, int rounds_left) {
         " advanced AS (UPDATE sync.member m SET sent = p.chunk_to"
         "  FROM pg_temp.magic_sync_picked p WHERE m.replica = p.replica AND m.scope = p.scope)"
         " SELECT count(*) FROM written",
-        {std::to_string(settings::window)}));
+        {settings::window}));
     return messages;
 }
 
@@ -884,9 +883,8 @@ PassCounts run_pass(Spi& spi) {
         " jsonb_build_object('notes', $1::bigint, 'rows_changed', $2::bigint,"
         " 'provisioned', $3::bigint, 'forgotten', $4::bigint, 'messages', $5::bigint,"
         " 'set_aside', $6::bigint)",
-        {std::to_string(counts.notes), std::to_string(counts.rows_changed),
-         std::to_string(counts.provisioned), std::to_string(counts.forgotten),
-         std::to_string(counts.messages), std::to_string(counts.set_aside)});
+        {counts.notes, counts.rows_changed, counts.provisioned, counts.forgotten, counts.messages,
+         counts.set_aside});
     return counts;
 }
 

@@ -99,7 +99,7 @@ void put(Spi& spi, const std::string& replica, int64_t seq, int64_t gen, const c
     spi.execute(
         "INSERT INTO sync.outbox (replica, seq, gen, kind, body)"
         " VALUES ($1::uuid, $2::bigint, $3::int, $4, convert_to($5, 'UTF8'))",
-        {replica, std::to_string(seq), std::to_string(gen), std::string(kind), body});
+        {replica, seq, gen, std::string(kind), body});
 }
 
 protocol::RangesMessage ranges_message(const Target& target,
@@ -241,7 +241,7 @@ int64_t send_whole(Spi& spi, const Target& target, const std::vector<std::string
                    " WHERE r.scope = $1::bigint AND NOT r.gone AND NOT r.withheld"
                    " AND left(encode(r.k, 'hex'), $2::int) IN (SELECT unnest($3::text[]))"
                    " ORDER BY r.k",
-                   {target.scope, std::to_string(level), text_array(leaves)})) {
+                   {target.scope, static_cast<int64_t>(level), text_array(leaves)})) {
         LeafRow leaf;
         leaf.k = row[1].value();
         leaf.row.table = row[2].value();
@@ -265,23 +265,22 @@ bool begin_round(Spi& spi, const Target& target) {
         "  OR first_round_at < now() - make_interval(secs => $3::int / 1000.0) THEN now()"
         "  ELSE first_round_at END"
         " WHERE replica = $1::uuid AND scope = $2::bigint RETURNING rounds, attempts",
-        {target.replica, target.scope, std::to_string(settings::storm_window_ms)});
+        {target.replica, target.scope, settings::storm_window_ms});
     if (rows.empty()) return false;
     const int64_t rounds = std::stoll(rows.front()[0].value());
     if (rounds <= kStormRounds) return true;
     const int64_t attempts = std::stoll(rows.front()[1].value()) + 1;
-    const std::string backoff = std::to_string(kStormBackoffS * attempts);
+    const int64_t backoff = kStormBackoffS * attempts;
     spi.execute(
         "UPDATE sync.repair SET phase = 'idle', ranges = '{}', level = 0, waiting = NULL,"
         " rounds = 0, first_round_at = NULL, attempts = $3::int,"
         " storm_until = now() + make_interval(secs => $4::int)"
         " WHERE replica = $1::uuid AND scope = $2::bigint",
-        {target.replica, target.scope, std::to_string(attempts), backoff});
+        {target.replica, target.scope, attempts, backoff});
     spi.execute(
         "SELECT sync.repair_storm($1::uuid, $2::bigint, $3::int, $4::int,"
         " make_interval(secs => $5::int))",
-        {target.replica, target.scope, std::to_string(rounds - 1), std::to_string(attempts),
-         backoff});
+        {target.replica, target.scope, rounds - 1, attempts, backoff});
     return false;
 }
 
@@ -298,7 +297,7 @@ int64_t start_round(Spi& spi, const Target& target) {
             "UPDATE sync.repair SET phase = 'checking', level = 0, ranges = '{}',"
             " waiting = $3::bigint, rows_sent = rows_sent + $4::bigint"
             " WHERE replica = $1::uuid AND scope = $2::bigint",
-            {target.replica, target.scope, std::to_string(last), std::to_string(rows_sent)});
+            {target.replica, target.scope, last, rows_sent});
         return messages;
     }
     int64_t seq = send_ranges(spi, target, prefixes);
@@ -306,7 +305,7 @@ int64_t start_round(Spi& spi, const Target& target) {
         "UPDATE sync.repair SET phase = 'asking', level = 1, ranges = $3::text[],"
         " waiting = $4::bigint, ranges_asked = ranges_asked + 16"
         " WHERE replica = $1::uuid AND scope = $2::bigint",
-        {target.replica, target.scope, text_array(prefixes), std::to_string(seq)});
+        {target.replica, target.scope, text_array(prefixes), seq});
     return 1;
 }
 
@@ -338,7 +337,7 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
                    "'hex'),"
                    " count(*) FROM sync.row WHERE scope = $1::bigint AND NOT gone AND NOT withheld"
                    " AND left(encode(k, 'hex'), $2::int) IN (SELECT unnest($3::text[])) GROUP BY 1",
-                   {target.scope, std::to_string(level), text_array(target.asked)}))
+                   {target.scope, static_cast<int64_t>(level), text_array(target.asked)}))
         server[row[0].value()] = {row[1].value(), count_of(row[2])};
     const std::string zero(kDigits, '0');
     std::vector<std::string> mismatched;
@@ -386,8 +385,8 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
         " rows_sent = rows_sent + $8::bigint"
         " WHERE replica = $1::uuid AND scope = $2::bigint",
         {target.replica, target.scope, std::string(deeper.empty() ? "checking" : "asking"),
-         std::to_string(deeper.empty() ? level : level + 1), text_array(deeper),
-         std::to_string(last), std::to_string(deeper.size()), std::to_string(rows_sent)});
+         static_cast<int64_t>(deeper.empty() ? level : level + 1), text_array(deeper), last,
+         static_cast<int64_t>(deeper.size()), rows_sent});
     return messages;
 }
 
@@ -452,7 +451,7 @@ int64_t plan_repairs(Spi& spi) {
             spi.execute(
                 "INSERT INTO sync.repair (replica, scope, gen, head)"
                 " SELECT $1::uuid, id, $3::int, head FROM sync.scope WHERE id = $2::bigint",
-                {target.replica, target.scope, std::to_string(target.gen)});
+                {target.replica, target.scope, target.gen});
         }
         if (target.phase == "asking") {
             written += answer_ranges(spi, target);
