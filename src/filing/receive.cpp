@@ -28,6 +28,7 @@ namespace magic_sync::filing {
 
 namespace {
 
+using pg::Param;
 using pg::Spi;
 using pg::Value;
 
@@ -447,7 +448,8 @@ std::vector<Kept> file_rows(Spi& spi, const std::vector<protocol::UpRow>& rows, 
 Value seen_before(Spi& spi, const std::string& replica, const std::string& id) {
     Value kept;
     pg::as_extension_owner([&] {
-        kept = spi.scalar("SELECT sync.upload_begin($1::uuid, $2::uuid)::text", {replica, id});
+        kept = spi.scalar("SELECT sync.upload_begin($1::uuid, $2::uuid)::text",
+                          {Param::uuid(replica), Param::uuid(id)});
     });
     return kept;
 }
@@ -463,7 +465,8 @@ void finish_upload(Spi& spi, const std::string& replica, const std::string& id,
         spi.execute(
             "SELECT sync.upload_end($1::uuid, $2::uuid, $3::jsonb, $4::bigint, $5::jsonb,"
             " $6::jsonb, $7::boolean, $8::name, $9::bigint)",
-            {replica, id, kept, applied, untaken, holds, answered, role, change});
+            {Param::uuid(replica), Param::uuid(id), kept, applied, untaken, holds, answered, role,
+             change});
     });
     // The relay moves the answer and applies the confirmation as soon as this commits.
     pg::wake_relay_at_commit();
@@ -482,8 +485,9 @@ std::string keep_whole(Spi& spi, const std::string& replica, const std::string& 
     }
     const Value role = filing_role(spi);
     pg::as_extension_owner([&] {
-        spi.execute("SELECT sync.keep_message($1::uuid, $2, $3, $4::name, $5::uuid, $6)",
-                    {replica, pg::Param::bytea(message), reason, role, id, waits});
+        spi.execute(
+            "SELECT sync.keep_message($1::uuid, $2, $3, $4::name, $5::uuid, $6)",
+            {Param::uuid(replica), Param::bytea(message), reason, role, Param::uuid(id), waits});
     });
     if (!id) return "kept";
     std::string note = "[{\"t\":\"\",\"k\":{},\"why\":" + json_string(reason) +
@@ -542,14 +546,15 @@ Known known_replica(Spi& spi, const std::string& replica) {
         setup = spi.query(
                        "SELECT known, filing, live, replica_row, change"
                        " FROM sync.receive_setup($1::uuid)",
-                       {replica})
+                       {Param::uuid(replica)})
                     .at(0);
     });
     const Value& known_function = setup[0];
     const Value& filing_function = setup[1];
     Value known;
     if (known_function)
-        known = spi.scalar("SELECT " + *known_function + "($1::uuid)::text", {replica});
+        known =
+            spi.scalar("SELECT " + *known_function + "($1::uuid)::text", {Param::uuid(replica)});
     else if (setup[2] == "t")
         known = "{}";
     if (!known)
@@ -607,7 +612,7 @@ std::string receive(Spi& spi, const std::string& replica, const std::string& mes
         if (!echoes.empty())
             pg::as_extension_owner([&] {
                 spi.execute("SELECT sync.upload_echoes($1::uuid, $2::uuid, $3::jsonb)",
-                            {replica, upload.id, echoes + "]"});
+                            {Param::uuid(replica), Param::uuid(upload.id), echoes + "]"});
             });
         status = "filed";
     }

@@ -32,8 +32,13 @@ class Param {
     Param(int64_t value) : type_(Type::kBigint), integer_(value) {}
     Param(bool value) : type_(Type::kBoolean), integer_(value) {}
     static Param bytea(std::string bytes) { return Param(Type::kBytea, std::move(bytes)); }
-    // A uuid in its text form; one that is not a uuid is an error when the statement runs.
-    static Param uuid(std::string text) { return Param(Type::kUuid, std::move(text)); }
+    // A uuid in its text form (none: NULL); one that is not a uuid is an error when the statement
+    // runs.
+    static Param uuid(const Value& text) {
+        Param param(Type::kUuid, text.value_or(""));
+        param.null_ = !text;
+        return param;
+    }
 
     Type type() const { return type_; }
     bool is_null() const { return null_; }

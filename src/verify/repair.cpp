@@ -22,6 +22,7 @@ namespace magic_sync::relay {
 
 namespace {
 
+using pg::Param;
 using pg::Spi;
 using pg::Value;
 
@@ -90,7 +91,7 @@ std::pair<int64_t, int64_t> next_seq(Spi& spi, const std::string& replica) {
     auto rows = spi.query(
         "UPDATE sync.replica SET next_seq = next_seq + 1 WHERE id = $1::uuid"
         " RETURNING next_seq - 1, gen",
-        {replica});
+        {Param::uuid(replica)});
     return {std::stoll(rows.front()[0].value()), std::stoll(rows.front()[1].value())};
 }
 
@@ -99,7 +100,7 @@ void put(Spi& spi, const std::string& replica, int64_t seq, int64_t gen, const c
     spi.execute(
         "INSERT INTO sync.outbox (replica, seq, gen, kind, body)"
         " VALUES ($1::uuid, $2::bigint, $3::int, $4, convert_to($5, 'UTF8'))",
-        {replica, seq, gen, std::string(kind), body});
+        {Param::uuid(replica), seq, gen, std::string(kind), body});
 }
 
 protocol::RangesMessage ranges_message(const Target& target,
@@ -265,7 +266,7 @@ bool begin_round(Spi& spi, const Target& target) {
         "  OR first_round_at < now() - make_interval(secs => $3::int / 1000.0) THEN now()"
         "  ELSE first_round_at END"
         " WHERE replica = $1::uuid AND scope = $2::bigint RETURNING rounds, attempts",
-        {target.replica, target.scope, settings::storm_window_ms});
+        {Param::uuid(target.replica), target.scope, settings::storm_window_ms});
     if (rows.empty()) return false;
     const int64_t rounds = std::stoll(rows.front()[0].value());
     if (rounds <= kStormRounds) return true;
@@ -276,11 +277,11 @@ bool begin_round(Spi& spi, const Target& target) {
         " rounds = 0, first_round_at = NULL, attempts = $3::int,"
         " storm_until = now() + make_interval(secs => $4::int)"
         " WHERE replica = $1::uuid AND scope = $2::bigint",
-        {target.replica, target.scope, attempts, backoff});
+        {Param::uuid(target.replica), target.scope, attempts, backoff});
     spi.execute(
         "SELECT sync.repair_storm($1::uuid, $2::bigint, $3::int, $4::int,"
         " make_interval(secs => $5::int))",
-        {target.replica, target.scope, rounds - 1, attempts, backoff});
+        {Param::uuid(target.replica), target.scope, rounds - 1, attempts, backoff});
     return false;
 }
 
@@ -297,7 +298,7 @@ int64_t start_round(Spi& spi, const Target& target) {
             "UPDATE sync.repair SET phase = 'checking', level = 0, ranges = '{}',"
             " waiting = $3::bigint, rows_sent = rows_sent + $4::bigint"
             " WHERE replica = $1::uuid AND scope = $2::bigint",
-            {target.replica, target.scope, last, rows_sent});
+            {Param::uuid(target.replica), target.scope, last, rows_sent});
         return messages;
     }
     int64_t seq = send_ranges(spi, target, prefixes);
@@ -305,7 +306,7 @@ int64_t start_round(Spi& spi, const Target& target) {
         "UPDATE sync.repair SET phase = 'asking', level = 1, ranges = $3::text[],"
         " waiting = $4::bigint, ranges_asked = ranges_asked + 16"
         " WHERE replica = $1::uuid AND scope = $2::bigint",
-        {target.replica, target.scope, text_array(prefixes), seq});
+        {Param::uuid(target.replica), target.scope, text_array(prefixes), seq});
     return 1;
 }
 
@@ -367,7 +368,7 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
         spi.execute(
             "UPDATE sync.repair SET phase = 'checking', ranges = '{}', waiting = NULL"
             " WHERE replica = $1::uuid AND scope = $2::bigint",
-            {target.replica, target.scope});
+            {Param::uuid(target.replica), target.scope});
         return 0;
     }
     if (!begin_round(spi, target)) return 0;
@@ -384,7 +385,8 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
         " waiting = $6::bigint, ranges_asked = ranges_asked + $7::int,"
         " rows_sent = rows_sent + $8::bigint"
         " WHERE replica = $1::uuid AND scope = $2::bigint",
-        {target.replica, target.scope, std::string(deeper.empty() ? "checking" : "asking"),
+        {Param::uuid(target.replica), target.scope,
+         std::string(deeper.empty() ? "checking" : "asking"),
          static_cast<int64_t>(deeper.empty() ? level : level + 1), text_array(deeper), last,
          static_cast<int64_t>(deeper.size()), rows_sent});
     return messages;
@@ -451,7 +453,7 @@ int64_t plan_repairs(Spi& spi) {
             spi.execute(
                 "INSERT INTO sync.repair (replica, scope, gen, head)"
                 " SELECT $1::uuid, id, $3::int, head FROM sync.scope WHERE id = $2::bigint",
-                {target.replica, target.scope, target.gen});
+                {Param::uuid(target.replica), target.scope, target.gen});
         }
         if (target.phase == "asking") {
             written += answer_ranges(spi, target);
