@@ -215,6 +215,17 @@ SELECT report('a2', '{}');
 SELECT deliver();
 SELECT * FROM repairs WHERE register = 'a2';
 SELECT * FROM status;
+-- Each message within the limit with its header: a run of rows is measured with the widest
+-- header it can have (the replica's id, the largest gen and seq), not an empty one. Measured
+-- without, one message in three went over this limit, by up to 40 bytes.
+TRUNCATE written;
+SET magic_sync.bytes_per_message = 1252;
+SELECT report('a2', '{5}');
+SELECT deliver() > 1 AS several;
+SELECT * FROM a2_outbox;
+SELECT report('a2', '{}');
+SELECT deliver();
+SELECT * FROM status;
 RESET magic_sync.bytes_per_message;
 DROP TRIGGER note_written ON sync.outbox;
 

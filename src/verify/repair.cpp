@@ -103,6 +103,13 @@ void put(Spi& spi, const std::string& replica, int64_t seq, int64_t gen, const c
         {Param::uuid(replica), seq, gen, std::string(kind), body});
 }
 
+// The widest header a message to the target can have: its replica, the largest gen and seq. A
+// message is measured with it, so that it fits whatever seq it is given.
+protocol::MessageHeader widest_header(const Target& target) {
+    return {target.replica, std::numeric_limits<int64_t>::max(),
+            std::numeric_limits<int64_t>::max()};
+}
+
 protocol::RangesMessage ranges_message(const Target& target,
                                        const std::vector<std::string>& prefixes) {
     protocol::RangesMessage message;
@@ -115,8 +122,7 @@ protocol::RangesMessage ranges_message(const Target& target,
 // whatever its seq and generation.
 bool ranges_fit(const Target& target, const std::vector<std::string>& prefixes) {
     protocol::RangesMessage widest = ranges_message(target, prefixes);
-    widest.header = {target.replica, std::numeric_limits<int64_t>::max(),
-                     std::numeric_limits<int64_t>::max()};
+    widest.header = widest_header(target);
     return protocol::encode(widest).size() <= static_cast<size_t>(settings::bytes_per_message);
 }
 
@@ -133,7 +139,8 @@ struct LeafRow {
     protocol::DownRow row;
 };
 
-bool fits(const protocol::RepairMessage& message) {
+bool fits(const Target& target, protocol::RepairMessage message) {
+    message.header = widest_header(target);
     return message.rows.size() <= static_cast<size_t>(settings::rows_per_message) &&
            protocol::encode(message).size() <= static_cast<size_t>(settings::bytes_per_message);
 }
@@ -148,7 +155,7 @@ int64_t send_repairs(Spi& spi, const Target& target, const std::string& lo,
     message.scope = target.scope_name;
     message.range = range_of(lo, hi);
     for (const LeafRow& row : rows) message.rows.push_back(row.row);
-    if (fits(message) || rows.size() <= 1 || prefix.size() >= kDigits) {
+    if (fits(target, message) || rows.size() <= 1 || prefix.size() >= kDigits) {
         auto [seq, gen] = next_seq(spi, target.replica);
         message.header = {target.replica, gen, seq};
         put(spi, target.replica, seq, gen, "repair", protocol::encode(message));
@@ -170,7 +177,7 @@ int64_t send_repairs(Spi& spi, const Target& target, const std::string& lo,
             probe.range = range_of(lo_hex(children[start]),
                                    stop == children.size() ? hi : hi_hex(children[stop - 1]));
             for (const LeafRow& row : candidate) probe.rows.push_back(row.row);
-            return fits(probe);
+            return fits(target, probe);
         };
         if (!run_fits(run, end)) {
             last = send_repairs(spi, target, lo_hex(children[start]),
@@ -212,12 +219,12 @@ int64_t send_leaves(Spi& spi, const Target& target, const std::vector<std::strin
     while (start < leaves.size()) {
         std::vector<LeafRow> run = rows[leaves[start]];
         size_t end = start + 1;
-        if (fits(covering(start, start, run))) {
+        if (fits(target, covering(start, start, run))) {
             while (end < leaves.size() && hi_hex(leaves[end - 1]) == lo_hex(leaves[end])) {
                 std::vector<LeafRow> longer = run;
                 const std::vector<LeafRow>& next = rows[leaves[end]];
                 longer.insert(longer.end(), next.begin(), next.end());
-                if (!fits(covering(start, end, longer))) break;
+                if (!fits(target, covering(start, end, longer))) break;
                 run = std::move(longer);
                 ++end;
             }
