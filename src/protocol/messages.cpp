@@ -817,6 +817,12 @@ DownMessage decode_down(std::string_view text, const Limits& limits) {
     throw DecodeError(context + ": unknown kind " + quoted_excerpt(kind));
 }
 
+std::string restamp(std::string_view message, const MessageHeader& header) {
+    DownMessage decoded = decode_down(message);
+    std::visit([&](auto& down) { down.header = header; }, decoded);
+    return encode(decoded);
+}
+
 Upload decode_upload(std::string_view text, const Limits& limits) {
     const std::string context = "upload";
     JsonNode root = parse_message(text, limits, context);

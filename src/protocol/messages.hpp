@@ -222,6 +222,9 @@ std::vector<FiledMessage> split_filed(const FiledMessage& answer, size_t max_byt
 
 // Throw DecodeError (VersionTooNew when "v" > kVersion) naming what is wrong and where.
 DownMessage decode_down(std::string_view text, const Limits& limits = Limits{});
+// An encoded down message with another header: the relay encodes a message before it is numbered
+// and stamps it with its gen and seq as it enters the outbox.
+std::string restamp(std::string_view message, const MessageHeader& header);
 Upload decode_upload(std::string_view text, const Limits& limits = Limits{});
 
 // Byte accounting for the planner. An encoded rows message is exactly

@@ -1,4 +1,42 @@
--- The sender's functions (DESIGN §5) -------------------------------------------------------------
+-- The outboxes: their one writer, and the sender's functions (DESIGN §4, §5) ----------------------
+
+-- The one writer of the outboxes and of each replica's next_seq. The relay queues the messages of
+-- a step of its pass in its working table pg_temp.magic_sync_enqueue (`position` orders a
+-- replica's messages) and calls this: each message of a live replica takes the next seq of its
+-- replica in that order (those of a replica not live are dropped), its body is made for that seq
+-- (a filed answer encoded from its payload, a ranges or repair message stamped with its header; a
+-- rows message is assembled as it is sent, sync.message), and next_seq moves past them. Returns
+-- the number of messages written.
+CREATE FUNCTION sync.enqueue() RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    written bigint;
+BEGIN
+    WITH queued AS (DELETE FROM pg_temp.magic_sync_enqueue RETURNING *),
+    numbered AS (
+        SELECT q.*, r.gen,
+               r.next_seq - 1 + row_number() OVER (PARTITION BY q.replica ORDER BY q.position) AS seq
+        FROM queued q JOIN sync.replica r ON r.id = q.replica AND r.live),
+    stored AS (
+        INSERT INTO sync.outbox (replica, seq, gen, kind, chunks, reset, drops, table_drops,
+                                 advances, body)
+        SELECT n.replica, n.seq, n.gen, n.kind, n.chunks, n.reset, n.drops, n.table_drops,
+               n.advances,
+               CASE WHEN n.kind = 'filed' THEN sync.encode_filed(n.replica, n.gen, n.seq, n.payload)
+                    WHEN n.body IS NOT NULL THEN sync.stamp_message(n.body, n.replica, n.gen, n.seq)
+               END
+        FROM numbered n
+        RETURNING replica),
+    advanced AS (
+        UPDATE sync.replica r SET next_seq = r.next_seq + s.n
+        FROM (SELECT replica, count(*) AS n FROM stored GROUP BY replica) s
+        WHERE r.id = s.replica)
+    SELECT count(*) INTO written FROM stored;
+    RETURN written;
+END
+$$;
 
 -- Finds each replica's head message without walking what was sent and is not confirmed yet.
 CREATE INDEX outbox_unsent ON sync.outbox (replica, seq) WHERE sent_at IS NULL;

@@ -23,7 +23,7 @@ using pg::Spi;
 using pg::Value;
 
 // The pass's working tables: created once per session, emptied at the start of every pass. Not
-// ON COMMIT DELETE ROWS: truncating nine tables at every commit would cost more than a small pass.
+// ON COMMIT DELETE ROWS: truncating ten tables at every commit would cost more than a small pass.
 const char* const kTempTables[] = {
     "CREATE TEMP TABLE magic_sync_note (codec int NOT NULL, key jsonb)",
     "CREATE TEMP TABLE magic_sync_row (codec int NOT NULL, key jsonb NOT NULL, k bytea NOT NULL,"
@@ -46,6 +46,12 @@ const char* const kTempTables[] = {
     " head bigint NOT NULL, scope_name text NOT NULL, budget int NOT NULL, seq bigint,"
     " codec int, key jsonb, table_name text, ktext text, body text, hash text, size int,"
     " fits boolean, dropped boolean, last_fetched boolean, echo boolean)",
+    // The messages of one step, for sync.enqueue(), which numbers them and empties it.
+    "CREATE TEMP TABLE magic_sync_enqueue (replica uuid NOT NULL, position bigint NOT NULL,"
+    " kind text NOT NULL, chunks bigint[] NOT NULL DEFAULT '{}', reset text[] NOT NULL DEFAULT "
+    "'{}',"
+    " drops text[] NOT NULL DEFAULT '{}', table_drops text[] NOT NULL DEFAULT '{}', advances jsonb,"
+    " payload jsonb, body bytea)",
     "CREATE TEMP TABLE magic_sync_picked (replica uuid NOT NULL, scope bigint NOT NULL,"
     " chunk bigint NOT NULL, chunk_to bigint NOT NULL)",
 };
@@ -780,7 +786,7 @@ int64_t write_messages(Spi& spi, int rounds_left) {
         " WHERE (position = 1 AND NOT drops)"
         " OR (bytes_so_far <= budget AND (position = 1 OR rows_so_far <= $1::int))",
         {settings::rows_per_message, settings::bytes_per_message});
-    int64_t messages = count_of(spi.scalar(
+    spi.execute(
         "WITH message AS ("
         "  SELECT replica, array_agg(chunk ORDER BY scope) AS chunks,"
         "  jsonb_object_agg(scope::text, chunk_to) AS advances"
@@ -793,25 +799,24 @@ int64_t write_messages(Spi& spi, int rounds_left) {
         "   < $1::int),"
         // Drops go in the order they came, as many as fit; the rest wait for the next message
         // (which a message with chunks never precedes: those wait until every drop fits).
-        " cut AS (SELECT m.*, r.next_seq, r.gen, r.reset_pending, r.pending_drops,"
+        " cut AS (SELECT m.*, r.reset_pending, r.pending_drops,"
         "  r.pending_table_drops, sync.drops_fitting(CASE WHEN r.reset_pending THEN '{*}'::text[]"
         "   ELSE '{}' END, r.pending_drops, r.pending_table_drops) AS n,"
         "  cardinality(r.pending_drops) AS scope_drops"
         "  FROM message m JOIN sync.replica r ON r.id = m.replica),"
-        " written AS (INSERT INTO sync.outbox (replica, seq, gen, kind, chunks, reset, drops,"
-        "  table_drops, advances) SELECT c.replica, c.next_seq, c.gen, 'rows', c.chunks,"
+        " queued AS (INSERT INTO pg_temp.magic_sync_enqueue (replica, position, kind, chunks,"
+        "  reset, drops, table_drops, advances) SELECT c.replica, 1, 'rows', c.chunks,"
         "  CASE WHEN c.reset_pending THEN '{*}'::text[] ELSE '{}' END, c.pending_drops[1:c.n],"
-        "  c.pending_table_drops[1:c.n - c.scope_drops], c.advances FROM cut c"
-        "  RETURNING replica),"
-        " counted AS (UPDATE sync.replica r SET next_seq = r.next_seq + 1, reset_pending = false,"
+        "  c.pending_table_drops[1:c.n - c.scope_drops], c.advances FROM cut c),"
+        " counted AS (UPDATE sync.replica r SET reset_pending = false,"
         "  pending_drops = c.pending_drops[c.n + 1:],"
         "  pending_table_drops = c.pending_table_drops[greatest(c.n - c.scope_drops, 0) + 1:]"
-        "  FROM written w JOIN cut c ON c.replica = w.replica WHERE r.id = w.replica),"
+        "  FROM cut c WHERE r.id = c.replica),"
         " advanced AS (UPDATE sync.member m SET sent = p.chunk_to"
         "  FROM pg_temp.magic_sync_picked p WHERE m.replica = p.replica AND m.scope = p.scope)"
-        " SELECT count(*) FROM written",
-        {settings::window}));
-    return messages;
+        " SELECT",
+        {settings::window});
+    return count_of(spi.scalar("SELECT sync.enqueue()"));
 }
 
 // Rows this backend's passes changed since it last analyzed sync.row, and messages written and

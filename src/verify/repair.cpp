@@ -86,21 +86,20 @@ struct Target {
     std::string answers;  // the holding's ranges, jsonb text
 };
 
-// A message's seq, drawn from the replica's counter, and its generation.
-std::pair<int64_t, int64_t> next_seq(Spi& spi, const std::string& replica) {
-    auto rows = spi.query(
-        "UPDATE sync.replica SET next_seq = next_seq + 1 WHERE id = $1::uuid"
-        " RETURNING next_seq - 1, gen",
-        {Param::uuid(replica)});
-    return {std::stoll(rows.front()[0].value()), std::stoll(rows.front()[1].value())};
-}
+// The header a message is encoded with before it is numbered: sync.enqueue stamps it with its gen
+// and seq.
+protocol::MessageHeader unnumbered(const Target& target) { return {target.replica, 0, 0}; }
 
-void put(Spi& spi, const std::string& replica, int64_t seq, int64_t gen, const char* kind,
-         const std::string& body) {
+// Puts an unnumbered message in the target's outbox (sync.enqueue). Returns its seq.
+int64_t put(Spi& spi, const Target& target, const char* kind, const std::string& body) {
     spi.execute(
-        "INSERT INTO sync.outbox (replica, seq, gen, kind, body)"
-        " VALUES ($1::uuid, $2::bigint, $3::int, $4, convert_to($5, 'UTF8'))",
-        {Param::uuid(replica), seq, gen, std::string(kind), body});
+        "INSERT INTO pg_temp.magic_sync_enqueue (replica, position, kind, body)"
+        " VALUES ($1, 1, $2, $3)",
+        {Param::uuid(target.replica), std::string(kind), Param::bytea(body)});
+    spi.execute("SELECT sync.enqueue()");
+    return std::stoll(spi.scalar("SELECT next_seq - 1 FROM sync.replica WHERE id = $1",
+                                 {Param::uuid(target.replica)})
+                          .value());
 }
 
 // The widest header a message to the target can have: its replica, the largest gen and seq. A
@@ -127,11 +126,9 @@ bool ranges_fit(const Target& target, const std::vector<std::string>& prefixes) 
 }
 
 int64_t send_ranges(Spi& spi, const Target& target, const std::vector<std::string>& prefixes) {
-    auto [seq, gen] = next_seq(spi, target.replica);
     protocol::RangesMessage message = ranges_message(target, prefixes);
-    message.header = {target.replica, gen, seq};
-    put(spi, target.replica, seq, gen, "ranges", protocol::encode(message));
-    return seq;
+    message.header = unnumbered(target);
+    return put(spi, target, "ranges", protocol::encode(message));
 }
 
 struct LeafRow {
@@ -156,11 +153,9 @@ int64_t send_repairs(Spi& spi, const Target& target, const std::string& lo,
     message.range = range_of(lo, hi);
     for (const LeafRow& row : rows) message.rows.push_back(row.row);
     if (fits(target, message) || rows.size() <= 1 || prefix.size() >= kDigits) {
-        auto [seq, gen] = next_seq(spi, target.replica);
-        message.header = {target.replica, gen, seq};
-        put(spi, target.replica, seq, gen, "repair", protocol::encode(message));
+        message.header = unnumbered(target);
         ++messages;
-        return seq;
+        return put(spi, target, "repair", protocol::encode(message));
     }
     // Too big: the subranges of `prefix` within [lo, hi), in runs of consecutive ones that fit.
     std::vector<std::string> children = children_of(prefix);

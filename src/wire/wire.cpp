@@ -228,3 +228,18 @@ MAGIC_SYNC_FUNCTION(magic_sync_fp_sub) {
     protocol::sub_mod(difference, digest_arg(fcinfo, 1));
     return magic_sync::pg::bytea_datum(protocol::bytes_of(difference));
 }
+
+// sync.stamp_message(message bytea, replica uuid, gen bigint, seq bigint) → bytea: the encoded
+// down message with that header (protocol::restamp), as it enters the outbox.
+MAGIC_SYNC_FUNCTION(magic_sync_stamp_message) {
+    const std::string message = magic_sync::pg::text_arg(fcinfo, 0);
+    const protocol::MessageHeader header{magic_sync::pg::uuid_arg(fcinfo, 1),
+                                         magic_sync::pg::int64_arg(fcinfo, 2),
+                                         magic_sync::pg::int64_arg(fcinfo, 3)};
+    try {
+        return magic_sync::pg::bytea_datum(protocol::restamp(message, header));
+    } catch (const protocol::DecodeError& e) {
+        throw Error(std::string("sync.stamp_message: not a down message: ") + e.what(),
+                    ERRCODE_INVALID_PARAMETER_VALUE);
+    }
+}

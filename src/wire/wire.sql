@@ -95,3 +95,7 @@ AS 'MODULE_PATHNAME', 'magic_sync_encode_filed' LANGUAGE C IMMUTABLE STRICT PARA
 CREATE FUNCTION sync.filed_parts(replica uuid, payload jsonb, max_bytes bigint) RETURNS jsonb
 AS 'MODULE_PATHNAME', 'magic_sync_filed_parts' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
+
+-- An encoded down message with another header (gen and seq), as it enters the outbox.
+CREATE FUNCTION sync.stamp_message(message bytea, replica uuid, gen bigint, seq bigint) RETURNS bytea
+AS 'MODULE_PATHNAME', 'magic_sync_stamp_message' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;

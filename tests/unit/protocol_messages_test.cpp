@@ -726,6 +726,19 @@ TEST(Sizes, NoRowTravelsWithANumberPastADouble) {
     EXPECT_EQ(by_hash.key_hash, key_hash(table, R"({"id":1e400})"));
 }
 
+// A message encoded before it was numbered takes its gen and seq as it enters the outbox, and is
+// then exactly the message encoded with them.
+TEST(Restamp, GivesAnEncodedMessageItsHeader) {
+    for (DownMessage message : std::vector<DownMessage>{small_filed(), small_repair(), full_rows(),
+                                                        RangesMessage{header(3), "all", {}}}) {
+        std::visit([](auto& down) { down.header.gen = down.header.seq = 0; }, message);
+        const std::string unnumbered = encode(message);
+        std::visit([](auto& down) { down.header = header(123456789); }, message);
+        EXPECT_EQ(restamp(unnumbered, header(123456789)), encode(message));
+    }
+    EXPECT_THROW(restamp("{}", header(1)), DecodeError);
+}
+
 TEST(EncodeRows, SplicesPreEncodedChunks) {
     RowsMessage message = full_rows();
     std::vector<std::string> bodies;
