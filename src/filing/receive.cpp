@@ -103,9 +103,10 @@ std::map<std::string, Codec> load_codecs(Spi& spi, const std::vector<protocol::U
     std::vector<pg::Row> found;
     pg::as_extension_owner([&] {
         found = spi.query(
-            "SELECT table_name, relation, kind, column_name, is_key, may_file, is_stamp,"
-            " is_required, audience, replicas, goes_down"
-            " FROM sync.receive_codecs(ARRAY(SELECT jsonb_array_elements_text($1::jsonb)))",
+            R"sql(
+            SELECT table_name, relation, kind, column_name, is_key, may_file, is_stamp,
+            is_required, audience, replicas, goes_down
+            FROM sync.receive_codecs(ARRAY(SELECT jsonb_array_elements_text($1::jsonb))))sql",
             {"[" + list + "]"});
     });
     if (found.empty()) return codecs;
@@ -463,8 +464,9 @@ void finish_upload(Spi& spi, const std::string& replica, const std::string& id,
     const Value role = filing_role(spi);
     pg::as_extension_owner([&] {
         spi.execute(
-            "SELECT sync.upload_end($1::uuid, $2::uuid, $3::jsonb, $4::bigint, $5::jsonb,"
-            " $6::jsonb, $7::boolean, $8::name, $9::bigint)",
+            R"sql(
+            SELECT sync.upload_end($1::uuid, $2::uuid, $3::jsonb, $4::bigint, $5::jsonb,
+            $6::jsonb, $7::boolean, $8::name, $9::bigint))sql",
             {Param::uuid(replica), Param::uuid(id), kept, applied, untaken, holds, answered, role,
              change});
     });
@@ -544,8 +546,9 @@ Known known_replica(Spi& spi, const std::string& replica) {
     pg::Row setup;
     pg::as_extension_owner([&] {
         setup = spi.query(
-                       "SELECT known, filing, live, replica_row, change"
-                       " FROM sync.receive_setup($1::uuid)",
+                       R"sql(
+                       SELECT known, filing, live, replica_row, change
+                       FROM sync.receive_setup($1::uuid))sql",
                        {Param::uuid(replica)})
                     .at(0);
     });
@@ -751,10 +754,10 @@ void refile_group(Spi& spi, const std::vector<KeptItem>& items, size_t begin, si
     auto keep_all = [&](const std::string& reason, bool waits) {
         for (size_t i = begin; i < end; ++i) out.push_back(kept_again(items[i].id, reason, waits));
     };
-    if (first.filed_as &&
-        !spi.flag("SELECT CASE WHEN to_regrole($1) IS NULL THEN false ELSE"
-                  " has_function_privilege($1, 'sync.receive(uuid, bytea)', 'EXECUTE') END",
-                  {first.filed_as})) {
+    if (first.filed_as && !spi.flag(R"sql(
+                  SELECT CASE WHEN to_regrole($1) IS NULL THEN false ELSE
+                  has_function_privilege($1, 'sync.receive(uuid, bytea)', 'EXECUTE') END)sql",
+                                    {first.filed_as})) {
         keep_all("role " + *first.filed_as +
                      ", which sync.receive kept it as, cannot file uploads any more (it does not"
                      " exist, or may not execute sync.receive): nothing was filed",
@@ -815,13 +818,13 @@ std::string refiled_json(const std::vector<Refiled>& refiled) {
 // The kept uploads `ids` (a bigint[] literal), filed again; returns what became of each.
 std::string refile(Spi& spi, const std::string& ids) {
     std::vector<KeptItem> items;
-    for (const pg::Row& row :
-         spi.query("SELECT s.id, s.replica, s.table_name IS NULL, encode(s.body, 'hex'),"
-                   " s.filed_as, coalesce(s.settings, '{}')::text"
-                   " FROM unnest($1::bigint[]) AS i(id) JOIN sync.set_aside s ON s.id = i.id"
-                   " WHERE s.kind = 'upload' AND s.replica IS NOT NULL"
-                   " ORDER BY s.replica, s.filed_as, s.settings::text, s.id",
-                   {ids})) {
+    for (const pg::Row& row : spi.query(R"sql(
+                   SELECT s.id, s.replica, s.table_name IS NULL, encode(s.body, 'hex'),
+                   s.filed_as, coalesce(s.settings, '{}')::text
+                   FROM unnest($1::bigint[]) AS i(id) JOIN sync.set_aside s ON s.id = i.id
+                   WHERE s.kind = 'upload' AND s.replica IS NOT NULL
+                   ORDER BY s.replica, s.filed_as, s.settings::text, s.id)sql",
+                                        {ids})) {
         items.push_back({row[0].value(), row[1].value(), row[2] == "t",
                          bytes_of_hex(row[3].value_or("")), row[4], row[5].value()});
     }

@@ -8,12 +8,13 @@ namespace magic_sync::relay {
 
 int64_t move_answers(pg::Spi& spi) {
     spi.execute(
-        "WITH moved AS (DELETE FROM sync.answer RETURNING id, replica, kind, payload)"
-        " INSERT INTO pg_temp.magic_sync_enqueue (replica, position, kind, payload)"
-        " SELECT m.replica, row_number() OVER (PARTITION BY m.replica ORDER BY m.id, p.n), m.kind,"
-        "  p.payload FROM moved m"
-        " CROSS JOIN LATERAL jsonb_array_elements(sync.filed_parts(m.replica, m.payload,"
-        "  $1::bigint)) WITH ORDINALITY AS p(payload, n)",
+        R"sql(
+        WITH moved AS (DELETE FROM sync.answer RETURNING id, replica, kind, payload)
+        INSERT INTO pg_temp.magic_sync_enqueue (replica, position, kind, payload)
+        SELECT m.replica, row_number() OVER (PARTITION BY m.replica ORDER BY m.id, p.n), m.kind,
+         p.payload FROM moved m
+        CROSS JOIN LATERAL jsonb_array_elements(sync.filed_parts(m.replica, m.payload,
+         $1::bigint)) WITH ORDINALITY AS p(payload, n))sql",
         {settings::bytes_per_message});
     pg::Value written = spi.scalar("SELECT sync.enqueue()");
     return written ? std::stoll(*written) : 0;

@@ -22,8 +22,9 @@ std::vector<std::string> column_of(const std::vector<magic_sync::pg::Row>& rows)
 std::string assemble(magic_sync::pg::Spi& spi, const std::string& replica, int64_t seq) {
     const std::vector<magic_sync::pg::Param> key = {magic_sync::pg::Param::uuid(replica), seq};
     auto rows = spi.query(
-        "SELECT gen, convert_from(body, 'UTF8') FROM sync.outbox"
-        " WHERE replica = $1 AND seq = $2",
+        R"sql(
+        SELECT gen, convert_from(body, 'UTF8') FROM sync.outbox
+        WHERE replica = $1 AND seq = $2)sql",
         key);
     if (rows.empty())
         throw magic_sync::Error(
@@ -39,20 +40,21 @@ std::string assemble(magic_sync::pg::Spi& spi, const std::string& replica, int64
         spi.query("SELECT unnest(drops) FROM sync.outbox WHERE replica = $1 AND seq = $2", key));
     message.drop_tables = column_of(spi.query(
         "SELECT unnest(table_drops) FROM sync.outbox WHERE replica = $1 AND seq = $2", key));
-    for (const auto& note :
-         spi.query("SELECT w->>'t', sync.canonical(w->'k'), w->>'why', w->>'kh' FROM sync.outbox o,"
-                   " unnest(o.chunks) WITH ORDINALITY AS u(id, position)"
-                   " JOIN sync.chunk c ON c.id = u.id, jsonb_array_elements(c.withheld) w"
-                   " WHERE o.replica = $1 AND o.seq = $2 ORDER BY u.position",
-                   key)) {
+    for (const auto& note : spi.query(R"sql(
+                   SELECT w->>'t', sync.canonical(w->'k'), w->>'why', w->>'kh' FROM sync.outbox o,
+                   unnest(o.chunks) WITH ORDINALITY AS u(id, position)
+                   JOIN sync.chunk c ON c.id = u.id, jsonb_array_elements(c.withheld) w
+                   WHERE o.replica = $1 AND o.seq = $2 ORDER BY u.position)sql",
+                                      key)) {
         protocol::KeyNote withheld{note[0].value(), note[1].value_or(""), note[2].value()};
         if (note[3]) withheld.key_hash = protocol::digest_from_hex(*note[3]);
         message.withheld.push_back(std::move(withheld));
     }
     std::vector<std::string> chunks = column_of(spi.query(
-        "SELECT c.body FROM sync.outbox o, unnest(o.chunks) WITH ORDINALITY AS u(id, position)"
-        " JOIN sync.chunk c ON c.id = u.id"
-        " WHERE o.replica = $1 AND o.seq = $2 ORDER BY u.position",
+        R"sql(
+        SELECT c.body FROM sync.outbox o, unnest(o.chunks) WITH ORDINALITY AS u(id, position)
+        JOIN sync.chunk c ON c.id = u.id
+        WHERE o.replica = $1 AND o.seq = $2 ORDER BY u.position)sql",
         key));
     return protocol::encode_rows(message, {chunks.begin(), chunks.end()});
 }

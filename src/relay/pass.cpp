@@ -26,34 +26,40 @@ using pg::Value;
 // ON COMMIT DELETE ROWS: truncating ten tables at every commit would cost more than a small pass.
 const char* const kTempTables[] = {
     "CREATE TEMP TABLE magic_sync_note (codec int NOT NULL, key jsonb)",
-    "CREATE TEMP TABLE magic_sync_row (codec int NOT NULL, key jsonb NOT NULL, k bytea NOT NULL,"
-    " match text NOT NULL, value text, part text NOT NULL, body text, hash bytea)"
-    "",
-    "CREATE TEMP TABLE magic_sync_change (codec int NOT NULL, key jsonb NOT NULL, k bytea NOT NULL,"
-    " old_scope bigint, old_hash bytea, old_withheld boolean, new_scope bigint, new_hash bytea,"
-    " new_withheld boolean, body text,"
-    " tomb_seq bigint, new_seq bigint, echo_of uuid, echo_prev bigint)",
-    "CREATE TEMP TABLE magic_sync_replica (id uuid NOT NULL, live boolean NOT NULL,"
-    " part text NOT NULL, groups jsonb NOT NULL)",
-    "CREATE TEMP TABLE magic_sync_want (replica uuid NOT NULL, match text NOT NULL,"
-    " value text NOT NULL, part text NOT NULL, scope bigint)",
+    R"sql(
+    CREATE TEMP TABLE magic_sync_row (codec int NOT NULL, key jsonb NOT NULL, k bytea NOT NULL,
+    match text NOT NULL, value text, part text NOT NULL, body text, hash bytea))sql",
+    R"sql(
+    CREATE TEMP TABLE magic_sync_change (codec int NOT NULL, key jsonb NOT NULL, k bytea NOT NULL,
+    old_scope bigint, old_hash bytea, old_withheld boolean, new_scope bigint, new_hash bytea,
+    new_withheld boolean, body text,
+    tomb_seq bigint, new_seq bigint, echo_of uuid, echo_prev bigint))sql",
+    R"sql(
+    CREATE TEMP TABLE magic_sync_replica (id uuid NOT NULL, live boolean NOT NULL,
+    part text NOT NULL, groups jsonb NOT NULL))sql",
+    R"sql(
+    CREATE TEMP TABLE magic_sync_want (replica uuid NOT NULL, match text NOT NULL,
+    value text NOT NULL, part text NOT NULL, scope bigint))sql",
     "CREATE TEMP TABLE magic_sync_fresh (id uuid NOT NULL)",
-    "CREATE TEMP TABLE magic_sync_need (replica uuid NOT NULL, scope bigint NOT NULL,"
-    " sent bigint NOT NULL, head bigint NOT NULL, scope_name text NOT NULL, room int NOT NULL,"
-    " chunk bigint,"
-    " chunk_to bigint, chunk_rows int, chunk_bytes int)",
-    "CREATE TEMP TABLE magic_sync_pick (origin bigint NOT NULL, scope bigint NOT NULL, grp int,"
-    " head bigint NOT NULL, scope_name text NOT NULL, budget int NOT NULL, seq bigint,"
-    " codec int, key jsonb, table_name text, ktext text, body text, hash text, size int,"
-    " fits boolean, dropped boolean, last_fetched boolean, echo boolean)",
+    R"sql(
+    CREATE TEMP TABLE magic_sync_need (replica uuid NOT NULL, scope bigint NOT NULL,
+    sent bigint NOT NULL, head bigint NOT NULL, scope_name text NOT NULL, room int NOT NULL,
+    chunk bigint,
+    chunk_to bigint, chunk_rows int, chunk_bytes int))sql",
+    R"sql(
+    CREATE TEMP TABLE magic_sync_pick (origin bigint NOT NULL, scope bigint NOT NULL, grp int,
+    head bigint NOT NULL, scope_name text NOT NULL, budget int NOT NULL, seq bigint,
+    codec int, key jsonb, table_name text, ktext text, body text, hash text, size int,
+    fits boolean, dropped boolean, last_fetched boolean, echo boolean))sql",
     // The messages of one step, for sync.enqueue(), which numbers them and empties it.
     "CREATE TEMP TABLE magic_sync_enqueue (replica uuid NOT NULL, position bigint NOT NULL,"
     " kind text NOT NULL, chunks bigint[] NOT NULL DEFAULT '{}', reset text[] NOT NULL DEFAULT "
     "'{}',"
     " drops text[] NOT NULL DEFAULT '{}', table_drops text[] NOT NULL DEFAULT '{}', advances jsonb,"
     " payload jsonb, body bytea)",
-    "CREATE TEMP TABLE magic_sync_picked (replica uuid NOT NULL, scope bigint NOT NULL,"
-    " chunk bigint NOT NULL, chunk_to bigint NOT NULL)",
+    R"sql(
+    CREATE TEMP TABLE magic_sync_picked (replica uuid NOT NULL, scope bigint NOT NULL,
+    chunk bigint NOT NULL, chunk_to bigint NOT NULL))sql",
 };
 
 void ensure_temp_tables(Spi& spi) {
@@ -101,14 +107,14 @@ void analyze_if_large(Spi& spi, const char* table, int64_t rows) {
 // of seq ending at the last one taken, so the delete reads them by index and not the whole
 // backlog.
 int64_t take_notes(Spi& spi) {
-    return count_of(
-        spi.scalar("WITH taken AS (DELETE FROM sync.note WHERE seq <= coalesce((SELECT seq"
-                   " FROM sync.note ORDER BY seq OFFSET $1::int - 1 LIMIT 1), 9223372036854775807)"
-                   " RETURNING codec, key),"
-                   " kept AS (INSERT INTO pg_temp.magic_sync_note (codec, key)"
-                   " SELECT DISTINCT codec, key FROM taken)"
-                   " SELECT count(*) FROM taken",
-                   {settings::notes_per_pass}));
+    return count_of(spi.scalar(R"sql(
+                   WITH taken AS (DELETE FROM sync.note WHERE seq <= coalesce((SELECT seq
+                   FROM sync.note ORDER BY seq OFFSET $1::int - 1 LIMIT 1), 9223372036854775807)
+                   RETURNING codec, key),
+                   kept AS (INSERT INTO pg_temp.magic_sync_note (codec, key)
+                   SELECT DISTINCT codec, key FROM taken)
+                   SELECT count(*) FROM taken)sql",
+                               {settings::notes_per_pass}));
 }
 
 // Whether a row is withheld depends on magic_sync.bytes_per_message: when it changed, the rows
@@ -116,14 +122,15 @@ int64_t take_notes(Spi& spi) {
 // scopes' fingerprints with them).
 void note_rows_the_limit_changed(Spi& spi) {
     spi.execute(
-        "WITH changed AS (UPDATE sync.relay_state SET bytes_per_message = $1::int"
-        "  WHERE bytes_per_message IS DISTINCT FROM $1::int RETURNING 1)"
-        " INSERT INTO sync.note (codec, key)"
-        " SELECT r.codec, r.key FROM sync.row r"
-        " JOIN sync.codec c ON c.id = r.codec JOIN sync.scope s ON s.id = r.scope"
-        " WHERE EXISTS (SELECT FROM changed) AND NOT r.gone"
-        " AND r.withheld = sync.row_travels(sync.scope_name(s.match, s.value, s.partition),"
-        "  c.table_name, sync.canonical(r.key), r.body)",
+        R"sql(
+        WITH changed AS (UPDATE sync.relay_state SET bytes_per_message = $1::int
+         WHERE bytes_per_message IS DISTINCT FROM $1::int RETURNING 1)
+        INSERT INTO sync.note (codec, key)
+        SELECT r.codec, r.key FROM sync.row r
+        JOIN sync.codec c ON c.id = r.codec JOIN sync.scope s ON s.id = r.scope
+        WHERE EXISTS (SELECT FROM changed) AND NOT r.gone
+        AND r.withheld = sync.row_travels(sync.scope_name(s.match, s.value, s.partition),
+         c.table_name, sync.canonical(r.key), r.body))sql",
         {settings::bytes_per_message});
 }
 
@@ -134,24 +141,25 @@ void note_rows_the_limit_changed(Spi& spi) {
 // set aside of them goes too; their notes, if any are left, are taken and find no codec.
 void forget_dropped_codecs(Spi& spi) {
     spi.execute(
-        "WITH dropped AS (DELETE FROM sync.dropped_codec RETURNING codec, table_name),"
-        " echoes AS (DELETE FROM sync.echo e USING dropped d WHERE e.codec = d.codec),"
-        " gone AS (DELETE FROM sync.row r USING dropped d WHERE r.codec = d.codec"
-        "  RETURNING r.scope, r.k, r.hash, r.gone OR r.withheld AS uncounted, d.table_name),"
-        " per_scope AS (SELECT scope,"
-        "  sync.fp_sum(sync.fp_element(k, hash)) FILTER (WHERE NOT uncounted) AS minus,"
-        "  count(*) FILTER (WHERE NOT uncounted) AS dn, array_agg(DISTINCT table_name) AS tables"
-        "  FROM gone GROUP BY scope),"
-        " scopes AS (UPDATE sync.scope s SET fp = sync.fp_sub(s.fp, coalesce(p.minus, "
-        "sync.fp_zero())),"
-        "  n = s.n - p.dn, head = nextval('sync.row_seq') FROM per_scope p WHERE s.id = p.scope),"
-        " told AS (SELECT m.replica, array_agg(DISTINCT t) AS tables"
-        "  FROM sync.member m JOIN per_scope p ON p.scope = m.scope, unnest(p.tables) t"
-        "  GROUP BY m.replica),"
-        " dropping AS (UPDATE sync.replica r SET pending_table_drops = ARRAY(SELECT DISTINCT x"
-        "  FROM unnest(r.pending_table_drops || t.tables) x ORDER BY x)"
-        "  FROM told t WHERE r.id = t.replica AND r.live)"
-        " SELECT sync.release_codecs(array_agg(codec)) FROM dropped HAVING count(*) > 0");
+        R"sql(
+        WITH dropped AS (DELETE FROM sync.dropped_codec RETURNING codec, table_name),
+        echoes AS (DELETE FROM sync.echo e USING dropped d WHERE e.codec = d.codec),
+        gone AS (DELETE FROM sync.row r USING dropped d WHERE r.codec = d.codec
+         RETURNING r.scope, r.k, r.hash, r.gone OR r.withheld AS uncounted, d.table_name),
+        per_scope AS (SELECT scope,
+         sync.fp_sum(sync.fp_element(k, hash)) FILTER (WHERE NOT uncounted) AS minus,
+         count(*) FILTER (WHERE NOT uncounted) AS dn, array_agg(DISTINCT table_name) AS tables
+         FROM gone GROUP BY scope),
+        scopes AS (UPDATE sync.scope s
+        SET fp = sync.fp_sub(s.fp, coalesce(p.minus, sync.fp_zero())),
+         n = s.n - p.dn, head = nextval('sync.row_seq') FROM per_scope p WHERE s.id = p.scope),
+        told AS (SELECT m.replica, array_agg(DISTINCT t) AS tables
+         FROM sync.member m JOIN per_scope p ON p.scope = m.scope, unnest(p.tables) t
+         GROUP BY m.replica),
+        dropping AS (UPDATE sync.replica r SET pending_table_drops = ARRAY(SELECT DISTINCT x
+         FROM unnest(r.pending_table_drops || t.tables) x ORDER BY x)
+         FROM told t WHERE r.id = t.replica AND r.live)
+        SELECT sync.release_codecs(array_agg(codec)) FROM dropped HAVING count(*) > 0)sql");
 }
 
 struct ReplicaSet {
@@ -167,11 +175,12 @@ struct ReplicaSet {
 ReplicaSet replica_set(Spi& spi) {
     ReplicaSet set;
     auto rows = spi.query(
-        "SELECT s.relation::regclass::text, s.relation_name, s.live, s.partitioned_by,"
-        " c.relkind NOT IN ('r', 'p'),"
-        " coalesce(st.replicas_scanned_at < now() - make_interval(secs => $1::int), true)"
-        " FROM sync.replica_set s JOIN pg_class c ON c.oid = s.relation"
-        " CROSS JOIN sync.relay_state st",
+        R"sql(
+        SELECT s.relation::regclass::text, s.relation_name, s.live, s.partitioned_by,
+        c.relkind NOT IN ('r', 'p'),
+        coalesce(st.replicas_scanned_at < now() - make_interval(secs => $1::int), true)
+        FROM sync.replica_set s JOIN pg_class c ON c.oid = s.relation
+        CROSS JOIN sync.relay_state st)sql",
         {settings::replica_scan_s});
     if (rows.empty()) return set;
     const auto& row = rows.front();
@@ -194,16 +203,18 @@ std::string partition_expression(const std::string& column, const std::string& a
 // last planned for it.
 void expand_whole_codecs(Spi& spi, const ReplicaSet& replicas) {
     auto codecs = spi.query(
-        "SELECT DISTINCT n.codec, c.relation::regclass::text, c.key_columns::text[]"
-        " FROM pg_temp.magic_sync_note n LEFT JOIN sync.codec c ON c.id = n.codec"
-        " WHERE n.key IS NULL");
+        R"sql(
+        SELECT DISTINCT n.codec, c.relation::regclass::text, c.key_columns::text[]
+        FROM pg_temp.magic_sync_note n LEFT JOIN sync.codec c ON c.id = n.codec
+        WHERE n.key IS NULL)sql");
     for (const auto& codec : codecs) {
         const std::string id = codec[0].value_or("0");
         if (id == "0") {
             if (!replicas.declared) continue;
             spi.execute(
-                "INSERT INTO pg_temp.magic_sync_note (codec, key)"
-                " SELECT 0, jsonb_build_object('id', t.id) FROM " +
+                R"sql(
+                INSERT INTO pg_temp.magic_sync_note (codec, key)
+                SELECT 0, jsonb_build_object('id', t.id) FROM )sql" +
                 replicas.relation +
                 " t UNION SELECT 0, jsonb_build_object('id', r.id) FROM sync.replica r");
             continue;
@@ -239,8 +250,9 @@ ReplicaCounts plan_replicas(Spi& spi, const ReplicaSet& replicas) {
     if (!replicas.declared) return counts;
     if (replicas.is_view && replicas.scan_due) {
         spi.execute(
-            "INSERT INTO pg_temp.magic_sync_note (codec, key)"
-            " SELECT 0, jsonb_build_object('id', t.id) FROM " +
+            R"sql(
+            INSERT INTO pg_temp.magic_sync_note (codec, key)
+            SELECT 0, jsonb_build_object('id', t.id) FROM )sql" +
             replicas.relation +
             " t UNION SELECT 0, jsonb_build_object('id', r.id) FROM sync.replica r");
         spi.execute("UPDATE sync.relay_state SET replicas_scanned_at = now()");
@@ -259,77 +271,86 @@ ReplicaCounts plan_replicas(Spi& spi, const ReplicaSet& replicas) {
     }
     groups += ")";
     spi.execute(
-        "INSERT INTO pg_temp.magic_sync_replica (id, live, part, groups)"
-        " SELECT n.id, coalesce(r.live, false), coalesce(r.part, ''), coalesce(r.groups, '{}')"
-        " FROM (SELECT DISTINCT (key->>'id')::uuid AS id FROM pg_temp.magic_sync_note"
-        " WHERE codec = 0) n LEFT JOIN (SELECT t.id, coalesce((" +
+        R"sql(
+        INSERT INTO pg_temp.magic_sync_replica (id, live, part, groups)
+        SELECT n.id, coalesce(r.live, false), coalesce(r.part, ''), coalesce(r.groups, '{}')
+        FROM (SELECT DISTINCT (key->>'id')::uuid AS id FROM pg_temp.magic_sync_note
+        WHERE codec = 0) n LEFT JOIN (SELECT t.id, coalesce(()sql" +
         replicas.live + "), false) AS live, " +
         partition_expression(replicas.partition_column, "t") + " AS part, " + groups +
         " AS groups FROM " + replicas.relation + " t) r ON r.id = n.id");
 
     counts.forgotten = count_of(spi.scalar(
-        "WITH gone AS (UPDATE sync.replica r SET live = false FROM pg_temp.magic_sync_replica p"
-        " WHERE p.id = r.id AND NOT p.live AND r.live RETURNING r.id),"
-        " members AS (DELETE FROM sync.member WHERE replica IN (SELECT id FROM gone)),"
-        " messages AS (DELETE FROM sync.outbox WHERE replica IN (SELECT id FROM gone))"
-        " SELECT count(*) FROM gone"));
+        R"sql(
+        WITH gone AS (UPDATE sync.replica r SET live = false FROM pg_temp.magic_sync_replica p
+        WHERE p.id = r.id AND NOT p.live AND r.live RETURNING r.id),
+        members AS (DELETE FROM sync.member WHERE replica IN (SELECT id FROM gone)),
+        messages AS (DELETE FROM sync.outbox WHERE replica IN (SELECT id FROM gone))
+        SELECT count(*) FROM gone)sql"));
 
     spi.execute(
-        "INSERT INTO pg_temp.magic_sync_want (replica, match, value, part)"
-        " SELECT id, '*', '', part FROM pg_temp.magic_sync_replica WHERE live"
-        " UNION ALL SELECT id, 'id', id::text, part FROM pg_temp.magic_sync_replica WHERE live"
-        " UNION ALL SELECT p.id, g.key, g.value, p.part FROM pg_temp.magic_sync_replica p,"
-        " jsonb_each_text(p.groups) g WHERE p.live AND g.value IS NOT NULL");
+        R"sql(
+        INSERT INTO pg_temp.magic_sync_want (replica, match, value, part)
+        SELECT id, '*', '', part FROM pg_temp.magic_sync_replica WHERE live
+        UNION ALL SELECT id, 'id', id::text, part FROM pg_temp.magic_sync_replica WHERE live
+        UNION ALL SELECT p.id, g.key, g.value, p.part FROM pg_temp.magic_sync_replica p,
+        jsonb_each_text(p.groups) g WHERE p.live AND g.value IS NOT NULL)sql");
     spi.execute(
-        "INSERT INTO sync.scope (match, value, partition)"
-        " SELECT DISTINCT match, value, part FROM pg_temp.magic_sync_want"
-        " ON CONFLICT (match, value, partition) DO NOTHING");
+        R"sql(
+        INSERT INTO sync.scope (match, value, partition)
+        SELECT DISTINCT match, value, part FROM pg_temp.magic_sync_want
+        ON CONFLICT (match, value, partition) DO NOTHING)sql");
     spi.execute(
-        "UPDATE pg_temp.magic_sync_want w SET scope = s.id FROM sync.scope s"
-        " WHERE s.match = w.match AND s.value = w.value AND s.partition = w.part");
+        R"sql(
+        UPDATE pg_temp.magic_sync_want w SET scope = s.id FROM sync.scope s
+        WHERE s.match = w.match AND s.value = w.value AND s.partition = w.part)sql");
 
     // A replica that becomes live, or moves to another partition, starts over: a new generation,
     // nothing sent, a reset first.
-    counts.provisioned = count_of(
-        spi.scalar("WITH fresh AS (INSERT INTO sync.replica AS r (id, gen, live, partition)"
-                   " SELECT p.id, 1, true, p.part FROM pg_temp.magic_sync_replica p"
-                   " LEFT JOIN sync.replica x ON x.id = p.id"
-                   " WHERE p.live AND (x.id IS NULL OR NOT x.live OR x.partition <> p.part)"
-                   " ON CONFLICT (id) DO UPDATE SET gen = r.gen + 1, live = true,"
-                   " partition = excluded.partition, provisioned_at = now(), reset_pending = true,"
-                   " pending_drops = '{}', pending_table_drops = '{}', backoff_until = NULL,"
-                   " backoff = NULL, last_error = NULL,"
-                   " refusals = 0 RETURNING r.id),"
-                   " kept AS (INSERT INTO pg_temp.magic_sync_fresh SELECT id FROM fresh)"
-                   " SELECT count(*) FROM fresh"));
+    counts.provisioned = count_of(spi.scalar(R"sql(
+                   WITH fresh AS (INSERT INTO sync.replica AS r (id, gen, live, partition)
+                   SELECT p.id, 1, true, p.part FROM pg_temp.magic_sync_replica p
+                   LEFT JOIN sync.replica x ON x.id = p.id
+                   WHERE p.live AND (x.id IS NULL OR NOT x.live OR x.partition <> p.part)
+                   ON CONFLICT (id) DO UPDATE SET gen = r.gen + 1, live = true,
+                   partition = excluded.partition, provisioned_at = now(), reset_pending = true,
+                   pending_drops = '{}', pending_table_drops = '{}', backoff_until = NULL,
+                   backoff = NULL, last_error = NULL,
+                   refusals = 0 RETURNING r.id),
+                   kept AS (INSERT INTO pg_temp.magic_sync_fresh SELECT id FROM fresh)
+                   SELECT count(*) FROM fresh)sql"));
     if (counts.provisioned > 0) {
         spi.execute(
-            "DELETE FROM sync.member WHERE replica IN"
-            " (SELECT id FROM pg_temp.magic_sync_fresh)");
+            R"sql(
+            DELETE FROM sync.member WHERE replica IN
+            (SELECT id FROM pg_temp.magic_sync_fresh))sql");
         spi.execute(
-            "DELETE FROM sync.outbox WHERE replica IN"
-            " (SELECT id FROM pg_temp.magic_sync_fresh)");
+            R"sql(
+            DELETE FROM sync.outbox WHERE replica IN
+            (SELECT id FROM pg_temp.magic_sync_fresh))sql");
     }
 
     // Scopes a live replica no longer belongs to: left, and named in its next message's drop.
     spi.execute(
-        "WITH left_scopes AS (DELETE FROM sync.member m USING pg_temp.magic_sync_replica p"
-        " WHERE m.replica = p.id AND p.live AND NOT EXISTS (SELECT FROM pg_temp.magic_sync_want w"
-        " WHERE w.replica = m.replica AND w.scope = m.scope) RETURNING m.replica, m.scope),"
-        " names AS (SELECT l.replica, array_agg(sync.scope_name(s.match, s.value, s.partition)"
-        " ORDER BY s.id) AS scopes FROM left_scopes l JOIN sync.scope s ON s.id = l.scope"
-        " GROUP BY l.replica)"
-        " UPDATE sync.replica r SET pending_drops = r.pending_drops || names.scopes"
-        " FROM names WHERE r.id = names.replica");
+        R"sql(
+        WITH left_scopes AS (DELETE FROM sync.member m USING pg_temp.magic_sync_replica p
+        WHERE m.replica = p.id AND p.live AND NOT EXISTS (SELECT FROM pg_temp.magic_sync_want w
+        WHERE w.replica = m.replica AND w.scope = m.scope) RETURNING m.replica, m.scope),
+        names AS (SELECT l.replica, array_agg(sync.scope_name(s.match, s.value, s.partition)
+        ORDER BY s.id) AS scopes FROM left_scopes l JOIN sync.scope s ON s.id = l.scope
+        GROUP BY l.replica)
+        UPDATE sync.replica r SET pending_drops = r.pending_drops || names.scopes
+        FROM names WHERE r.id = names.replica)sql");
     // A chunk that left out a row its only member had uploaded must not reach a member that
     // joins: its scope's chunks over such rows are reused no more.
     spi.execute(
-        "WITH joined AS (INSERT INTO sync.member (replica, scope) SELECT replica, scope"
-        "  FROM pg_temp.magic_sync_want ON CONFLICT (replica, scope) DO NOTHING RETURNING scope)"
-        " UPDATE sync.chunk c SET built_head = -1"
-        " WHERE c.scope IN (SELECT scope FROM joined) AND c.built_head >= 0"
-        " AND EXISTS (SELECT FROM sync.row r WHERE r.scope = c.scope AND r.echo_of IS NOT NULL"
-        "  AND r.seq > c.from_seq AND r.seq <= c.to_seq)");
+        R"sql(
+        WITH joined AS (INSERT INTO sync.member (replica, scope) SELECT replica, scope
+         FROM pg_temp.magic_sync_want ON CONFLICT (replica, scope) DO NOTHING RETURNING scope)
+        UPDATE sync.chunk c SET built_head = -1
+        WHERE c.scope IN (SELECT scope FROM joined) AND c.built_head >= 0
+        AND EXISTS (SELECT FROM sync.row r WHERE r.scope = c.scope AND r.echo_of IS NOT NULL
+         AND r.seq > c.from_seq AND r.seq <= c.to_seq))sql");
     return counts;
 }
 
@@ -358,19 +379,20 @@ std::vector<std::string> text_array(Spi& spi, const Value& array) {
 std::vector<Codec> noted_codecs(Spi& spi) {
     std::vector<Codec> codecs;
     auto rows = spi.query(
-        "SELECT c.id, c.relation::regclass::text, c.table_name, c.audience, c.to_column,"
-        " c.replica_column, c.key_columns::text[],"
-        " (SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_attribute a"
-        "  WHERE a.attrelid = c.relation AND a.attnum > 0 AND NOT a.attisdropped"
-        "  AND c.columns IS NOT NULL AND a.attname <> ALL (c.columns))"
-        " , (SELECT array_agg(CASE WHEN y.typtype IN ('b', 'e') AND (y.typcategory IN"
-        "   ('B', 'D', 'E', 'I', 'N', 'S', 'T', 'V') OR y.oid = 'uuid'::regtype)"
-        "   THEN format_type(a.atttypid, NULL) ELSE '' END ORDER BY k.position)"
-        "  FROM unnest(c.key_columns) WITH ORDINALITY k(name, position)"
-        "  JOIN pg_attribute a ON a.attrelid = c.relation AND a.attname = k.name"
-        "  JOIN pg_type y ON y.oid = a.atttypid)"
-        " FROM sync.codec c WHERE c.id IN (SELECT codec FROM pg_temp.magic_sync_note)"
-        " AND EXISTS (SELECT FROM pg_class WHERE oid = c.relation) ORDER BY c.id");
+        R"sql(
+        SELECT c.id, c.relation::regclass::text, c.table_name, c.audience, c.to_column,
+        c.replica_column, c.key_columns::text[],
+        (SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_attribute a
+         WHERE a.attrelid = c.relation AND a.attnum > 0 AND NOT a.attisdropped
+         AND c.columns IS NOT NULL AND a.attname <> ALL (c.columns))
+        , (SELECT array_agg(CASE WHEN y.typtype IN ('b', 'e') AND (y.typcategory IN
+          ('B', 'D', 'E', 'I', 'N', 'S', 'T', 'V') OR y.oid = 'uuid'::regtype)
+          THEN format_type(a.atttypid, NULL) ELSE '' END ORDER BY k.position)
+         FROM unnest(c.key_columns) WITH ORDINALITY k(name, position)
+         JOIN pg_attribute a ON a.attrelid = c.relation AND a.attname = k.name
+         JOIN pg_type y ON y.oid = a.atttypid)
+        FROM sync.codec c WHERE c.id IN (SELECT codec FROM pg_temp.magic_sync_note)
+        AND EXISTS (SELECT FROM pg_class WHERE oid = c.relation) ORDER BY c.id)sql");
     for (const auto& row : rows) {
         Codec codec;
         codec.id = row[0].value();
@@ -436,8 +458,9 @@ std::string encode_statement(const Codec& codec, const ReplicaSet& replicas,
                              const std::string& only_key) {
     Audience audience = audience_of(codec);
     std::string present = "t." + pg::quote_identifier(codec.keys.front()) + " IS NOT NULL";
-    return "INSERT INTO pg_temp.magic_sync_row (codec, key, k, match, value, part, body, hash)"
-           " SELECT $1::int, n.key, sync.key_hash($2, n.key), " +
+    return R"sql(
+           INSERT INTO pg_temp.magic_sync_row (codec, key, k, match, value, part, body, hash)
+           SELECT $1::int, n.key, sync.key_hash($2, n.key), )sql" +
            pg::quote_literal(audience.match) +
            ", e.value, e.part, e.body, sync.row_hash(e.body) FROM " + noted_rows(codec, only_key) +
            " CROSS JOIN LATERAL (SELECT a.value, a.part, CASE WHEN " + present +
@@ -492,8 +515,9 @@ int64_t encode_codec(Spi& spi, const Codec& codec, const ReplicaSet& replicas) {
     Audience audience = audience_of(codec);
     if (!audience.names_replica.empty() && replicas.declared) {
         set_aside += count_of(spi.scalar(
-            "WITH unknown AS (DELETE FROM pg_temp.magic_sync_row p WHERE p.codec = $1::int"
-            " AND p.body IS NOT NULL AND NOT EXISTS (SELECT FROM " +
+            R"sql(
+            WITH unknown AS (DELETE FROM pg_temp.magic_sync_row p WHERE p.codec = $1::int
+            AND p.body IS NOT NULL AND NOT EXISTS (SELECT FROM )sql" +
                 replicas.relation +
                 " r WHERE r.id::text = p.value) RETURNING p.codec, p.key, p.value)"
                 " SELECT sync.keep('note', array_agg(codec), array_agg(key),"
@@ -513,83 +537,91 @@ int64_t encode_codec(Spi& spi, const Codec& codec, const ReplicaSet& replicas) {
 // per message (build_chunks).
 void mark_echoes(Spi& spi) {
     spi.execute(
-        "UPDATE pg_temp.magic_sync_change c SET echo_of = e.replica, echo_prev = r.seq"
-        " FROM sync.echo e, sync.row r"
-        " WHERE e.codec = c.codec AND e.key = c.key AND c.old_scope = c.new_scope"
-        " AND r.k = c.k AND r.scope = c.old_scope AND NOT r.gone"
-        " AND c.body = sync.canonical(r.body::jsonb || e.body)"
-        " AND NOT EXISTS (SELECT FROM sync.echo other WHERE other.codec = e.codec"
-        "  AND other.key = e.key AND other.id <> e.id)"
-        " AND EXISTS (SELECT FROM sync.answer a WHERE a.replica = e.replica"
-        "  AND a.payload->>'upload' = e.upload::text)");
+        R"sql(
+        UPDATE pg_temp.magic_sync_change c SET echo_of = e.replica, echo_prev = r.seq
+        FROM sync.echo e, sync.row r
+        WHERE e.codec = c.codec AND e.key = c.key AND c.old_scope = c.new_scope
+        AND r.k = c.k AND r.scope = c.old_scope AND NOT r.gone
+        AND c.body = sync.canonical(r.body::jsonb || e.body)
+        AND NOT EXISTS (SELECT FROM sync.echo other WHERE other.codec = e.codec
+         AND other.key = e.key AND other.id <> e.id)
+        AND EXISTS (SELECT FROM sync.answer a WHERE a.replica = e.replica
+         AND a.payload->>'upload' = e.upload::text))sql");
 }
 
 // 5. Compare with what the relay planned before; record the differences with new seqs, leave
 // tombstones where rows went or moved, and keep every scope's fingerprint.
 int64_t record_changes(Spi& spi) {
     spi.execute(
-        "SELECT sync.release_planned(array_agg(p.codec), array_agg(p.key))"
-        " FROM pg_temp.magic_sync_row p JOIN sync.set_aside s"
-        " ON s.kind IN ('note', 'row') AND s.codec = p.codec AND s.key = p.key HAVING count(*) > "
-        "0");
+        R"sql(
+        SELECT sync.release_planned(array_agg(p.codec), array_agg(p.key))
+        FROM pg_temp.magic_sync_row p JOIN sync.set_aside s
+        ON s.kind IN ('note', 'row') AND s.codec = p.codec AND s.key = p.key
+        HAVING count(*) > 0)sql");
     spi.execute(
-        "INSERT INTO sync.scope (match, value, partition)"
-        " SELECT DISTINCT match, value, part FROM pg_temp.magic_sync_row WHERE body IS NOT NULL"
-        " ON CONFLICT (match, value, partition) DO NOTHING");
+        R"sql(
+        INSERT INTO sync.scope (match, value, partition)
+        SELECT DISTINCT match, value, part FROM pg_temp.magic_sync_row WHERE body IS NOT NULL
+        ON CONFLICT (match, value, partition) DO NOTHING)sql");
     int64_t changed = static_cast<int64_t>(spi.execute(
-        "INSERT INTO pg_temp.magic_sync_change (codec, key, k, old_scope, old_hash, old_withheld,"
-        " new_scope, new_hash, new_withheld, body, tomb_seq, new_seq)"
-        " SELECT p.codec, p.key, p.k, r.scope, r.hash, r.withheld, s.id, p.hash, w.withheld,"
-        " p.body,"
-        " CASE WHEN r.scope IS NOT NULL AND r.scope IS DISTINCT FROM s.id"
-        "  THEN nextval('sync.row_seq') END,"
-        " CASE WHEN s.id IS NOT NULL THEN nextval('sync.row_seq') END"
-        " FROM pg_temp.magic_sync_row p"
-        " LEFT JOIN sync.scope s ON p.body IS NOT NULL AND s.match = p.match"
-        "  AND s.value = p.value AND s.partition = p.part"
-        " LEFT JOIN sync.row r ON r.k = p.k AND NOT r.gone"
-        " CROSS JOIN LATERAL (SELECT s.id IS NOT NULL AND NOT sync.row_travels("
-        "  sync.scope_name(s.match, s.value, s.partition), c.table_name, sync.canonical(p.key),"
-        "  p.body) AS withheld FROM sync.codec c WHERE c.id = p.codec) w"
-        " WHERE r.scope IS DISTINCT FROM s.id OR r.hash IS DISTINCT FROM p.hash"
-        " OR coalesce(r.withheld, false) <> w.withheld"));
+        R"sql(
+        INSERT INTO pg_temp.magic_sync_change (codec, key, k, old_scope, old_hash, old_withheld,
+        new_scope, new_hash, new_withheld, body, tomb_seq, new_seq)
+        SELECT p.codec, p.key, p.k, r.scope, r.hash, r.withheld, s.id, p.hash, w.withheld,
+        p.body,
+        CASE WHEN r.scope IS NOT NULL AND r.scope IS DISTINCT FROM s.id
+         THEN nextval('sync.row_seq') END,
+        CASE WHEN s.id IS NOT NULL THEN nextval('sync.row_seq') END
+        FROM pg_temp.magic_sync_row p
+        LEFT JOIN sync.scope s ON p.body IS NOT NULL AND s.match = p.match
+         AND s.value = p.value AND s.partition = p.part
+        LEFT JOIN sync.row r ON r.k = p.k AND NOT r.gone
+        CROSS JOIN LATERAL (SELECT s.id IS NOT NULL AND NOT sync.row_travels(
+         sync.scope_name(s.match, s.value, s.partition), c.table_name, sync.canonical(p.key),
+         p.body) AS withheld FROM sync.codec c WHERE c.id = p.codec) w
+        WHERE r.scope IS DISTINCT FROM s.id OR r.hash IS DISTINCT FROM p.hash
+        OR coalesce(r.withheld, false) <> w.withheld)sql"));
     if (spi.flag("SELECT EXISTS (SELECT FROM sync.echo)")) {
         if (changed > 0) mark_echoes(spi);
         spi.execute(
-            "DELETE FROM sync.echo e USING pg_temp.magic_sync_row p"
-            " WHERE e.codec = p.codec AND e.key = p.key");
+            R"sql(
+            DELETE FROM sync.echo e USING pg_temp.magic_sync_row p
+            WHERE e.codec = p.codec AND e.key = p.key)sql");
     }
     if (changed == 0) return 0;
     analyze_if_large(spi, "magic_sync_change", changed);
     spi.execute(
-        "UPDATE sync.row r SET gone = true, seq = c.tomb_seq, hash = NULL, body = NULL,"
-        " withheld = false, echo_of = NULL, echo_prev = NULL"
-        " FROM pg_temp.magic_sync_change c WHERE c.tomb_seq IS NOT NULL"
-        " AND r.k = c.k AND r.scope = c.old_scope");
+        R"sql(
+        UPDATE sync.row r SET gone = true, seq = c.tomb_seq, hash = NULL, body = NULL,
+        withheld = false, echo_of = NULL, echo_prev = NULL
+        FROM pg_temp.magic_sync_change c WHERE c.tomb_seq IS NOT NULL
+        AND r.k = c.k AND r.scope = c.old_scope)sql");
     spi.execute(
-        "INSERT INTO sync.row (codec, key, k, scope, seq, hash, body, gone, withheld, echo_of,"
-        " echo_prev)"
-        " SELECT codec, key, k, new_scope, new_seq, new_hash, body, false, new_withheld, echo_of,"
-        " echo_prev FROM pg_temp.magic_sync_change WHERE new_scope IS NOT NULL"
-        " ON CONFLICT (k, scope) DO UPDATE SET seq = excluded.seq,"
-        " hash = excluded.hash, body = excluded.body, gone = false,"
-        " withheld = excluded.withheld, echo_of = excluded.echo_of, echo_prev = "
-        "excluded.echo_prev");
+        R"sql(
+        INSERT INTO sync.row (codec, key, k, scope, seq, hash, body, gone, withheld, echo_of,
+        echo_prev)
+        SELECT codec, key, k, new_scope, new_seq, new_hash, body, false, new_withheld, echo_of,
+        echo_prev FROM pg_temp.magic_sync_change WHERE new_scope IS NOT NULL
+        ON CONFLICT (k, scope) DO UPDATE SET seq = excluded.seq,
+        hash = excluded.hash, body = excluded.body, gone = false,
+        withheld = excluded.withheld, echo_of = excluded.echo_of,
+        echo_prev = excluded.echo_prev)sql");
     spi.execute(
-        "WITH d AS ("
-        " SELECT old_scope AS scope, CASE WHEN NOT old_withheld THEN sync.fp_element(k, old_hash)"
-        " END AS e, CASE WHEN old_withheld THEN 0 ELSE -1 END AS sign, tomb_seq AS seq"
-        " FROM pg_temp.magic_sync_change WHERE old_scope IS NOT NULL"
-        " UNION ALL SELECT new_scope, CASE WHEN NOT new_withheld THEN"
-        " sync.fp_element(k, new_hash) END, CASE WHEN new_withheld THEN 0 ELSE 1 END, new_seq"
-        " FROM pg_temp.magic_sync_change WHERE new_scope IS NOT NULL),"
-        " per_scope AS (SELECT scope,"
-        " coalesce(sync.fp_sum(e) FILTER (WHERE sign = 1), sync.fp_zero()) AS plus,"
-        " coalesce(sync.fp_sum(e) FILTER (WHERE sign = -1), sync.fp_zero()) AS minus,"
-        " sum(sign) AS dn, max(seq) AS head FROM d GROUP BY scope)"
-        " UPDATE sync.scope s SET fp = sync.fp_sub(sync.fp_add(s.fp, p.plus), p.minus),"
-        " n = s.n + p.dn, head = greatest(s.head, coalesce(p.head, 0))"
-        " FROM per_scope p WHERE s.id = p.scope");
+        R"sql(
+        WITH d AS (
+        SELECT old_scope AS scope, CASE WHEN NOT old_withheld THEN sync.fp_element(k, old_hash)
+        END AS e, CASE WHEN old_withheld THEN 0 ELSE -1 END AS sign, tomb_seq AS seq
+        FROM pg_temp.magic_sync_change WHERE old_scope IS NOT NULL
+        UNION ALL SELECT new_scope, CASE WHEN NOT new_withheld THEN
+        sync.fp_element(k, new_hash) END, CASE WHEN new_withheld THEN 0 ELSE 1 END, new_seq
+        FROM pg_temp.magic_sync_change WHERE new_scope IS NOT NULL),
+        per_scope AS (SELECT scope,
+        coalesce(sync.fp_sum(e) FILTER (WHERE sign = 1), sync.fp_zero()) AS plus,
+        coalesce(sync.fp_sum(e) FILTER (WHERE sign = -1), sync.fp_zero()) AS minus,
+        sum(sign) AS dn, max(seq) AS head FROM d GROUP BY scope)
+        UPDATE sync.scope s SET fp = sync.fp_sub(sync.fp_add(s.fp, p.plus), p.minus),
+        n = s.n + p.dn, head = greatest(s.head, coalesce(p.head, 0))
+        FROM per_scope p WHERE s.id = p.scope)sql");
     return changed;
 }
 
@@ -597,12 +629,13 @@ int64_t record_changes(Spi& spi) {
 // fingerprints counted again from sync.row, which the codecs the audit noted whole plan again.
 void recount_drifted_scopes(Spi& spi) {
     spi.execute(
-        "WITH drifted AS (DELETE FROM sync.drifted_scope RETURNING scope),"
-        " counted AS (SELECT d.scope,"
-        "  coalesce(sync.fp_sum(sync.fp_element(r.k, r.hash)), sync.fp_zero()) AS fp,"
-        "  count(r.k) AS n FROM drifted d LEFT JOIN sync.row r ON r.scope = d.scope"
-        "  AND NOT r.gone AND NOT r.withheld GROUP BY d.scope)"
-        " UPDATE sync.scope s SET fp = c.fp, n = c.n FROM counted c WHERE s.id = c.scope");
+        R"sql(
+        WITH drifted AS (DELETE FROM sync.drifted_scope RETURNING scope),
+        counted AS (SELECT d.scope,
+         coalesce(sync.fp_sum(sync.fp_element(r.k, r.hash)), sync.fp_zero()) AS fp,
+         count(r.k) AS n FROM drifted d LEFT JOIN sync.row r ON r.scope = d.scope
+         AND NOT r.gone AND NOT r.withheld GROUP BY d.scope)
+        UPDATE sync.scope s SET fp = c.fp, n = c.n FROM counted c WHERE s.id = c.scope)sql");
 }
 
 // Confirmations left by sync.receive(): messages a replica applied leave its outbox and confirm
@@ -615,21 +648,22 @@ void recount_drifted_scopes(Spi& spi) {
 // keeps its row too; what was kept is what the statement saw in range less what it deleted.
 void apply_confirmations(Spi& spi) {
     spi.execute(
-        "WITH c AS (DELETE FROM sync.confirmation RETURNING replica, applied),"
-        " latest AS (SELECT replica, max(applied) AS applied FROM c GROUP BY replica),"
-        " done AS (DELETE FROM sync.outbox o USING latest l WHERE o.replica = l.replica"
-        "  AND o.seq <= l.applied"
-        "  AND NOT (o.sent_at IS NULL AND o.lease_until IS NOT NULL AND o.lease_until > now())"
-        "  RETURNING o.replica, o.advances),"
-        " pruned AS (SELECT replica, count(*) AS n FROM done GROUP BY replica),"
-        " kept AS (INSERT INTO sync.confirmation (replica, applied)"
-        "  SELECT l.replica, l.applied FROM latest l LEFT JOIN pruned p ON p.replica = l.replica"
-        "  WHERE (SELECT count(*) FROM sync.outbox o WHERE o.replica = l.replica"
-        "   AND o.seq <= l.applied) > coalesce(p.n, 0)),"
-        " advanced AS (SELECT d.replica, a.key::bigint AS scope, max(a.value::bigint) AS through"
-        "  FROM done d, jsonb_each_text(coalesce(d.advances, '{}')) a GROUP BY 1, 2)"
-        " UPDATE sync.member m SET confirmed = greatest(m.confirmed, a.through)"
-        " FROM advanced a WHERE m.replica = a.replica AND m.scope = a.scope");
+        R"sql(
+        WITH c AS (DELETE FROM sync.confirmation RETURNING replica, applied),
+        latest AS (SELECT replica, max(applied) AS applied FROM c GROUP BY replica),
+        done AS (DELETE FROM sync.outbox o USING latest l WHERE o.replica = l.replica
+         AND o.seq <= l.applied
+         AND NOT (o.sent_at IS NULL AND o.lease_until IS NOT NULL AND o.lease_until > now())
+         RETURNING o.replica, o.advances),
+        pruned AS (SELECT replica, count(*) AS n FROM done GROUP BY replica),
+        kept AS (INSERT INTO sync.confirmation (replica, applied)
+         SELECT l.replica, l.applied FROM latest l LEFT JOIN pruned p ON p.replica = l.replica
+         WHERE (SELECT count(*) FROM sync.outbox o WHERE o.replica = l.replica
+          AND o.seq <= l.applied) > coalesce(p.n, 0)),
+        advanced AS (SELECT d.replica, a.key::bigint AS scope, max(a.value::bigint) AS through
+         FROM done d, jsonb_each_text(coalesce(d.advances, '{}')) a GROUP BY 1, 2)
+        UPDATE sync.member m SET confirmed = greatest(m.confirmed, a.through)
+        FROM advanced a WHERE m.replica = a.replica AND m.scope = a.scope)sql");
 }
 
 // Chunks for every distinct (scope, cursor) that replicas need and that is not built yet: the
@@ -655,85 +689,87 @@ void build_chunks(Spi& spi, int ahead) {
     // is encoded (OFFSET 0: pulled up, the key was encoded once for the row and again for its
     // size).
     spi.execute(
-        "INSERT INTO pg_temp.magic_sync_pick (origin, scope, grp, head, scope_name, budget, seq,"
-        " codec, key, table_name, ktext, body, hash, size, fits, dropped, last_fetched, echo)"
-        " SELECT p.origin, p.scope, p.grp, p.head, p.scope_name, p.budget, p.seq, p.codec, p.key,"
-        " p.table_name, p.ktext, p.body, p.hash, p.size, p.fits, CASE WHEN p.grp = 0 THEN"
-        "  p.position > 1 AND sum(CASE WHEN p.fits THEN p.size + 1"
-        "   ELSE sync.withheld_size(p.scope_name, p.table_name, p.ktext, p.body) END)"
-        "  OVER (PARTITION BY p.scope, p.origin ORDER BY p.seq) > p.budget"
-        "  WHEN p.grp > 0 THEN false END,"
-        " p.position % $1::int = 0, p.echo"
-        " FROM (SELECT w.origin, w.scope, (r.position - 1) / $1::int AS grp, w.head, w.scope_name,"
-        "  w.budget, r.seq, r.codec, r.key, r.table_name, r.ktext, r.body, r.hash, r.size,"
-        "  NOT r.withheld AND r.size + 1 <= w.budget AS fits, r.position, r.echo"
-        "  FROM (SELECT n.scope, n.sent AS origin, n.head, n.scope_name,"
-        "   $2::int - sync.envelope_size('{*}', '{}')"
-        "   - sync.chunk_size(n.scope_name, n.sent, n.head) - 1 AS budget,"
-        "   CASE WHEN n.sent > 0 THEN least(max(n.room), $3::int) ELSE 1 END AS chunks"
-        "   FROM pg_temp.magic_sync_need n WHERE n.chunk IS NULL"
-        "   GROUP BY n.scope, n.sent, n.head, n.scope_name) w"
-        "  LEFT JOIN LATERAL (SELECT k.*, sync.row_size(k.table_name, k.ktext, k.body) AS size"
-        "   FROM (SELECT x.seq, x.codec, x.key, c.table_name, sync.canonical(x.key) AS ktext,"
-        "    x.body, encode(x.hash, 'hex') AS hash, x.withheld, x.position, x.echo"
-        "    FROM (SELECT y.*, row_number() OVER (ORDER BY y.seq) AS position"
-        "     FROM (SELECT seq, codec, key, body, hash, withheld, echo_of IS NOT NULL AS echo"
-        "      FROM sync.row"
-        "      WHERE scope = w.scope AND seq > w.origin AND seq <= w.head"
-        "      AND (w.origin > 0 OR NOT gone)"
-        "      AND (echo_of IS NULL OR w.origin < echo_prev OR EXISTS (SELECT FROM sync.member m"
-        "       WHERE m.scope = w.scope AND m.replica <> sync.row.echo_of))"
-        "      ORDER BY seq LIMIT $1::int * w.chunks) y) x"
-        "    JOIN sync.codec c ON c.id = x.codec OFFSET 0) k) r ON true) p",
+        R"sql(
+        INSERT INTO pg_temp.magic_sync_pick (origin, scope, grp, head, scope_name, budget, seq,
+        codec, key, table_name, ktext, body, hash, size, fits, dropped, last_fetched, echo)
+        SELECT p.origin, p.scope, p.grp, p.head, p.scope_name, p.budget, p.seq, p.codec, p.key,
+        p.table_name, p.ktext, p.body, p.hash, p.size, p.fits, CASE WHEN p.grp = 0 THEN
+         p.position > 1 AND sum(CASE WHEN p.fits THEN p.size + 1
+          ELSE sync.withheld_size(p.scope_name, p.table_name, p.ktext, p.body) END)
+         OVER (PARTITION BY p.scope, p.origin ORDER BY p.seq) > p.budget
+         WHEN p.grp > 0 THEN false END,
+        p.position % $1::int = 0, p.echo
+        FROM (SELECT w.origin, w.scope, (r.position - 1) / $1::int AS grp, w.head, w.scope_name,
+         w.budget, r.seq, r.codec, r.key, r.table_name, r.ktext, r.body, r.hash, r.size,
+         NOT r.withheld AND r.size + 1 <= w.budget AS fits, r.position, r.echo
+         FROM (SELECT n.scope, n.sent AS origin, n.head, n.scope_name,
+          $2::int - sync.envelope_size('{*}', '{}')
+          - sync.chunk_size(n.scope_name, n.sent, n.head) - 1 AS budget,
+          CASE WHEN n.sent > 0 THEN least(max(n.room), $3::int) ELSE 1 END AS chunks
+          FROM pg_temp.magic_sync_need n WHERE n.chunk IS NULL
+          GROUP BY n.scope, n.sent, n.head, n.scope_name) w
+         LEFT JOIN LATERAL (SELECT k.*, sync.row_size(k.table_name, k.ktext, k.body) AS size
+          FROM (SELECT x.seq, x.codec, x.key, c.table_name, sync.canonical(x.key) AS ktext,
+           x.body, encode(x.hash, 'hex') AS hash, x.withheld, x.position, x.echo
+           FROM (SELECT y.*, row_number() OVER (ORDER BY y.seq) AS position
+            FROM (SELECT seq, codec, key, body, hash, withheld, echo_of IS NOT NULL AS echo
+             FROM sync.row
+             WHERE scope = w.scope AND seq > w.origin AND seq <= w.head
+             AND (w.origin > 0 OR NOT gone)
+             AND (echo_of IS NULL OR w.origin < echo_prev OR EXISTS (SELECT FROM sync.member m
+              WHERE m.scope = w.scope AND m.replica <> sync.row.echo_of))
+             ORDER BY seq LIMIT $1::int * w.chunks) y) x
+           JOIN sync.codec c ON c.id = x.codec OFFSET 0) k) r ON true) p)sql",
         {rows_limit, bytes_limit, ahead});
     // A chunk covers the scope up to its head, or up to its last row when it was cut short. Its
     // rows are aggregated in one order, unsorted, and put in seq order by sync.encode_chunk: five
     // aggregates each sorting its own input cost more than the encoding. The rows withheld from
     // the chunks built are set aside.
     spi.execute(
-        "WITH runs AS (SELECT origin, scope, coalesce(grp, 0) AS grp, max(head) AS head,"
-        "  max(scope_name) AS scope_name, coalesce(bool_or(dropped), false) AS cut_by_bytes,"
-        "  bool_or(dropped) OR bool_or(last_fetched) AS cut_short,"
-        "  max(seq) FILTER (WHERE NOT dropped) AS last_seq,"
-        "  count(*) FILTER (WHERE fits AND NOT dropped) AS rows,"
-        "  coalesce(sum(size + 1) FILTER (WHERE fits AND NOT dropped), 0)"
-        "  + coalesce(sum(sync.withheld_size(scope_name, table_name, ktext, body))"
-        "   FILTER (WHERE NOT fits AND NOT dropped), 0) AS row_bytes,"
-        "  coalesce(bool_or(echo), false) AS echoes,"
-        "  array_agg(seq) FILTER (WHERE fits AND NOT dropped) AS seqs,"
-        "  array_agg(table_name) FILTER (WHERE fits AND NOT dropped) AS tables,"
-        "  array_agg(ktext) FILTER (WHERE fits AND NOT dropped) AS keys,"
-        "  array_agg(body) FILTER (WHERE fits AND NOT dropped) AS bodies,"
-        "  array_agg(hash) FILTER (WHERE fits AND NOT dropped) AS hashes,"
-        "  jsonb_agg(sync.withheld_note(scope_name, table_name, ktext, body)"
-        "   ORDER BY seq) FILTER (WHERE NOT fits AND NOT dropped) AS withheld,"
-        "  sum(sync.withheld_size(scope_name, table_name, ktext, body))"
-        "   FILTER (WHERE NOT fits AND NOT dropped) AS withheld_bytes"
-        "  FROM pg_temp.magic_sync_pick GROUP BY origin, scope, coalesce(grp, 0)),"
-        " started AS (SELECT r.*, CASE WHEN r.grp = 0 THEN r.origin ELSE"
-        "  lag(r.last_seq) OVER (PARTITION BY r.origin, r.scope ORDER BY r.grp) END AS from_seq"
-        "  FROM runs r),"
-        " linked AS (SELECT s.*, bool_and(CASE WHEN s.grp = 0 THEN NOT s.cut_by_bytes"
-        "   ELSE NOT s.echoes AND s.row_bytes <= $1::int - sync.envelope_size('{*}', '{}')"
-        "    - sync.chunk_size(s.scope_name, s.from_seq, s.head) - 1 END)"
-        "  OVER (PARTITION BY s.origin, s.scope ORDER BY s.grp) AS chained FROM started s),"
-        " built AS (INSERT INTO sync.chunk (scope, from_seq, to_seq, built_head, rows, bytes, body,"
-        "  withheld)"
-        "  SELECT l.scope, l.from_seq, t.to_seq, l.head, l.rows,"
-        "  octet_length(b.body) + coalesce(l.withheld_bytes, 0), b.body, coalesce(l.withheld, '[]')"
-        "  FROM linked l"
-        "  CROSS JOIN LATERAL (SELECT CASE WHEN l.cut_short THEN l.last_seq ELSE l.head END"
-        "   AS to_seq) t"
-        "  CROSS JOIN LATERAL (SELECT sync.encode_chunk(l.scope_name, l.from_seq, t.to_seq,"
-        "   l.seqs, l.tables, l.keys, l.bodies, l.hashes) AS body OFFSET 0) b"
-        "  WHERE l.grp = 0 OR l.chained RETURNING scope, from_seq, to_seq)"
-        " SELECT sync.keep('row', array_agg(w.codec), array_agg(w.key), array_agg(w.reason))"
-        " FROM (SELECT DISTINCT ON (p.codec, p.key) p.codec, p.key,"
-        " sync.withheld_reason(p.scope_name, p.table_name, p.ktext, p.body) AS reason"
-        " FROM pg_temp.magic_sync_pick p JOIN built b ON b.scope = p.scope AND p.seq > b.from_seq"
-        "  AND p.seq <= b.to_seq"
-        " WHERE NOT p.fits AND NOT p.dropped ORDER BY p.codec, p.key, p.budget) w"
-        " HAVING count(*) > 0",
+        R"sql(
+        WITH runs AS (SELECT origin, scope, coalesce(grp, 0) AS grp, max(head) AS head,
+         max(scope_name) AS scope_name, coalesce(bool_or(dropped), false) AS cut_by_bytes,
+         bool_or(dropped) OR bool_or(last_fetched) AS cut_short,
+         max(seq) FILTER (WHERE NOT dropped) AS last_seq,
+         count(*) FILTER (WHERE fits AND NOT dropped) AS rows,
+         coalesce(sum(size + 1) FILTER (WHERE fits AND NOT dropped), 0)
+         + coalesce(sum(sync.withheld_size(scope_name, table_name, ktext, body))
+          FILTER (WHERE NOT fits AND NOT dropped), 0) AS row_bytes,
+         coalesce(bool_or(echo), false) AS echoes,
+         array_agg(seq) FILTER (WHERE fits AND NOT dropped) AS seqs,
+         array_agg(table_name) FILTER (WHERE fits AND NOT dropped) AS tables,
+         array_agg(ktext) FILTER (WHERE fits AND NOT dropped) AS keys,
+         array_agg(body) FILTER (WHERE fits AND NOT dropped) AS bodies,
+         array_agg(hash) FILTER (WHERE fits AND NOT dropped) AS hashes,
+         jsonb_agg(sync.withheld_note(scope_name, table_name, ktext, body)
+          ORDER BY seq) FILTER (WHERE NOT fits AND NOT dropped) AS withheld,
+         sum(sync.withheld_size(scope_name, table_name, ktext, body))
+          FILTER (WHERE NOT fits AND NOT dropped) AS withheld_bytes
+         FROM pg_temp.magic_sync_pick GROUP BY origin, scope, coalesce(grp, 0)),
+        started AS (SELECT r.*, CASE WHEN r.grp = 0 THEN r.origin ELSE
+         lag(r.last_seq) OVER (PARTITION BY r.origin, r.scope ORDER BY r.grp) END AS from_seq
+         FROM runs r),
+        linked AS (SELECT s.*, bool_and(CASE WHEN s.grp = 0 THEN NOT s.cut_by_bytes
+          ELSE NOT s.echoes AND s.row_bytes <= $1::int - sync.envelope_size('{*}', '{}')
+           - sync.chunk_size(s.scope_name, s.from_seq, s.head) - 1 END)
+         OVER (PARTITION BY s.origin, s.scope ORDER BY s.grp) AS chained FROM started s),
+        built AS (INSERT INTO sync.chunk (scope, from_seq, to_seq, built_head, rows, bytes, body,
+         withheld)
+         SELECT l.scope, l.from_seq, t.to_seq, l.head, l.rows,
+         octet_length(b.body) + coalesce(l.withheld_bytes, 0), b.body, coalesce(l.withheld, '[]')
+         FROM linked l
+         CROSS JOIN LATERAL (SELECT CASE WHEN l.cut_short THEN l.last_seq ELSE l.head END
+          AS to_seq) t
+         CROSS JOIN LATERAL (SELECT sync.encode_chunk(l.scope_name, l.from_seq, t.to_seq,
+          l.seqs, l.tables, l.keys, l.bodies, l.hashes) AS body OFFSET 0) b
+         WHERE l.grp = 0 OR l.chained RETURNING scope, from_seq, to_seq)
+        SELECT sync.keep('row', array_agg(w.codec), array_agg(w.key), array_agg(w.reason))
+        FROM (SELECT DISTINCT ON (p.codec, p.key) p.codec, p.key,
+        sync.withheld_reason(p.scope_name, p.table_name, p.ktext, p.body) AS reason
+        FROM pg_temp.magic_sync_pick p JOIN built b ON b.scope = p.scope AND p.seq > b.from_seq
+         AND p.seq <= b.to_seq
+        WHERE NOT p.fits AND NOT p.dropped ORDER BY p.codec, p.key, p.budget) w
+        HAVING count(*) > 0)sql",
         {bytes_limit});
 }
 
@@ -743,29 +779,32 @@ int64_t write_messages(Spi& spi, int rounds_left) {
     // Emptied by DELETE in one statement: the pass truncated whichever had grown large when it
     // began, and a round adds at most the rows of the chunks the pass's rounds send.
     spi.execute(
-        "WITH need AS (DELETE FROM pg_temp.magic_sync_need),"
-        " picked AS (DELETE FROM pg_temp.magic_sync_picked),"
-        " pick AS (DELETE FROM pg_temp.magic_sync_pick) SELECT");
+        R"sql(
+        WITH need AS (DELETE FROM pg_temp.magic_sync_need),
+        picked AS (DELETE FROM pg_temp.magic_sync_picked),
+        pick AS (DELETE FROM pg_temp.magic_sync_pick) SELECT)sql");
     spi.execute(
-        "INSERT INTO pg_temp.magic_sync_need (replica, scope, sent, head, scope_name, room)"
-        " SELECT m.replica, m.scope, m.sent, s.head,"
-        " sync.scope_name(s.match, s.value, s.partition), $1::int - u.unsent"
-        " FROM sync.member m JOIN sync.scope s ON s.id = m.scope"
-        " JOIN sync.replica r ON r.id = m.replica AND r.live"
-        " CROSS JOIN LATERAL (SELECT count(*) AS unsent FROM sync.outbox o"
-        "  WHERE o.replica = m.replica AND o.sent_at IS NULL) u"
-        " WHERE m.sent < s.head AND u.unsent < $1::int",
+        R"sql(
+        INSERT INTO pg_temp.magic_sync_need (replica, scope, sent, head, scope_name, room)
+        SELECT m.replica, m.scope, m.sent, s.head,
+        sync.scope_name(s.match, s.value, s.partition), $1::int - u.unsent
+        FROM sync.member m JOIN sync.scope s ON s.id = m.scope
+        JOIN sync.replica r ON r.id = m.replica AND r.live
+        CROSS JOIN LATERAL (SELECT count(*) AS unsent FROM sync.outbox o
+         WHERE o.replica = m.replica AND o.sent_at IS NULL) u
+        WHERE m.sent < s.head AND u.unsent < $1::int)sql",
         {settings::window});
     auto attach_chunks = [&] {
         spi.execute(
-            "UPDATE pg_temp.magic_sync_need n SET chunk = c.id, chunk_to = c.to_seq,"
-            " chunk_rows = c.rows, chunk_bytes = c.bytes"
-            " FROM (SELECT DISTINCT ON (c.scope, c.from_seq) c.id, c.scope, c.from_seq,"
-            "  c.to_seq, c.rows, c.bytes FROM sync.chunk c"
-            "  JOIN sync.scope s ON s.id = c.scope AND s.head = c.built_head"
-            "  WHERE (c.scope, c.from_seq) IN (SELECT scope, sent FROM pg_temp.magic_sync_need)"
-            "  ORDER BY c.scope, c.from_seq, c.to_seq DESC) c"
-            " WHERE n.chunk IS NULL AND c.scope = n.scope AND c.from_seq = n.sent");
+            R"sql(
+            UPDATE pg_temp.magic_sync_need n SET chunk = c.id, chunk_to = c.to_seq,
+            chunk_rows = c.rows, chunk_bytes = c.bytes
+            FROM (SELECT DISTINCT ON (c.scope, c.from_seq) c.id, c.scope, c.from_seq,
+             c.to_seq, c.rows, c.bytes FROM sync.chunk c
+             JOIN sync.scope s ON s.id = c.scope AND s.head = c.built_head
+             WHERE (c.scope, c.from_seq) IN (SELECT scope, sent FROM pg_temp.magic_sync_need)
+             ORDER BY c.scope, c.from_seq, c.to_seq DESC) c
+            WHERE n.chunk IS NULL AND c.scope = n.scope AND c.from_seq = n.sent)sql");
     };
     attach_chunks();
     if (spi.flag("SELECT EXISTS (SELECT FROM pg_temp.magic_sync_need WHERE chunk IS NULL)")) {
@@ -774,29 +813,31 @@ int64_t write_messages(Spi& spi, int rounds_left) {
     }
     // Pack each replica's next chunks into one message, within the row and byte limits.
     spi.execute(
-        "INSERT INTO pg_temp.magic_sync_picked (replica, scope, chunk, chunk_to)"
-        " SELECT replica, scope, chunk, chunk_to FROM (SELECT n.*,"
-        "  row_number() OVER w AS position, sum(n.chunk_rows) OVER w AS rows_so_far,"
-        "  sum(n.chunk_bytes + 1) OVER w AS bytes_so_far,"
-        "  $2::int - sync.envelope_size(CASE WHEN r.reset_pending THEN '{*}'::text[]"
-        "   ELSE '{}' END, r.pending_drops, r.pending_table_drops) AS budget,"
-        "  cardinality(r.pending_drops) + cardinality(r.pending_table_drops) > 0 AS drops"
-        "  FROM pg_temp.magic_sync_need n JOIN sync.replica r ON r.id = n.replica"
-        "  WINDOW w AS (PARTITION BY n.replica ORDER BY n.scope)) x"
-        " WHERE (position = 1 AND NOT drops)"
-        " OR (bytes_so_far <= budget AND (position = 1 OR rows_so_far <= $1::int))",
+        R"sql(
+        INSERT INTO pg_temp.magic_sync_picked (replica, scope, chunk, chunk_to)
+        SELECT replica, scope, chunk, chunk_to FROM (SELECT n.*,
+         row_number() OVER w AS position, sum(n.chunk_rows) OVER w AS rows_so_far,
+         sum(n.chunk_bytes + 1) OVER w AS bytes_so_far,
+         $2::int - sync.envelope_size(CASE WHEN r.reset_pending THEN '{*}'::text[]
+          ELSE '{}' END, r.pending_drops, r.pending_table_drops) AS budget,
+         cardinality(r.pending_drops) + cardinality(r.pending_table_drops) > 0 AS drops
+         FROM pg_temp.magic_sync_need n JOIN sync.replica r ON r.id = n.replica
+         WINDOW w AS (PARTITION BY n.replica ORDER BY n.scope)) x
+        WHERE (position = 1 AND NOT drops)
+        OR (bytes_so_far <= budget AND (position = 1 OR rows_so_far <= $1::int)))sql",
         {settings::rows_per_message, settings::bytes_per_message});
     spi.execute(
-        "WITH message AS ("
-        "  SELECT replica, array_agg(chunk ORDER BY scope) AS chunks,"
-        "  jsonb_object_agg(scope::text, chunk_to) AS advances"
-        "  FROM pg_temp.magic_sync_picked GROUP BY replica"
-        "  UNION ALL SELECT r.id, '{}', '{}' FROM sync.replica r"
-        "  WHERE r.live AND (r.reset_pending OR cardinality(r.pending_drops) > 0"
-        "   OR cardinality(r.pending_table_drops) > 0)"
-        "  AND NOT EXISTS (SELECT FROM pg_temp.magic_sync_picked p WHERE p.replica = r.id)"
-        "  AND (SELECT count(*) FROM sync.outbox o WHERE o.replica = r.id AND o.sent_at IS NULL)"
-        "   < $1::int),"
+        R"sql(
+        WITH message AS (
+         SELECT replica, array_agg(chunk ORDER BY scope) AS chunks,
+         jsonb_object_agg(scope::text, chunk_to) AS advances
+         FROM pg_temp.magic_sync_picked GROUP BY replica
+         UNION ALL SELECT r.id, '{}', '{}' FROM sync.replica r
+         WHERE r.live AND (r.reset_pending OR cardinality(r.pending_drops) > 0
+          OR cardinality(r.pending_table_drops) > 0)
+         AND NOT EXISTS (SELECT FROM pg_temp.magic_sync_picked p WHERE p.replica = r.id)
+         AND (SELECT count(*) FROM sync.outbox o WHERE o.replica = r.id AND o.sent_at IS NULL)
+          < $1::int),)sql"
         // Drops go in the order they came, as many as fit; the rest wait for the next message
         // (which a message with chunks never precedes: those wait until every drop fits).
         " cut AS (SELECT m.*, r.reset_pending, r.pending_drops,"
@@ -848,8 +889,9 @@ PassCounts run_pass(Spi& spi) {
     if (counts.provisioned > 0) {
         // A row set aside because it named a replica nobody listed may name this one.
         spi.execute(
-            "INSERT INTO pg_temp.magic_sync_note (codec, key) SELECT codec, key"
-            " FROM sync.set_aside WHERE kind = 'note'");
+            R"sql(
+            INSERT INTO pg_temp.magic_sync_note (codec, key) SELECT codec, key
+            FROM sync.set_aside WHERE kind = 'note')sql");
     }
     for (const Codec& codec : noted_codecs(spi))
         counts.set_aside += encode_codec(spi, codec, replicas);
@@ -884,10 +926,11 @@ PassCounts run_pass(Spi& spi) {
         replica_rows_since_analyze = 0;
     }
     spi.execute(
-        "UPDATE sync.relay_state SET last_pass_at = clock_timestamp(), last_pass ="
-        " jsonb_build_object('notes', $1::bigint, 'rows_changed', $2::bigint,"
-        " 'provisioned', $3::bigint, 'forgotten', $4::bigint, 'messages', $5::bigint,"
-        " 'set_aside', $6::bigint)",
+        R"sql(
+        UPDATE sync.relay_state SET last_pass_at = clock_timestamp(), last_pass =
+        jsonb_build_object('notes', $1::bigint, 'rows_changed', $2::bigint,
+        'provisioned', $3::bigint, 'forgotten', $4::bigint, 'messages', $5::bigint,
+        'set_aside', $6::bigint))sql",
         {counts.notes, counts.rows_changed, counts.provisioned, counts.forgotten, counts.messages,
          counts.set_aside});
     return counts;

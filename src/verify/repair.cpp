@@ -93,8 +93,9 @@ protocol::MessageHeader unnumbered(const Target& target) { return {target.replic
 // Puts an unnumbered message in the target's outbox (sync.enqueue). Returns its seq.
 int64_t put(Spi& spi, const Target& target, const char* kind, const std::string& body) {
     spi.execute(
-        "INSERT INTO pg_temp.magic_sync_enqueue (replica, position, kind, body)"
-        " VALUES ($1, 1, $2, $3)",
+        R"sql(
+        INSERT INTO pg_temp.magic_sync_enqueue (replica, position, kind, body)
+        VALUES ($1, 1, $2, $3))sql",
         {Param::uuid(target.replica), std::string(kind), Param::bytea(body)});
     spi.execute("SELECT sync.enqueue()");
     return std::stoll(spi.scalar("SELECT next_seq - 1 FROM sync.replica WHERE id = $1",
@@ -238,12 +239,13 @@ int64_t send_whole(Spi& spi, const Target& target, const std::vector<std::string
     const size_t level = leaves.front().size();
     std::map<std::string, std::vector<LeafRow>> rows;
     for (const auto& row :
-         spi.query("SELECT left(encode(r.k, 'hex'), $2::int), encode(r.k, 'hex'), c.table_name,"
-                   " sync.canonical(r.key), r.body, encode(r.hash, 'hex')"
-                   " FROM sync.row r JOIN sync.codec c ON c.id = r.codec"
-                   " WHERE r.scope = $1::bigint AND NOT r.gone AND NOT r.withheld"
-                   " AND left(encode(r.k, 'hex'), $2::int) IN (SELECT unnest($3::text[]))"
-                   " ORDER BY r.k",
+         spi.query(R"sql(
+                   SELECT left(encode(r.k, 'hex'), $2::int), encode(r.k, 'hex'), c.table_name,
+                   sync.canonical(r.key), r.body, encode(r.hash, 'hex')
+                   FROM sync.row r JOIN sync.codec c ON c.id = r.codec
+                   WHERE r.scope = $1::bigint AND NOT r.gone AND NOT r.withheld
+                   AND left(encode(r.k, 'hex'), $2::int) IN (SELECT unnest($3::text[]))
+                   ORDER BY r.k)sql",
                    {target.scope, static_cast<int64_t>(level), text_array(leaves)})) {
         LeafRow leaf;
         leaf.k = row[1].value();
@@ -260,14 +262,15 @@ int64_t send_whole(Spi& spi, const Target& target, const std::vector<std::string
 // Counts a round for the repair; false when it is one too many: the breaker trips instead.
 bool begin_round(Spi& spi, const Target& target) {
     auto rows = spi.query(
-        "UPDATE sync.repair SET"
-        " rounds = CASE WHEN first_round_at IS NULL"
-        "  OR first_round_at < now() - make_interval(secs => $3::int / 1000.0) THEN 1"
-        "  ELSE rounds + 1 END,"
-        " first_round_at = CASE WHEN first_round_at IS NULL"
-        "  OR first_round_at < now() - make_interval(secs => $3::int / 1000.0) THEN now()"
-        "  ELSE first_round_at END"
-        " WHERE replica = $1::uuid AND scope = $2::bigint RETURNING rounds, attempts",
+        R"sql(
+        UPDATE sync.repair SET
+        rounds = CASE WHEN first_round_at IS NULL
+         OR first_round_at < now() - make_interval(secs => $3::int / 1000.0) THEN 1
+         ELSE rounds + 1 END,
+        first_round_at = CASE WHEN first_round_at IS NULL
+         OR first_round_at < now() - make_interval(secs => $3::int / 1000.0) THEN now()
+         ELSE first_round_at END
+        WHERE replica = $1::uuid AND scope = $2::bigint RETURNING rounds, attempts)sql",
         {Param::uuid(target.replica), target.scope, settings::storm_window_ms});
     if (rows.empty()) return false;
     const int64_t rounds = std::stoll(rows.front()[0].value());
@@ -275,14 +278,16 @@ bool begin_round(Spi& spi, const Target& target) {
     const int64_t attempts = std::stoll(rows.front()[1].value()) + 1;
     const int64_t backoff = kStormBackoffS * attempts;
     spi.execute(
-        "UPDATE sync.repair SET phase = 'idle', ranges = '{}', level = 0, waiting = NULL,"
-        " rounds = 0, first_round_at = NULL, attempts = $3::int,"
-        " storm_until = now() + make_interval(secs => $4::int)"
-        " WHERE replica = $1::uuid AND scope = $2::bigint",
+        R"sql(
+        UPDATE sync.repair SET phase = 'idle', ranges = '{}', level = 0, waiting = NULL,
+        rounds = 0, first_round_at = NULL, attempts = $3::int,
+        storm_until = now() + make_interval(secs => $4::int)
+        WHERE replica = $1::uuid AND scope = $2::bigint)sql",
         {Param::uuid(target.replica), target.scope, attempts, backoff});
     spi.execute(
-        "SELECT sync.repair_storm($1::uuid, $2::bigint, $3::int, $4::int,"
-        " make_interval(secs => $5::int))",
+        R"sql(
+        SELECT sync.repair_storm($1::uuid, $2::bigint, $3::int, $4::int,
+        make_interval(secs => $5::int)))sql",
         {Param::uuid(target.replica), target.scope, rounds - 1, attempts, backoff});
     return false;
 }
@@ -297,17 +302,19 @@ int64_t start_round(Spi& spi, const Target& target) {
         int64_t rows_sent = 0;
         const int64_t last = send_whole(spi, target, {""}, messages, rows_sent);
         spi.execute(
-            "UPDATE sync.repair SET phase = 'checking', level = 0, ranges = '{}',"
-            " waiting = $3::bigint, rows_sent = rows_sent + $4::bigint"
-            " WHERE replica = $1::uuid AND scope = $2::bigint",
+            R"sql(
+            UPDATE sync.repair SET phase = 'checking', level = 0, ranges = '{}',
+            waiting = $3::bigint, rows_sent = rows_sent + $4::bigint
+            WHERE replica = $1::uuid AND scope = $2::bigint)sql",
             {Param::uuid(target.replica), target.scope, last, rows_sent});
         return messages;
     }
     int64_t seq = send_ranges(spi, target, prefixes);
     spi.execute(
-        "UPDATE sync.repair SET phase = 'asking', level = 1, ranges = $3::text[],"
-        " waiting = $4::bigint, ranges_asked = ranges_asked + 16"
-        " WHERE replica = $1::uuid AND scope = $2::bigint",
+        R"sql(
+        UPDATE sync.repair SET phase = 'asking', level = 1, ranges = $3::text[],
+        waiting = $4::bigint, ranges_asked = ranges_asked + 16
+        WHERE replica = $1::uuid AND scope = $2::bigint)sql",
         {Param::uuid(target.replica), target.scope, text_array(prefixes), seq});
     return 1;
 }
@@ -319,9 +326,10 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
     std::map<std::pair<std::string, std::string>, std::pair<std::string, int64_t>> answers;
     if (!target.answers.empty()) {
         for (const auto& row : spi.query(
-                 "SELECT e->>0, e->>1, e->>2, (e->>3)::bigint FROM jsonb_array_elements("
-                 " CASE WHEN jsonb_typeof($1::jsonb) = 'array' THEN $1::jsonb ELSE '[]' END) e"
-                 " WHERE jsonb_typeof(e) = 'array'",
+                 R"sql(
+                 SELECT e->>0, e->>1, e->>2, (e->>3)::bigint FROM jsonb_array_elements(
+                 CASE WHEN jsonb_typeof($1::jsonb) = 'array' THEN $1::jsonb ELSE '[]' END) e
+                 WHERE jsonb_typeof(e) = 'array')sql",
                  {target.answers}))
             answers[{row[0].value_or(""), row[1].value_or("")}] = {row[2].value_or(""),
                                                                    count_of(row[3])};
@@ -336,10 +344,12 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
     // compares each row with every range (4,096 ranges of 100,000 rows took 50 s).
     std::map<std::string, std::pair<std::string, int64_t>> server;
     for (const auto& row :
-         spi.query("SELECT left(encode(k, 'hex'), $2::int), encode(sync.fp_sum(sha256(k || hash)), "
-                   "'hex'),"
-                   " count(*) FROM sync.row WHERE scope = $1::bigint AND NOT gone AND NOT withheld"
-                   " AND left(encode(k, 'hex'), $2::int) IN (SELECT unnest($3::text[])) GROUP BY 1",
+         spi.query(R"sql(
+                   SELECT left(encode(k, 'hex'), $2::int),
+                   encode(sync.fp_sum(sha256(k || hash)), 'hex'), count(*)
+                   FROM sync.row WHERE scope = $1::bigint AND NOT gone AND NOT withheld
+                   AND left(encode(k, 'hex'), $2::int) IN (SELECT unnest($3::text[]))
+                   GROUP BY 1)sql",
                    {target.scope, static_cast<int64_t>(level), text_array(target.asked)}))
         server[row[0].value()] = {row[1].value(), count_of(row[2])};
     const std::string zero(kDigits, '0');
@@ -368,8 +378,9 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
     if (leaves.empty() && deeper.empty()) {
         // Every range matched, yet the whole did not: compare the whole again.
         spi.execute(
-            "UPDATE sync.repair SET phase = 'checking', ranges = '{}', waiting = NULL"
-            " WHERE replica = $1::uuid AND scope = $2::bigint",
+            R"sql(
+            UPDATE sync.repair SET phase = 'checking', ranges = '{}', waiting = NULL
+            WHERE replica = $1::uuid AND scope = $2::bigint)sql",
             {Param::uuid(target.replica), target.scope});
         return 0;
     }
@@ -383,10 +394,11 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
         ++messages;
     }
     spi.execute(
-        "UPDATE sync.repair SET phase = $3, level = $4::int, ranges = $5::text[],"
-        " waiting = $6::bigint, ranges_asked = ranges_asked + $7::int,"
-        " rows_sent = rows_sent + $8::bigint"
-        " WHERE replica = $1::uuid AND scope = $2::bigint",
+        R"sql(
+        UPDATE sync.repair SET phase = $3, level = $4::int, ranges = $5::text[],
+        waiting = $6::bigint, ranges_asked = ranges_asked + $7::int,
+        rows_sent = rows_sent + $8::bigint
+        WHERE replica = $1::uuid AND scope = $2::bigint)sql",
         {Param::uuid(target.replica), target.scope,
          std::string(deeper.empty() ? "checking" : "asking"),
          static_cast<int64_t>(deeper.empty() ? level : level + 1), text_array(deeper), last,
@@ -399,45 +411,50 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
 int64_t plan_repairs(Spi& spi) {
     // Nothing to repair any more: the replica left, was provisioned again, or left the scope.
     spi.execute(
-        "DELETE FROM sync.repair p WHERE NOT EXISTS (SELECT FROM sync.replica r"
-        "  WHERE r.id = p.replica AND r.live AND r.gen = p.gen)"
-        " OR NOT EXISTS (SELECT FROM sync.member m WHERE m.replica = p.replica"
-        "  AND m.scope = p.scope)");
+        R"sql(
+        DELETE FROM sync.repair p WHERE NOT EXISTS (SELECT FROM sync.replica r
+         WHERE r.id = p.replica AND r.live AND r.gen = p.gen)
+        OR NOT EXISTS (SELECT FROM sync.member m WHERE m.replica = p.replica
+         AND m.scope = p.scope))sql");
     // The scope moved on: what was asked is moot; wait for a report at the new head. A tripped
     // breaker is remembered, so changes to the scope do not hide a storm.
     spi.execute(
-        "DELETE FROM sync.repair p USING sync.scope s WHERE s.id = p.scope AND s.head <> p.head"
-        " AND p.attempts = 0");
+        R"sql(
+        DELETE FROM sync.repair p USING sync.scope s WHERE s.id = p.scope AND s.head <> p.head
+        AND p.attempts = 0)sql");
     spi.execute(
-        "UPDATE sync.repair p SET head = s.head, phase = 'idle', level = 0, ranges = '{}',"
-        " waiting = NULL FROM sync.scope s WHERE s.id = p.scope AND s.head <> p.head");
+        R"sql(
+        UPDATE sync.repair p SET head = s.head, phase = 'idle', level = 0, ranges = '{}',
+        waiting = NULL FROM sync.scope s WHERE s.id = p.scope AND s.head <> p.head)sql");
     // Converged: the replica reports the server's fingerprint at the head.
     spi.execute(
-        "DELETE FROM sync.repair p USING sync.member m, sync.scope s, sync.holding h"
-        " WHERE m.replica = p.replica AND m.scope = p.scope AND s.id = p.scope"
-        " AND h.replica = p.replica AND h.scope = sync.scope_name(s.match, s.value, s.partition)"
-        " AND m.sent = s.head AND m.confirmed >= s.head AND h.through = s.head"
-        " AND h.fp = s.fp AND h.n = s.n AND (p.waiting IS NULL OR NOT EXISTS"
-        "  (SELECT FROM sync.outbox o WHERE o.replica = p.replica AND o.seq = p.waiting))");
+        R"sql(
+        DELETE FROM sync.repair p USING sync.member m, sync.scope s, sync.holding h
+        WHERE m.replica = p.replica AND m.scope = p.scope AND s.id = p.scope
+        AND h.replica = p.replica AND h.scope = sync.scope_name(s.match, s.value, s.partition)
+        AND m.sent = s.head AND m.confirmed >= s.head AND h.through = s.head
+        AND h.fp = s.fp AND h.n = s.n AND (p.waiting IS NULL OR NOT EXISTS
+         (SELECT FROM sync.outbox o WHERE o.replica = p.replica AND o.seq = p.waiting)))sql");
 
     // What can move: a report at the head that differs with no repair yet, or a repair whose
     // last message the replica confirmed and whose breaker is not holding it back. Reports of
     // replicas that are not live or of scopes they are not members of never join.
     auto rows = spi.query(
-        "SELECT m.replica, m.scope, sync.scope_name(s.match, s.value, s.partition), r.gen,"
-        " p.phase, p.ranges, h.ranges::text"
-        " FROM sync.member m"
-        " JOIN sync.replica r ON r.id = m.replica AND r.live"
-        " JOIN sync.scope s ON s.id = m.scope"
-        " JOIN sync.holding h ON h.replica = m.replica"
-        "  AND h.scope = sync.scope_name(s.match, s.value, s.partition)"
-        " LEFT JOIN sync.repair p ON p.replica = m.replica AND p.scope = m.scope"
-        " WHERE m.sent = s.head AND m.confirmed >= s.head AND h.through = s.head"
-        " AND CASE WHEN p.replica IS NULL THEN h.fp <> s.fp OR h.n <> s.n"
-        "  ELSE (p.storm_until IS NULL OR p.storm_until <= now())"
-        "  AND (p.waiting IS NULL OR NOT EXISTS (SELECT FROM sync.outbox o"
-        "   WHERE o.replica = p.replica AND o.seq = p.waiting)) END"
-        " ORDER BY m.replica, m.scope");
+        R"sql(
+        SELECT m.replica, m.scope, sync.scope_name(s.match, s.value, s.partition), r.gen,
+        p.phase, p.ranges, h.ranges::text
+        FROM sync.member m
+        JOIN sync.replica r ON r.id = m.replica AND r.live
+        JOIN sync.scope s ON s.id = m.scope
+        JOIN sync.holding h ON h.replica = m.replica
+         AND h.scope = sync.scope_name(s.match, s.value, s.partition)
+        LEFT JOIN sync.repair p ON p.replica = m.replica AND p.scope = m.scope
+        WHERE m.sent = s.head AND m.confirmed >= s.head AND h.through = s.head
+        AND CASE WHEN p.replica IS NULL THEN h.fp <> s.fp OR h.n <> s.n
+         ELSE (p.storm_until IS NULL OR p.storm_until <= now())
+         AND (p.waiting IS NULL OR NOT EXISTS (SELECT FROM sync.outbox o
+          WHERE o.replica = p.replica AND o.seq = p.waiting)) END
+        ORDER BY m.replica, m.scope)sql");
     int64_t written = 0;
     for (const auto& row : rows) {
         Target target;
@@ -453,8 +470,9 @@ int64_t plan_repairs(Spi& spi) {
         }
         if (target.phase.empty()) {
             spi.execute(
-                "INSERT INTO sync.repair (replica, scope, gen, head)"
-                " SELECT $1::uuid, id, $3::int, head FROM sync.scope WHERE id = $2::bigint",
+                R"sql(
+                INSERT INTO sync.repair (replica, scope, gen, head)
+                SELECT $1::uuid, id, $3::int, head FROM sync.scope WHERE id = $2::bigint)sql",
                 {Param::uuid(target.replica), target.scope, target.gen});
         }
         if (target.phase == "asking") {
