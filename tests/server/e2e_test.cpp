@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "server/deployment.hpp"
 #include "server/holdings.hpp"
 #include "server/pq.hpp"
 #include "server/process.hpp"
@@ -84,79 +85,51 @@ using Replica = ReplicaProcess;
 class EndToEnd : public ::testing::Test {
   protected:
     void SetUp() override {
-        cluster_ = std::make_unique<Cluster>(std::vector<std::string>{
-            "magic_sync.database = 'shop'", "magic_sync.idle = 100", "magic_sync.backoff = 200",
-            "magic_sync.backoff_max = 1000", "magic_sync.rows_per_message = 50"});
-        cluster_->create_database("shop");
-        cluster_->sql("shop", kShop);
-        db_ = std::make_unique<Connection>(cluster_->conninfo("shop"));
-        char pattern[] = "/tmp/magic_sync_e2e.XXXXXX";
-        directory_ = mkdtemp(pattern);
+        deployment_ = std::make_unique<Deployment>(
+            "e2e",
+            std::vector<std::string>{"magic_sync.idle = 100", "magic_sync.backoff = 200",
+                                     "magic_sync.backoff_max = 1000",
+                                     "magic_sync.rows_per_message = 50"},
+            "shop", kShop);
     }
     void TearDown() override {
-        sender_.reset();
         replicas_.clear();
         nats_.reset();
-        db_.reset();
-        cluster_.reset();
-        run("rm -rf " + directory_);
+        deployment_.reset();
     }
 
-    // The test's connection to the shop; made again after the server restarted under it.
-    Connection& db() {
-        if (!db_ || !db_->ok()) reconnect();
-        return *db_;
-    }
+    Connection& db() { return deployment_->db(); }
+    Cluster& cluster() { return deployment_->cluster(); }
+    const std::string& directory() const { return deployment_->directory(); }
+    std::unique_ptr<Process>& sender() { return deployment_->sender(); }
 
     // A new register of `store`; its replica process is started by start_replica.
     Replica& add_register(int n, int store) {
         db().query("INSERT INTO shop.registers (id, store_id) VALUES ($1::uuid, $2::int)",
                    {replica_id(n), std::to_string(store)});
-        Replica& replica = replicas_[n];
-        replica.id = replica_id(n);
-        replica.db = directory_ + "/" + replica.id + ".db";
-        return replica;
+        return replicas_[n] = deployment_->replica(replica_id(n));
     }
 
-    void start_http_replica(int n) {
-        Replica& replica = replicas_[n];
-        int port = free_port();
-        router_->route(replica.id, port);
-        replica.process = std::make_unique<Process>(
-            std::vector<std::string>{"build/bin/magic-sync-replica", "--id", replica.id, "--db",
-                                     replica.db, "serve", "--listen",
-                                     "127.0.0.1:" + std::to_string(port), "--up",
-                                     cluster_->conninfo("shop"), "--upload-every", "0.2"},
-            directory_ + "/" + replica.id + ".log");
-    }
+    void start_http_replica(int n) { deployment_->start_http_replica(replicas_[n]); }
 
     void start_nats_replica(int n) {
         Replica& replica = replicas_[n];
         replica.process = std::make_unique<Process>(
             std::vector<std::string>{"build/bin/magic-sync-replica", "--id", replica.id, "--db",
                                      replica.db, "nats", "--url", nats_url_, "--up",
-                                     cluster_->conninfo("shop"), "--upload-every", "0.2"},
-            directory_ + "/" + replica.id + ".log");
+                                     deployment_->conninfo(), "--upload-every", "0.2"},
+            directory() + "/" + replica.id + ".log");
     }
 
-    void start_http_sender() {
-        router_ = router_ ? std::move(router_) : std::make_unique<Router>();
-        sender_ = std::make_unique<Process>(
-            std::vector<std::string>{
-                "build/bin/magic-sync-sender", "--db", cluster_->conninfo("shop"), "--transport",
-                "http", "--url",
-                "http://127.0.0.1:" + std::to_string(router_->port()) + "/replicas/{replica}",
-                "--report", "0", "--send-timeout", "5"},
-            directory_ + "/sender.log");
-    }
+    void start_http_sender() { deployment_->start_http_sender(); }
 
     void start_nats() {
         int port = free_port();
         nats_url_ = "nats://127.0.0.1:" + std::to_string(port);
         nats_ = std::make_unique<Process>(
             std::vector<std::string>{nats_server(), "-js", "-a", "127.0.0.1", "-p",
-                                     std::to_string(port), "-sd", directory_ + "/nats"},
-            directory_ + "/nats.log");
+                                     std::to_string(port), "-sd", directory() + "/nats"},
+            directory() + "/nats.log");
         ASSERT_TRUE(eventually(
             [&] {
                 return run("bash -c 'exec 3<>/dev/tcp/127.0.0.1/" + std::to_string(port) +
@@ -167,12 +140,12 @@ class EndToEnd : public ::testing::Test {
     }
 
     void start_nats_sender() {
-        sender_ = std::make_unique<Process>(
-            std::vector<std::string>{"build/bin/magic-sync-sender", "--db",
-                                     cluster_->conninfo("shop"), "--transport", "nats",
-                                     "--nats-url", nats_url_, "--nats-create-stream", "--report",
-                                     "0", "--send-timeout", "5"},
-            directory_ + "/sender.log");
+        sender() = std::make_unique<Process>(
+            std::vector<std::string>{"build/bin/magic-sync-sender", "--db", deployment_->conninfo(),
+                                     "--transport", "nats", "--nats-url", nats_url_,
+                                     "--nats-create-stream", "--report", "0", "--send-timeout",
+                                     "5"},
+            directory() + "/sender.log");
     }
 
     // What the replica holds, in the form of kExpectedHoldings.
@@ -215,8 +188,8 @@ class EndToEnd : public ::testing::Test {
                       "\n  expected:\n" + expected(replica) + "\n  held:\n" + held(replica) + "\n";
         }
         report += "server drift: " + db().value(kServerDrift) + "\n";
-        report += "sender log:\n" + (sender_ ? sender_->log() : "") + "\n";
-        FAIL() << report << "server log:\n" << cluster_->log();
+        report += "sender log:\n" + (sender() ? sender()->log() : "") + "\n";
+        FAIL() << report << "server log:\n" << cluster().log();
     }
 
     void write_local(int n, const std::string& table, const std::string& json,
@@ -227,21 +200,6 @@ class EndToEnd : public ::testing::Test {
                               replica.db + " write " + table + " '" + json + "'";
         if (!key.empty()) command += " --key " + key;
         ASSERT_EQ(run(command, &output), 0) << output;
-    }
-
-    void reconnect() {
-        bool connected = eventually(
-            [&] {
-                try {
-                    db_ = std::make_unique<Connection>(cluster_->conninfo("shop"));
-                    db_->value("SELECT 1");
-                    return true;
-                } catch (const std::exception&) {
-                    return false;
-                }
-            },
-            60s);
-        if (!connected) throw std::runtime_error("the server did not come back");
     }
 
     // Waits until the relay runs again after a crash, on a new backend.
@@ -256,14 +214,10 @@ class EndToEnd : public ::testing::Test {
                 }
             },
             60s))
-            << cluster_->log();
+            << cluster().log();
     }
 
-    std::unique_ptr<Cluster> cluster_;
-    std::unique_ptr<Connection> db_;
-    std::string directory_;
-    std::unique_ptr<Router> router_;
-    std::unique_ptr<Process> sender_;
+    std::unique_ptr<Deployment> deployment_;
     std::unique_ptr<Process> nats_;
     std::string nats_url_;
     std::map<int, Replica> replicas_;
@@ -340,19 +294,19 @@ TEST_F(EndToEnd, OverHttpThroughChangesMovesUploadsCutsAndKills) {
         << "the relay did not take the count for the register's own, as it holds it";
 
     // A cut line: register 4 backs off while the others carry on; healed, it catches up.
-    router_->cut(replica_id(4), true);
+    deployment_->router().cut(replica_id(4), true);
     db().query("UPDATE shop.products SET price = price + 1 WHERE id BETWEEN 11 AND 20");
     converge("changes while register 4's line is cut", 4);
     EXPECT_TRUE(eventually([&] {
         return db().value("SELECT last_error IS NOT NULL FROM sync.replica WHERE id = $1::uuid",
                           {replica_id(4)}) == "t";
     }));
-    router_->cut(replica_id(4), false);
+    deployment_->router().cut(replica_id(4), false);
     converge("the line healed");
 
     // kill -9 of the sender in the middle of traffic, then a new one.
     db().query("UPDATE shop.products SET price = price + 0.01");
-    sender_->stop(SIGKILL);
+    sender()->stop(SIGKILL);
     start_http_sender();
     converge("kill -9 of the sender");
 
@@ -373,8 +327,8 @@ TEST_F(EndToEnd, OverHttpThroughChangesMovesUploadsCutsAndKills) {
     // An immediate restart of PostgreSQL itself in the middle of traffic.
     db().query("UPDATE shop.products SET price = price + 0.04");
     relay = db().value("SELECT sync.relay_lock_holder()");
-    cluster_->stop("immediate");
-    cluster_->start();
+    cluster().stop("immediate");
+    cluster().start();
     await_relay_other_than(relay);
     db().query("UPDATE shop.products SET name = name || '.' WHERE id <= 5");
     converge("an immediate restart of PostgreSQL");
@@ -402,7 +356,7 @@ TEST_F(EndToEnd, OverNatsJetStream) {
     }));
     converge("an upload over NATS");
     db().query("UPDATE shop.products SET price = price + 1");
-    sender_->stop(SIGKILL);
+    sender()->stop(SIGKILL);
     start_nats_sender();
     replicas_[1].process->stop(SIGKILL);
     replicas_[1].process->start();

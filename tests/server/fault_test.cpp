@@ -33,6 +33,7 @@
 #include <thread>
 #include <vector>
 
+#include "server/deployment.hpp"
 #include "server/holdings.hpp"
 #include "server/pq.hpp"
 #include "server/process.hpp"
@@ -206,36 +207,36 @@ class Fault : public ::testing::Test {
   protected:
     // Keeps the ids of the postmaster and of every process started, for stop_what_was_started.
     void watch() {
-        std::ifstream pidfile(cluster_->directory() + "/data/postmaster.pid");
+        std::ifstream pidfile(cluster().directory() + "/data/postmaster.pid");
         pid_t postmaster = -1;
         if (pidfile >> postmaster) watched_postmaster = postmaster;
         size_t i = 0;
         for (auto& [n, replica] : replicas_)
             if (replica.process) watched[i++] = replica.process->pid();
-        if (sender_) watched[i++] = sender_->pid();
+        if (sender()) watched[i++] = sender()->pid();
         snprintf(watched_directories[0], sizeof watched_directories[0], "%s",
-                 cluster_->directory().c_str());
-        snprintf(watched_directories[1], sizeof watched_directories[1], "%s", directory_.c_str());
+                 cluster().directory().c_str());
+        snprintf(watched_directories[1], sizeof watched_directories[1], "%s",
+                 deployment_->directory().c_str());
     }
 
     void SetUp() override {
         for (int signal : {SIGTERM, SIGINT, SIGHUP}) ::signal(signal, stop_what_was_started);
         rounds_ = env_int("MAGIC_SYNC_SOAK_ROUNDS", 1);
         load_ms_ = env_int("MAGIC_SYNC_SOAK_LOAD_MS", 1500);
-        cluster_ = std::make_unique<Cluster>(std::vector<std::string>{
-            "magic_sync.database = 'shop'", "magic_sync.idle = 100", "magic_sync.backoff = 200",
-            "magic_sync.backoff_max = 1000",
-            "magic_sync.rows_per_message = " + std::to_string(kRowsPerMessage),
-            "magic_sync.window = " + std::to_string(kWindow),
-            "magic_sync.max_refusals = " + std::to_string(kMaxRefusals), "max_connections = 200",
-            "restart_after_crash = on"});
-        cluster_->create_database("shop");
-        cluster_->sql("shop", kShop);
-        char pattern[] = "/tmp/magic_sync_fault.XXXXXX";
-        directory_ = mkdtemp(pattern);
+        deployment_ = std::make_unique<Deployment>(
+            "fault",
+            std::vector<std::string>{
+                "magic_sync.idle = 100", "magic_sync.backoff = 200",
+                "magic_sync.backoff_max = 1000",
+                "magic_sync.rows_per_message = " + std::to_string(kRowsPerMessage),
+                "magic_sync.window = " + std::to_string(kWindow),
+                "magic_sync.max_refusals = " + std::to_string(kMaxRefusals),
+                "max_connections = 200", "restart_after_crash = on"},
+            "shop", kShop);
         watch();
-        router_ = std::make_unique<Router>();
-        router_->observe([this](const std::string& replica, const std::string& message) {
+        deployment_->router().observe([this](const std::string& replica,
+                                             const std::string& message) {
             long gen = 0, seq = 0;
             try {
                 auto parsed = nlohmann::json::parse(message);
@@ -252,25 +253,10 @@ class Fault : public ::testing::Test {
         for (int n = 1; n <= kReplicas; ++n) {
             db().query("INSERT INTO shop.registers (id, store_id) VALUES ($1::uuid, $2::int)",
                        {replica_id(n), std::to_string((n - 1) % kStores + 1)});
-            ReplicaProcess& replica = replicas_[n];
-            replica.id = replica_id(n);
-            replica.db = directory_ + "/" + replica.id + ".db";
-            ports_[n] = free_port();
-            router_->route(replica.id, ports_[n]);
-            replica.process = std::make_unique<Process>(
-                std::vector<std::string>{"build/bin/magic-sync-replica", "--id", replica.id, "--db",
-                                         replica.db, "serve", "--listen",
-                                         "127.0.0.1:" + std::to_string(ports_[n]), "--up",
-                                         cluster_->conninfo("shop"), "--upload-every", "0.5"},
-                directory_ + "/" + replica.id + ".log");
+            ReplicaProcess& replica = replicas_[n] = deployment_->replica(replica_id(n));
+            ports_[n] = deployment_->start_http_replica(replica, {}, "0.5");
         }
-        sender_ = std::make_unique<Process>(
-            std::vector<std::string>{
-                "build/bin/magic-sync-sender", "--db", cluster_->conninfo("shop"), "--transport",
-                "http", "--url",
-                "http://127.0.0.1:" + std::to_string(router_->port()) + "/replicas/{replica}",
-                "--report", "0", "--send-timeout", "5", "--lease", "8"},
-            directory_ + "/sender.log");
+        deployment_->start_http_sender({"--lease", "8"});
         watch();
         writer_ = std::thread([this] { load(); });
     }
@@ -280,13 +266,9 @@ class Fault : public ::testing::Test {
         if (!outcomes_.empty()) print_table();
         stop_load_ = true;
         if (writer_.joinable()) writer_.join();
-        sender_.reset();
         replicas_.clear();
-        router_.reset();
         refuser_.reset();
-        db_.reset();
-        cluster_.reset();
-        run("rm -rf " + directory_);
+        deployment_.reset();
         watched_postmaster = -1;
         for (pid_t& pid : watched) pid = -1;
         for (char* directory : watched_directories) directory[0] = 0;
@@ -336,25 +318,12 @@ class Fault : public ::testing::Test {
         std::this_thread::sleep_for(std::chrono::milliseconds(load_ms_));
     }
 
-    std::string conninfo_shop() const { return cluster_->conninfo("shop"); }
+    std::string conninfo_shop() const { return deployment_->conninfo(); }
+    Cluster& cluster() { return deployment_->cluster(); }
+    std::unique_ptr<Process>& sender() { return deployment_->sender(); }
 
     // The test's own connection; made again after the server restarted under it.
-    Connection& db() {
-        if (db_ && db_->ok()) return *db_;
-        bool connected = eventually(
-            [&] {
-                try {
-                    db_ = std::make_unique<Connection>(conninfo_shop());
-                    db_->value("SELECT 1");
-                    return true;
-                } catch (const std::exception&) {
-                    return false;
-                }
-            },
-            60s);
-        if (!connected) throw std::runtime_error("the server did not come back");
-        return *db_;
-    }
+    Connection& db() { return deployment_->db(); }
     // A query that may meet the server restarting: tried again on a new connection.
     std::string value(const std::string& sql, const std::vector<std::string>& params = {}) {
         for (int attempt = 0;; ++attempt) {
@@ -362,7 +331,7 @@ class Fault : public ::testing::Test {
                 return db().value(sql, params);
             } catch (const std::exception&) {
                 if (attempt >= 300) throw;
-                db_.reset();
+                deployment_->disconnect();
                 std::this_thread::sleep_for(200ms);
             }
         }
@@ -384,7 +353,7 @@ class Fault : public ::testing::Test {
                 }
             },
             60s))
-            << cluster_->log();
+            << cluster().log();
     }
 
     std::string held(int n) {
@@ -519,8 +488,8 @@ class Fault : public ::testing::Test {
                   ", server drift: " + value(kServerDrift) +
                   ", rows missing at replicas: " + std::to_string(lost) +
                   ", sales not filed: " + std::to_string(sales_missing(skip)) + "\nsender log:\n" +
-                  sender_->log();
-        ADD_FAILURE() << report << "\nserver log:\n" << cluster_->log();
+                  sender()->log();
+        ADD_FAILURE() << report << "\nserver log:\n" << cluster().log();
         return -1;
     }
 
@@ -578,12 +547,8 @@ class Fault : public ::testing::Test {
 
     int rounds_ = 1;
     int load_ms_ = 1500;
-    std::unique_ptr<Cluster> cluster_;
-    std::unique_ptr<Connection> db_;
-    std::string directory_;
-    std::unique_ptr<Router> router_;
+    std::unique_ptr<Deployment> deployment_;
     std::unique_ptr<Refuser> refuser_;
-    std::unique_ptr<Process> sender_;
     std::map<int, ReplicaProcess> replicas_;
     std::map<int, int> ports_;
 
@@ -632,9 +597,9 @@ TEST_F(Fault, EveryReplicaConvergesAfterEachFaultUnderLoad) {
             long again = redelivered();
             write_sales(victim(1), 3);
             keep_loading();
-            sender_->stop(SIGKILL);
+            sender()->stop(SIGKILL);
             std::this_thread::sleep_for(500ms);
-            sender_->start();
+            sender()->start();
             watch();
             auto healed = Clock::now();
             keep_loading();
@@ -666,11 +631,11 @@ TEST_F(Fault, EveryReplicaConvergesAfterEachFaultUnderLoad) {
             write_sales(victim(4), 3);
             keep_loading();
             std::string pid = relay_pid();
-            cluster_->stop("immediate");
-            db_.reset();
+            cluster().stop("immediate");
+            deployment_->disconnect();
             write_sales(victim(5), 2);  // while the server is down
             std::this_thread::sleep_for(1s);
-            cluster_->start();
+            cluster().start();
             watch();
             await_relay_other_than(pid);
             auto healed = Clock::now();
@@ -682,7 +647,7 @@ TEST_F(Fault, EveryReplicaConvergesAfterEachFaultUnderLoad) {
             for (int k = 6; cut.size() < 5; ++k) cut.insert(victim(k));
             auto before = taken();
             long again = redelivered();
-            for (int n : cut) router_->cut(replica_id(n), true);
+            for (int n : cut) deployment_->router().cut(replica_id(n), true);
             for (int n : cut) write_sales(n, 1);
             keep_loading();
             await_others_progress(before, cut, "cut lines");
@@ -693,7 +658,7 @@ TEST_F(Fault, EveryReplicaConvergesAfterEachFaultUnderLoad) {
                                 " WHERE id = $1::uuid",
                                 {replica_id(n)}),
                           "t");
-            for (int n : cut) router_->cut(replica_id(n), false);
+            for (int n : cut) deployment_->router().cut(replica_id(n), false);
             auto healed = Clock::now();
             keep_loading();
             record("5 lines cut and healed" + r, healed, before, again, cut);
@@ -731,7 +696,7 @@ TEST_F(Fault, EveryReplicaConvergesAfterEachFaultUnderLoad) {
             long again = redelivered();
             std::string gen =
                 value("SELECT gen FROM sync.replica WHERE id = $1::uuid", {replica_id(n)});
-            router_->route(replica_id(n), refuser_->port());
+            deployment_->router().route(replica_id(n), refuser_->port());
             write_sales(n, 2);
             keep_loading();
             ASSERT_TRUE(eventually(
@@ -741,15 +706,15 @@ TEST_F(Fault, EveryReplicaConvergesAfterEachFaultUnderLoad) {
                 },
                 60s))
                 << "replica " << n << " was not provisioned again\n"
-                << cluster_->log();
-            EXPECT_NE(cluster_->log().find("WARNING:  magic_sync relay: replica " + replica_id(n) +
+                << cluster().log();
+            EXPECT_NE(cluster().log().find("WARNING:  magic_sync relay: replica " + replica_id(n) +
                                            " is provisioned again: its messages were refused " +
                                            std::to_string(kMaxRefusals) + " times"),
                       std::string::npos);
             await_others_progress(before, {n}, "a replica refusing everything");
             converge("the others while replica " + std::to_string(n) + " refuses", {n});
             long others = others_taken_since(before, {n});
-            router_->route(replica_id(n), ports_[n]);
+            deployment_->router().route(replica_id(n), ports_[n]);
             auto healed = Clock::now();
             keep_loading();
             record("replica " + std::to_string(n) + " refusing everything (400)" + r, healed,

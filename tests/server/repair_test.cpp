@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "server/deployment.hpp"
 #include "server/drift.hpp"
 #include "server/holdings.hpp"
 #include "server/pq.hpp"
@@ -52,63 +53,35 @@ using Register = ReplicaProcess;
 class Repair : public ::testing::Test {
   protected:
     void SetUp() override {
-        cluster_ = std::make_unique<Cluster>(std::vector<std::string>{
-            "magic_sync.database = 'shop'", "magic_sync.idle = 100", "magic_sync.backoff = 200",
-            "magic_sync.backoff_max = 1000", "log_min_messages = log"});
-        cluster_->create_database("shop");
-        cluster_->sql("shop", kShop);
-        db_ = std::make_unique<Connection>(cluster_->conninfo("shop"));
-        char pattern[] = "/tmp/magic_sync_repair.XXXXXX";
-        directory_ = mkdtemp(pattern);
-        router_ = std::make_unique<Router>();
-        sender_ = std::make_unique<Process>(
-            std::vector<std::string>{
-                "build/bin/magic-sync-sender", "--db", cluster_->conninfo("shop"), "--transport",
-                "http", "--url",
-                "http://127.0.0.1:" + std::to_string(router_->port()) + "/replicas/{replica}",
-                "--report", "0", "--send-timeout", "5"},
-            directory_ + "/sender.log");
+        deployment_ = std::make_unique<Deployment>(
+            "repair",
+            std::vector<std::string>{"magic_sync.idle = 100", "magic_sync.backoff = 200",
+                                     "magic_sync.backoff_max = 1000", "log_min_messages = log"},
+            "shop", kShop);
+        deployment_->start_http_sender();
     }
     void TearDown() override {
-        sender_.reset();
         registers_.clear();
-        router_.reset();
-        db_.reset();
-        cluster_.reset();
-        run("rm -rf " + directory_);
+        deployment_.reset();
     }
 
-    Connection& db() { return *db_; }
+    Connection& db() { return deployment_->db(); }
+    Cluster& cluster() { return deployment_->cluster(); }
 
     Register& add_register(int n, const std::vector<std::string>& faults = {}) {
         db().query("INSERT INTO shop.registers (id) VALUES ($1::uuid)", {replica_id(n)});
-        Register& r = registers_[n];
-        r.id = replica_id(n);
-        r.db = directory_ + "/" + r.id + ".db";
-        int port = free_port();
-        router_->route(r.id, port);
-        std::vector<std::string> arguments{"build/bin/magic-sync-replica", "--id", r.id, "--db",
-                                           r.db};
+        Register& r = registers_[n] = deployment_->replica(replica_id(n));
+        std::vector<std::string> options;
         for (const std::string& table : faults) {
-            arguments.push_back("--refuse-table");
-            arguments.push_back(table);
+            options.push_back("--refuse-table");
+            options.push_back(table);
         }
-        for (const char* a : {"serve", "--listen"}) arguments.push_back(a);
-        arguments.push_back("127.0.0.1:" + std::to_string(port));
-        arguments.push_back("--up");
-        arguments.push_back(cluster_->conninfo("shop"));
-        arguments.push_back("--upload-every");
-        arguments.push_back("0.2");
-        r.process = std::make_unique<Process>(arguments, directory_ + "/" + r.id + ".log");
+        deployment_->start_http_replica(r, options);
         return r;
     }
 
-    std::string replica_cli(const Register& r) {
-        return "build/bin/magic-sync-replica --id " + r.id + " --db " + r.db;
-    }
-
-    // What the replica holds, in the form of kExpectedHoldings.
-    std::string held(const Register& r) { return held_by(replica_cli(r)); }
+    std::string replica_cli(const Register& r) { return Deployment::replica_cli(r); }
+    std::string held(const Register& r) { return Deployment::held(r); }
 
     std::string expected(const Register& r) { return db().value(kExpectedHoldings, {r.id}); }
 
@@ -151,23 +124,21 @@ class Repair : public ::testing::Test {
         report += "repairs: " +
                   db().value("SELECT string_agg(row_to_json(p)::text, E'\\n') FROM sync.repair p") +
                   "\n";
-        FAIL() << report << "server log:\n" << cluster_->log().substr(0, 20000);
+        FAIL() << report << "server log:\n" << cluster().log().substr(0, 20000);
     }
 
     // Stops the register, edits its file (tests/server/drift.hpp), starts it again. The drift is
     // seen while the register is stopped: once it runs, a small repair may finish before a look.
     void drift(Register& r, const std::string& statements) {
         r.process->stop();
-        ASSERT_EQ(inject_drift(replica_cli(r), r.db, statements, directory_ + "/drift.sql"), "");
+        ASSERT_EQ(
+            inject_drift(replica_cli(r), r.db, statements, deployment_->directory() + "/drift.sql"),
+            "");
         ASSERT_TRUE(held(r) != expected(r)) << "the drift changed nothing";
         r.process->start();
     }
 
-    std::unique_ptr<Cluster> cluster_;
-    std::unique_ptr<Connection> db_;
-    std::string directory_;
-    std::unique_ptr<Router> router_;
-    std::unique_ptr<Process> sender_;
+    std::unique_ptr<Deployment> deployment_;
     std::map<int, Register> registers_;
 };
 
@@ -270,7 +241,7 @@ TEST_F(Repair, AWithheldRowIsNotChased) {
     std::mutex mutex;
     size_t largest = 0;
     int repairs = 0;
-    router_->observe([&](const std::string&, const std::string& message) {
+    deployment_->router().observe([&](const std::string&, const std::string& message) {
         std::lock_guard<std::mutex> lock(mutex);
         largest = std::max(largest, message.size());
         if (message.find("\"kind\":\"repair\"") != std::string::npos) ++repairs;
@@ -348,11 +319,11 @@ TEST_F(Repair, ReplicaThatCannotTakeARowTripsTheBreaker) {
         << db().value("SELECT format('%s %s', last_pass_at, last_pass) FROM sync.relay_state")
         << "\nreplica log:\n"
         << tail(refusing.process->log()) << "\nsender log:\n"
-        << tail(sender_->log())
-        << cluster_->log().substr(cluster_->log().size() > 20000 ? cluster_->log().size() - 20000
+        << tail(deployment_->sender()->log())
+        << cluster().log().substr(cluster().log().size() > 20000 ? cluster().log().size() - 20000
                                                                  : 0);
     // Logged once, naming the scope and its tables.
-    std::string log = cluster_->log();
+    std::string log = cluster().log();
     EXPECT_NE(log.find("repair storm: replica " + refusing.id + " scope \"all\""),
               std::string::npos)
         << log;
@@ -363,8 +334,8 @@ TEST_F(Repair, ReplicaThatCannotTakeARowTripsTheBreaker) {
     EXPECT_EQ(next_seq(refusing), seq);
     EXPECT_EQ(sync_state(refusing), "storm");
     size_t storms = 0;
-    for (size_t at = cluster_->log().find("repair storm"); at != std::string::npos;
-         at = cluster_->log().find("repair storm", at + 1))
+    for (size_t at = cluster().log().find("repair storm"); at != std::string::npos;
+         at = cluster().log().find("repair storm", at + 1))
         ++storms;
     EXPECT_EQ(storms, 1u);
     // The healthy one is in sync and holds what it should.

@@ -1,0 +1,147 @@
+// One deployment of magic_sync for the server tests: a throwaway cluster with magic_sync preloaded
+// (the relay worker running by itself) and the test's database, a work directory for the
+// processes' files and logs, a router of the test's own between the sender and the replicas
+// (which can cut a replica's line, and sees every delivery), and the real programs:
+// magic-sync-sender over http and magic-sync-replica processes serving http. Everything it
+// started stops, and its directory goes, when it is destroyed.
+#pragma once
+
+#include <unistd.h>
+
+#include <chrono>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "server/holdings.hpp"
+#include "server/pq.hpp"
+#include "server/process.hpp"
+#include "server/router.hpp"
+#include "support/cluster.hpp"
+
+namespace magic_sync::test {
+
+class Deployment {
+  public:
+    // A cluster with `settings` and `database` made by `schema`; `name` names the work directory.
+    Deployment(const std::string& name, std::vector<std::string> settings,
+               const std::string& database, const std::string& schema)
+        : database_(database) {
+        settings.insert(settings.begin(), "magic_sync.database = '" + database + "'");
+        cluster_ = std::make_unique<Cluster>(settings);
+        cluster_->create_database(database);
+        cluster_->sql(database, schema);
+        std::string pattern = "/tmp/magic_sync_" + name + ".XXXXXX";
+        if (mkdtemp(pattern.data()) == nullptr)
+            throw std::runtime_error("no work directory for " + name);
+        directory_ = pattern;
+    }
+    ~Deployment() {
+        sender_.reset();
+        router_.reset();
+        db_.reset();
+        cluster_.reset();
+        run("rm -rf " + directory_);
+    }
+    Deployment(const Deployment&) = delete;
+    Deployment& operator=(const Deployment&) = delete;
+
+    Cluster& cluster() { return *cluster_; }
+    const std::string& directory() const { return directory_; }
+    std::string conninfo() const { return cluster_->conninfo(database_); }
+
+    // The test's connection to its database; made again after the server restarted under it.
+    Connection& db() {
+        if (!db_ || !db_->ok()) reconnect();
+        return *db_;
+    }
+
+    // Connects again, waiting up to a minute for the server to come back.
+    void reconnect() {
+        bool connected = eventually(
+            [&] {
+                try {
+                    db_ = std::make_unique<Connection>(conninfo());
+                    db_->value("SELECT 1");
+                    return true;
+                } catch (const std::exception&) {
+                    return false;
+                }
+            },
+            std::chrono::seconds(60));
+        if (!connected) throw std::runtime_error("the server did not come back");
+    }
+
+    // Drops the test's connection (the next db() connects again).
+    void disconnect() { db_.reset(); }
+
+    // The router, made on first use.
+    Router& router() {
+        if (!router_) router_ = std::make_unique<Router>();
+        return *router_;
+    }
+
+    // magic-sync-sender over http through the router, with `options` after the usual ones.
+    void start_http_sender(const std::vector<std::string>& options = {}) {
+        std::vector<std::string> arguments{
+            "build/bin/magic-sync-sender",
+            "--db",
+            conninfo(),
+            "--transport",
+            "http",
+            "--url",
+            "http://127.0.0.1:" + std::to_string(router().port()) + "/replicas/{replica}",
+            "--report",
+            "0",
+            "--send-timeout",
+            "5"};
+        arguments.insert(arguments.end(), options.begin(), options.end());
+        sender_ = std::make_unique<Process>(arguments, directory_ + "/sender.log");
+    }
+    // The sender's process, when it was started (stopped with stop_sender, or replaced).
+    std::unique_ptr<Process>& sender() { return sender_; }
+
+    // A replica of id `id` whose file is in the work directory; no process yet.
+    ReplicaProcess replica(const std::string& id) const {
+        ReplicaProcess replica;
+        replica.id = id;
+        replica.db = directory_ + "/" + id + ".db";
+        return replica;
+    }
+
+    // Starts the replica's process serving http behind the router on a free port, uploading to
+    // the database every `upload_every` seconds; `options` go before `serve`. Returns its port.
+    int start_http_replica(ReplicaProcess& replica, const std::vector<std::string>& options = {},
+                           const std::string& upload_every = "0.2") {
+        const int port = free_port();
+        router().route(replica.id, port);
+        std::vector<std::string> arguments{"build/bin/magic-sync-replica", "--id", replica.id,
+                                           "--db", replica.db};
+        arguments.insert(arguments.end(), options.begin(), options.end());
+        for (const std::string& argument :
+             {std::string("serve"), std::string("--listen"), "127.0.0.1:" + std::to_string(port),
+              std::string("--up"), conninfo(), std::string("--upload-every"), upload_every})
+            arguments.push_back(argument);
+        replica.process =
+            std::make_unique<Process>(arguments, directory_ + "/" + replica.id + ".log");
+        return port;
+    }
+
+    // The replica program's command line for the replica's file.
+    static std::string replica_cli(const ReplicaProcess& replica) {
+        return "build/bin/magic-sync-replica --id " + replica.id + " --db " + replica.db;
+    }
+    // What the replica's file holds, in the form of kExpectedHoldings.
+    static std::string held(const ReplicaProcess& replica) { return held_by(replica_cli(replica)); }
+
+  private:
+    std::string database_;
+    std::unique_ptr<Cluster> cluster_;
+    std::string directory_;
+    std::unique_ptr<Connection> db_;
+    std::unique_ptr<Router> router_;
+    std::unique_ptr<Process> sender_;
+};
+
+}  // namespace magic_sync::test
