@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "server/deployment.hpp"
 #include "server/holdings.hpp"
 #include "server/pq.hpp"
 #include "server/process.hpp"
@@ -31,60 +32,38 @@ double percentile(std::vector<double> values, double p) {
     return values[static_cast<size_t>(p * (values.size() - 1) + 0.5)];
 }
 
+const char* const kShop = R"sql(
+    CREATE TABLE registers (id uuid PRIMARY KEY, active boolean NOT NULL DEFAULT true);
+    CREATE TABLE products (id int PRIMARY KEY, name text NOT NULL, price numeric(10, 2));
+    SELECT sync.replicas('registers', 'registers', live => 'active');
+    SELECT sync.catalog('products');
+    INSERT INTO products SELECT i, 'product ' || i, i FROM generate_series(1, 10000) i;
+)sql";
+
 struct Rig {
-    explicit Rig(int replicas) {
-        cluster = std::make_unique<Cluster>(
-            std::vector<std::string>{"magic_sync.database = 'shop'", "max_connections = 200"});
-        cluster->create_database("shop");
-        cluster->sql("shop", R"sql(
-            CREATE TABLE registers (id uuid PRIMARY KEY, active boolean NOT NULL DEFAULT true);
-            CREATE TABLE products (id int PRIMARY KEY, name text NOT NULL, price numeric(10, 2));
-            SELECT sync.replicas('registers', 'registers', live => 'active');
-            SELECT sync.catalog('products');
-            INSERT INTO products SELECT i, 'product ' || i, i FROM generate_series(1, 10000) i;
-        )sql");
-        char pattern[] = "/tmp/magic_sync_bench.XXXXXX";
-        directory = mkdtemp(pattern);
-        router.observe([this](const std::string&, const std::string& message) {
+    explicit Rig(int replicas) : deployment("bench", {"max_connections = 200"}, "shop", kShop) {
+        deployment.router().observe([this](const std::string&, const std::string& message) {
             std::lock_guard<std::mutex> lock(mutex);
             ++taken;
             for (auto& [marker, seen] : waiting)
                 if (!seen && message.find(marker) != std::string::npos) seen = true;
             changed.notify_all();
         });
-        db = std::make_unique<Connection>(cluster->conninfo("shop"));
         for (int n = 1; n <= replicas; ++n) {
             std::string id = replica_id(n);
-            db->query("INSERT INTO registers (id) VALUES ($1::uuid)", {id});
-            int port = free_port();
-            router.route(id, port);
-            processes.push_back(std::make_unique<Process>(
-                std::vector<std::string>{"build/bin/magic-sync-replica", "--id", id, "--db",
-                                         directory + "/" + id + ".db", "serve", "--listen",
-                                         "127.0.0.1:" + std::to_string(port)},
-                directory + "/" + id + ".log"));
+            deployment.db().query("INSERT INTO registers (id) VALUES ($1::uuid)", {id});
+            deployment.start_http_replica(processes.emplace_back(deployment.replica(id)), {}, "");
         }
-        processes.push_back(std::make_unique<Process>(
-            std::vector<std::string>{
-                "build/bin/magic-sync-sender", "--db", cluster->conninfo("shop"), "--transport",
-                "http", "--url",
-                "http://127.0.0.1:" + std::to_string(router.port()) + "/replicas/{replica}",
-                "--report", "0", "--concurrency", "64"},
-            directory + "/sender.log"));
+        deployment.start_http_sender({"--concurrency", "64"});
         drained(std::chrono::minutes(10));
     }
-    ~Rig() {
-        processes.clear();
-        db.reset();
-        cluster.reset();
-        run("rm -rf " + directory);
-    }
+    ~Rig() { processes.clear(); }
 
     // Every replica took everything: nothing noted, no cursor behind, nothing unsent.
     bool drained(std::chrono::milliseconds timeout) {
         return eventually(
             [&] {
-                return db->value(
+                return deployment.db().value(
                            "SELECT (SELECT count(*) FROM sync.note) +"
                            " (SELECT count(*) FROM sync.member m JOIN sync.scope s"
                            "  ON s.id = m.scope WHERE m.sent < s.head) +"
@@ -110,11 +89,8 @@ struct Rig {
                     : -1;
     }
 
-    std::unique_ptr<Cluster> cluster;
-    std::unique_ptr<Connection> db;
-    std::string directory;
-    Router router;
-    std::vector<std::unique_ptr<Process>> processes;
+    Deployment deployment;
+    std::vector<ReplicaProcess> processes;
     std::mutex mutex;
     std::condition_variable changed;
     std::map<std::string, bool> waiting;
@@ -122,7 +98,7 @@ struct Rig {
 };
 
 void latency(Rig& rig, const char* label, int samples) {
-    Connection writer(rig.cluster->conninfo("shop"));
+    Connection writer(rig.deployment.conninfo());
     std::vector<double> values;
     int missed = 0;
     for (int i = 0; i < samples; ++i) {
@@ -155,7 +131,7 @@ int main(int argc, char** argv) {
         latency(one, "worker idle", samples);
         std::atomic<bool> stop{false};
         std::thread load([&] {
-            Connection writer(one.cluster->conninfo("shop"));
+            Connection writer(one.deployment.conninfo());
             int i = 0;
             while (!stop) {
                 writer.query("UPDATE products SET price = price + 0.01 WHERE id = $1::int",
@@ -174,7 +150,8 @@ int main(int argc, char** argv) {
         many.taken = 0;
     }
     auto start = Clock::now();
-    many.db->query("UPDATE products SET price = price + 1 WHERE id <= " + std::to_string(rows));
+    many.deployment.db().query("UPDATE products SET price = price + 1 WHERE id <= " +
+                               std::to_string(rows));
     if (!many.drained(std::chrono::minutes(10))) {
         std::printf("the fan-out did not drain\n");
         return 1;

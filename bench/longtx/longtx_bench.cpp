@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "server/deployment.hpp"
 #include "server/holdings.hpp"
 #include "server/pq.hpp"
 #include "server/process.hpp"
@@ -31,60 +32,45 @@ using Clock = std::chrono::steady_clock;
 constexpr int kProducts = 5000;
 int rows_per_round = 2000;
 
+const char* const kShop = R"sql(
+    CREATE TABLE registers (id uuid PRIMARY KEY, active boolean NOT NULL DEFAULT true);
+    CREATE TABLE products (id int PRIMARY KEY, name text NOT NULL, price numeric(10, 2));
+    SELECT sync.replicas('registers', 'registers', live => 'active');
+    SELECT sync.catalog('products');
+    INSERT INTO products SELECT i, 'product ' || i, i FROM generate_series(1, 5000) i;
+)sql";
+
 struct Rig {
-    explicit Rig(int replicas) : replicas(replicas) {
-        cluster = std::make_unique<Cluster>(
-            std::vector<std::string>{"magic_sync.database = 'shop'", "max_connections = 100",
-                                     // Autovacuum as eager as it gets: what it cannot remove is the
-                                     // long transaction's doing.
-                                     "autovacuum_naptime = '5s'", "magic_sync.prune_every = '5s'"});
-        cluster->create_database("shop");
-        cluster->sql("shop", R"sql(
-            CREATE TABLE registers (id uuid PRIMARY KEY, active boolean NOT NULL DEFAULT true);
-            CREATE TABLE products (id int PRIMARY KEY, name text NOT NULL, price numeric(10, 2));
-            SELECT sync.replicas('registers', 'registers', live => 'active');
-            SELECT sync.catalog('products');
-            INSERT INTO products SELECT i, 'product ' || i, i FROM generate_series(1, 5000) i;
-        )sql");
-        char pattern[] = "/tmp/magic_sync_longtx.XXXXXX";
-        directory = mkdtemp(pattern);
-        db = std::make_unique<Connection>(cluster->conninfo("shop"));
+    explicit Rig(int replicas)
+        : replicas(replicas),
+          deployment("longtx",
+                     {"max_connections = 100",
+                      // Autovacuum as eager as it gets: what it cannot remove is the long
+                      // transaction's doing.
+                      "autovacuum_naptime = '5s'", "magic_sync.prune_every = '5s'"},
+                     "shop", kShop) {
         for (int n = 1; n <= replicas; ++n) {
             std::string id = replica_id(n);
-            db->query("INSERT INTO registers (id) VALUES ($1::uuid)", {id});
-            int port = free_port();
-            router.route(id, port);
-            processes.push_back(std::make_unique<Process>(
-                std::vector<std::string>{"build/bin/magic-sync-replica", "--id", id, "--db",
-                                         directory + "/" + id + ".db", "serve", "--listen",
-                                         "127.0.0.1:" + std::to_string(port), "--up",
-                                         cluster->conninfo("shop"), "--upload-every", "1"},
-                directory + "/" + id + ".log"));
+            db().query("INSERT INTO registers (id) VALUES ($1::uuid)", {id});
+            deployment.start_http_replica(processes.emplace_back(deployment.replica(id)), {}, "1");
         }
-        processes.push_back(std::make_unique<Process>(
-            std::vector<std::string>{
-                "build/bin/magic-sync-sender", "--db", cluster->conninfo("shop"), "--transport",
-                "http", "--url",
-                "http://127.0.0.1:" + std::to_string(router.port()) + "/replicas/{replica}",
-                "--report", "0"},
-            directory + "/sender.log"));
+        deployment.start_http_sender();
         if (!drained(std::chrono::minutes(5))) throw std::runtime_error("provisioning stalled");
-        writer = std::make_unique<Connection>(cluster->conninfo("shop"));
+        writer = std::make_unique<Connection>(deployment.conninfo());
     }
     ~Rig() {
         holder.reset();
         writer.reset();
         processes.clear();
-        db.reset();
-        cluster.reset();
-        run("rm -rf " + directory);
     }
+
+    Connection& db() { return deployment.db(); }
 
     // Every replica was sent everything: nothing noted, no cursor behind, nothing unsent.
     bool drained(std::chrono::milliseconds timeout) {
         return eventually(
             [&] {
-                return db->value(
+                return db().value(
                            "SELECT (SELECT count(*) FROM sync.note) +"
                            " (SELECT count(*) FROM sync.member m JOIN sync.scope s"
                            "  ON s.id = m.scope WHERE m.sent < s.head) +"
@@ -94,8 +80,8 @@ struct Rig {
     }
 
     std::string dead(const std::string& table) {
-        return db->value("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = $1::regclass",
-                         {table});
+        return db().value("SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = $1::regclass",
+                          {table});
     }
     std::string dead_tuples() {
         return "note " + dead("sync.note") + ", outbox " + dead("sync.outbox") + ", row " +
@@ -119,7 +105,7 @@ struct Rig {
 
     // A session that begins a transaction, takes an xid and stays open.
     void hold() {
-        holder = std::make_unique<Connection>(cluster->conninfo("shop"));
+        holder = std::make_unique<Connection>(deployment.conninfo());
         holder->query("BEGIN");
         holder->query("SELECT txid_current()");
         holder_pid = holder->value("SELECT pg_backend_pid()");
@@ -127,14 +113,11 @@ struct Rig {
 
     int replicas;
     long rounds = 0;
-    std::unique_ptr<Cluster> cluster;
-    std::unique_ptr<Connection> db;
+    Deployment deployment;
+    std::vector<ReplicaProcess> processes;
     std::unique_ptr<Connection> writer;
     std::unique_ptr<Connection> holder;
     std::string holder_pid;
-    std::string directory;
-    Router router;
-    std::vector<std::unique_ptr<Process>> processes;
 };
 
 double median(std::vector<double> values) {
@@ -199,7 +182,7 @@ int main(int argc, char** argv) {
                 window_start = Clock::now();
             }
         }
-        auto health = held.db->query(
+        auto health = held.db().query(
             "SELECT horizon_held_by, horizon_pid, horizon_xmin_age, round(horizon_seconds),"
             " notes_backlog FROM sync.health");
         auto text = [&](int column) {
@@ -213,8 +196,8 @@ int main(int argc, char** argv) {
         std::printf("  dead tuples without: %s\n  dead tuples with:    %s\n",
                     plain.dead_tuples().c_str(), held.dead_tuples().c_str());
         std::printf("  outbox rows left: without %s, with %s\n",
-                    plain.db->value("SELECT count(*) FROM sync.outbox").c_str(),
-                    held.db->value("SELECT count(*) FROM sync.outbox").c_str());
+                    plain.db().value("SELECT count(*) FROM sync.outbox").c_str(),
+                    held.db().value("SELECT count(*) FROM sync.outbox").c_str());
         std::printf(
             "  %zu rounds each: without %.0f rows/s, with %.0f rows/s delivered; ratio with / "
             "without %.2f (median of the rounds' ratios %.2f; goal >= 0.9)\n",

@@ -93,9 +93,7 @@ class Deployment {
             "--url",
             "http://127.0.0.1:" + std::to_string(router().port()) + "/replicas/{replica}",
             "--report",
-            "0",
-            "--send-timeout",
-            "5"};
+            "0"};
         arguments.insert(arguments.end(), options.begin(), options.end());
         sender_ = std::make_unique<Process>(arguments, directory_ + "/sender.log");
     }
@@ -111,7 +109,8 @@ class Deployment {
     }
 
     // Starts the replica's process serving http behind the router on a free port, uploading to
-    // the database every `upload_every` seconds; `options` go before `serve`. Returns its port.
+    // the database every `upload_every` seconds (empty: it does not upload); `options` go before
+    // `serve`. Returns its port.
     int start_http_replica(ReplicaProcess& replica, const std::vector<std::string>& options = {},
                            const std::string& upload_every = "0.2") {
         const int port = free_port();
@@ -120,9 +119,13 @@ class Deployment {
                                            "--db", replica.db};
         arguments.insert(arguments.end(), options.begin(), options.end());
         for (const std::string& argument :
-             {std::string("serve"), std::string("--listen"), "127.0.0.1:" + std::to_string(port),
-              std::string("--up"), conninfo(), std::string("--upload-every"), upload_every})
+             {std::string("serve"), std::string("--listen"), "127.0.0.1:" + std::to_string(port)})
             arguments.push_back(argument);
+        if (!upload_every.empty()) {
+            for (const std::string& argument :
+                 {std::string("--up"), conninfo(), std::string("--upload-every"), upload_every})
+                arguments.push_back(argument);
+        }
         replica.process =
             std::make_unique<Process>(arguments, directory_ + "/" + replica.id + ".log");
         return port;

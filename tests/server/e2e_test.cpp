@@ -121,7 +121,7 @@ class EndToEnd : public ::testing::Test {
             directory() + "/" + replica.id + ".log");
     }
 
-    void start_http_sender() { deployment_->start_http_sender(); }
+    void start_http_sender() { deployment_->start_http_sender({"--send-timeout", "5"}); }
 
     void start_nats() {
         int port = free_port();

@@ -256,7 +256,7 @@ class Fault : public ::testing::Test {
             ReplicaProcess& replica = replicas_[n] = deployment_->replica(replica_id(n));
             ports_[n] = deployment_->start_http_replica(replica, {}, "0.5");
         }
-        deployment_->start_http_sender({"--lease", "8"});
+        deployment_->start_http_sender({"--send-timeout", "5", "--lease", "8"});
         watch();
         writer_ = std::thread([this] { load(); });
     }

@@ -58,7 +58,7 @@ class Repair : public ::testing::Test {
             std::vector<std::string>{"magic_sync.idle = 100", "magic_sync.backoff = 200",
                                      "magic_sync.backoff_max = 1000", "log_min_messages = log"},
             "shop", kShop);
-        deployment_->start_http_sender();
+        deployment_->start_http_sender({"--send-timeout", "5"});
     }
     void TearDown() override {
         registers_.clear();
