@@ -9,7 +9,9 @@ namespace magic_sync::relay {
 int64_t move_answers(pg::Spi& spi) {
     spi.execute(
         R"sql(
-        WITH moved AS (DELETE FROM sync.answer RETURNING id, replica, kind, payload)
+        WITH moved AS (DELETE FROM sync.answer
+         WHERE id IN (SELECT id FROM pg_temp.magic_sync_answer_seen)
+         RETURNING id, replica, kind, payload)
         INSERT INTO pg_temp.magic_sync_enqueue (replica, position, kind, payload)
         SELECT m.replica, row_number() OVER (PARTITION BY m.replica ORDER BY m.id, p.n), m.kind,
          p.payload FROM moved m

@@ -9,8 +9,9 @@
 
 namespace magic_sync::relay {
 
-// Moves every visible answer of a live replica into its outbox (sync.enqueue, in answer order) and
-// drops the answers of replicas that are not live. Returns the number of messages written.
+// Moves the answers the pass saw when it took its notes into their replicas' outboxes
+// (sync.enqueue, in answer order), and drops those of replicas that are not live. Returns the
+// number of messages written.
 int64_t move_answers(pg::Spi& spi);
 
 }  // namespace magic_sync::relay

@@ -51,6 +51,8 @@ const char* const kTempTables[] = {
     head bigint NOT NULL, scope_name text NOT NULL, budget int NOT NULL, seq bigint,
     codec int, key jsonb, table_name text, ktext text, body text, hash text, size int,
     fits boolean, dropped boolean, last_fetched boolean, echo boolean))sql",
+    // The answers visible when the pass took its notes: the ones it moves.
+    "CREATE TEMP TABLE magic_sync_answer_seen (id bigint NOT NULL)",
     // The messages of one step, for sync.enqueue(), which numbers them and empties it.
     "CREATE TEMP TABLE magic_sync_enqueue (replica uuid NOT NULL, position bigint NOT NULL,"
     " kind text NOT NULL, chunks bigint[] NOT NULL DEFAULT '{}', reset text[] NOT NULL DEFAULT "
@@ -89,9 +91,10 @@ void clear_temp_tables(Spi& spi, std::initializer_list<const char*> tables) {
 }
 
 void clear_all_temp_tables(Spi& spi) {
-    clear_temp_tables(spi, {"magic_sync_note", "magic_sync_row", "magic_sync_change",
-                            "magic_sync_replica", "magic_sync_want", "magic_sync_fresh",
-                            "magic_sync_need", "magic_sync_pick", "magic_sync_picked"});
+    clear_temp_tables(
+        spi, {"magic_sync_note", "magic_sync_row", "magic_sync_change", "magic_sync_replica",
+              "magic_sync_want", "magic_sync_fresh", "magic_sync_need", "magic_sync_pick",
+              "magic_sync_answer_seen", "magic_sync_picked"});
 }
 
 int64_t count_of(const Value& value) { return value ? std::stoll(*value) : 0; }
@@ -105,14 +108,18 @@ void analyze_if_large(Spi& spi, const char* table, int64_t rows) {
 
 // 1. Take up to notes_per_pass notes, de-duplicated. The oldest visible notes, found as a range
 // of seq ending at the last one taken, so the delete reads them by index and not the whole
-// backlog.
+// backlog. The answers visible then are the ones this pass moves: an upload's notes and answer
+// commit together, so a pass moves an answer only with the changes it filed (an answer moved
+// before them, by a pass that began before they committed, left its row to be sent back to the
+// replica that filed it: the end-to-end test saw it now and then).
 int64_t take_notes(Spi& spi) {
     return count_of(spi.scalar(R"sql(
                    WITH taken AS (DELETE FROM sync.note WHERE seq <= coalesce((SELECT seq
                    FROM sync.note ORDER BY seq OFFSET $1::int - 1 LIMIT 1), 9223372036854775807)
                    RETURNING codec, key),
                    kept AS (INSERT INTO pg_temp.magic_sync_note (codec, key)
-                   SELECT DISTINCT codec, key FROM taken)
+                   SELECT DISTINCT codec, key FROM taken),
+                   seen AS (INSERT INTO pg_temp.magic_sync_answer_seen SELECT id FROM sync.answer)
                    SELECT count(*) FROM taken)sql",
                                {settings::notes_per_pass}));
 }
