@@ -206,6 +206,15 @@ std::string partition_expression(const std::string& column, const std::string& a
     return "coalesce(" + alias + "." + pg::quote_identifier(column) + "::text, '')";
 }
 
+// Notes every replica the relation lists and every one the relay knows, to be looked at again.
+void note_every_replica(Spi& spi, const ReplicaSet& replicas) {
+    spi.execute(R"sql(
+        INSERT INTO pg_temp.magic_sync_note (codec, key)
+        SELECT 0, jsonb_build_object('id', t.id) FROM )sql" +
+                replicas.relation +
+                " t UNION SELECT 0, jsonb_build_object('id', r.id) FROM sync.replica r");
+}
+
 // 2. A note with no key means every row of its codec: what the table has now and what the relay
 // last planned for it.
 void expand_whole_codecs(Spi& spi, const ReplicaSet& replicas) {
@@ -218,12 +227,7 @@ void expand_whole_codecs(Spi& spi, const ReplicaSet& replicas) {
         const std::string id = codec[0].value_or("0");
         if (id == "0") {
             if (!replicas.declared) continue;
-            spi.execute(
-                R"sql(
-                INSERT INTO pg_temp.magic_sync_note (codec, key)
-                SELECT 0, jsonb_build_object('id', t.id) FROM )sql" +
-                replicas.relation +
-                " t UNION SELECT 0, jsonb_build_object('id', r.id) FROM sync.replica r");
+            note_every_replica(spi, replicas);
             continue;
         }
         if (!codec[1]) continue;
@@ -256,12 +260,7 @@ ReplicaCounts plan_replicas(Spi& spi, const ReplicaSet& replicas) {
     ReplicaCounts counts;
     if (!replicas.declared) return counts;
     if (replicas.is_view && replicas.scan_due) {
-        spi.execute(
-            R"sql(
-            INSERT INTO pg_temp.magic_sync_note (codec, key)
-            SELECT 0, jsonb_build_object('id', t.id) FROM )sql" +
-            replicas.relation +
-            " t UNION SELECT 0, jsonb_build_object('id', r.id) FROM sync.replica r");
+        note_every_replica(spi, replicas);
         spi.execute("UPDATE sync.relay_state SET replicas_scanned_at = now()");
     }
     if (!spi.flag("SELECT EXISTS (SELECT FROM pg_temp.magic_sync_note WHERE codec = 0)"))
