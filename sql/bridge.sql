@@ -10,6 +10,8 @@ CREATE FUNCTION selftest.guarded_error() RETURNS text
     AS 'magic_sync', 'magic_sync_selftest_guarded_error' LANGUAGE C;
 CREATE FUNCTION selftest.guarded_error_escapes() RETURNS text
     AS 'magic_sync', 'magic_sync_selftest_guarded_error_escapes' LANGUAGE C;
+CREATE FUNCTION selftest.read_cell(query text, as_type text) RETURNS text
+    AS 'magic_sync', 'magic_sync_selftest_read_cell' LANGUAGE C STRICT;
 
 -- A magic_sync::Error becomes an ERROR with its message, SQLSTATE, detail and hint...
 SELECT selftest.throw('the C++ side says no');
@@ -45,4 +47,16 @@ SELECT selftest.throw('inside a transaction');
 ROLLBACK;
 SELECT to_regclass('selftest.kept') AS rolled_back;
 
+-- A result cell of a boolean or integer column is read as itself, not parsed from its text...
+SELECT selftest.read_cell('SELECT true', 'flag') AS t,
+       selftest.read_cell('SELECT NULL::boolean', 'flag') AS null_flag,
+       selftest.read_cell('SELECT 9223372036854775807::bigint', 'integer') AS bigint,
+       selftest.read_cell('SELECT (-7)::int', 'integer') AS int,
+       selftest.read_cell('SELECT 3::smallint', 'integer') AS smallint;
+-- ...and reading one as a type its column does not have is an error, not a guess.
+SELECT selftest.read_cell('SELECT ''t''::text', 'flag');
+SELECT selftest.read_cell('SELECT 42::numeric', 'integer');
+SELECT selftest.read_cell('SELECT NULL::bigint', 'integer');
+
 DROP SCHEMA selftest CASCADE;
+

@@ -126,15 +126,15 @@ std::map<std::string, Codec> load_codecs(Spi& spi, const std::vector<protocol::U
         codec.kind = row[2].value();
         codec.audience = row[8];
         codec.replicas = row[9].value_or("");
-        codec.goes_down = row[10] == "t";
+        codec.goes_down = row[10].flag_or(false);
         Column column;
         column.raw = row[3].value();
         column.name = pg::quote_identifier(column.raw);
         column.json_name = json_string(row[3].value());
-        column.key = row[4] == "t";
-        column.may_file = row[5] == "t";
-        column.stamp = row[6] == "t";
-        column.required = row[7] == "t";
+        column.key = row[4].flag_or(false);
+        column.may_file = row[5].flag_or(false);
+        column.stamp = row[6].flag_or(false);
+        column.required = row[7].flag_or(false);
         if (column.stamp) {
             std::string value(member(known_members, column.json_name).value_or("null"));
             codec.stamps += (codec.stamps.empty() ? "{" : ",") + column.json_name + ":" + value;
@@ -329,7 +329,7 @@ void file_run(Spi& spi, const Run& run, const std::vector<protocol::UpRow>& rows
                 spi.query(statement, {json_rows, run.codec->stamps, known.replica_row});
             const bool all_changed = run.shape.update.empty() || written.size() == count;
             if (!all_changed || std::any_of(written.begin(), written.end(),
-                                            [](const pg::Row& r) { return r[0] != "t"; }))
+                                            [](const pg::Row& r) { return !r[0].flag_or(false); }))
                 throw NotItsRow();
         });
     };
@@ -558,7 +558,7 @@ Known known_replica(Spi& spi, const std::string& replica) {
     if (known_function)
         known =
             spi.scalar("SELECT " + *known_function + "($1::uuid)::text", {Param::uuid(replica)});
-    else if (setup[2] == "t")
+    else if (setup[2].flag_or(false))
         known = "{}";
     if (!known)
         return {std::nullopt,
@@ -825,7 +825,7 @@ std::string refile(Spi& spi, const std::string& ids) {
                    WHERE s.kind = 'upload' AND s.replica IS NOT NULL
                    ORDER BY s.replica, s.filed_as, s.settings::text, s.id)sql",
                                         {ids})) {
-        items.push_back({row[0].value(), row[1].value(), row[2] == "t",
+        items.push_back({row[0].value(), row[1].value(), row[2].flag_or(false),
                          bytes_of_hex(row[3].value_or("")), row[4], row[5].value()});
     }
     std::vector<Refiled> out;

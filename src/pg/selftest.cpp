@@ -4,6 +4,7 @@
 #include <string>
 
 #include "pg/bridge.hpp"
+#include "pg/spi.hpp"
 #include "pg/values.hpp"
 
 namespace {
@@ -55,4 +56,22 @@ MAGIC_SYNC_FUNCTION(magic_sync_selftest_guarded_error_escapes) {
     Counted held(destroyed);
     magic_sync::pg::guard([] { raise_division_by_zero(); });
     return magic_sync::pg::text_datum("not reached");
+}
+
+// The first cell of `query` read as `as` ('flag' or 'integer'), in text: how the C++ side reads a
+// result cell by its column's type.
+MAGIC_SYNC_FUNCTION(magic_sync_selftest_read_cell) {
+    const std::string query = magic_sync::pg::text_arg(fcinfo, 0);
+    const std::string as = magic_sync::pg::text_arg(fcinfo, 1);
+    magic_sync::pg::Spi spi;
+    const magic_sync::pg::Value cell = spi.query(query).at(0).at(0);
+    std::string read;
+    if (as == "flag")
+        read = cell.flag_or(false) ? "true" : "false";
+    else if (as == "integer")
+        read = std::to_string(cell.integer());
+    else
+        throw magic_sync::Error("read as 'flag' or 'integer', not " + as);
+    spi.finish();
+    return magic_sync::pg::text_datum(read);
 }

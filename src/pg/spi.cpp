@@ -100,7 +100,51 @@ uint64_t run(const std::string& sql, const std::vector<Param>& params, bool read
     });
 }
 
+// A result cell: booleans and integers from the datum, any other type by its output function.
+Value cell(HeapTuple tuple, TupleDesc descriptor, int column) {
+    bool is_null = false;
+    Datum datum = guard([&] { return SPI_getbinval(tuple, descriptor, column, &is_null); });
+    if (is_null) return std::nullopt;
+    switch (SPI_gettypeid(descriptor, column)) {
+        case BOOLOID:
+            return Value::boolean(DatumGetBool(datum));
+        case INT8OID:
+            return Value::integer(DatumGetInt64(datum));
+        case INT4OID:
+            return Value::integer(DatumGetInt32(datum));
+        case INT2OID:
+            return Value::integer(DatumGetInt16(datum));
+        default:
+            break;
+    }
+    char* text = guard([&] { return SPI_getvalue(tuple, descriptor, column); });
+    std::string value(text);
+    pfree(text);
+    return value;
+}
+
 }  // namespace
+
+void Value::expect(Type type, const char* name) const {
+    if (has_value() && type_ != type)
+        throw Error(std::string("magic_sync: a result cell read as ") + name +
+                    " is not of that type: " + **this);
+}
+
+bool Value::flag_or(bool if_null) const {
+    expect(Type::kBoolean, "a boolean");
+    return has_value() ? number_ != 0 : if_null;
+}
+
+int64_t Value::integer_or(int64_t if_null) const {
+    expect(Type::kInteger, "an integer");
+    return has_value() ? number_ : if_null;
+}
+
+int64_t Value::integer() const {
+    if (!has_value()) throw Error("magic_sync: a result cell read as an integer is NULL");
+    return integer_or(0);
+}
 
 Spi::Spi() {
     guard([] {
@@ -129,15 +173,7 @@ std::vector<Row> Spi::query(const std::string& sql, const std::vector<Param>& pa
         HeapTuple tuple = SPI_tuptable->vals[r];
         Row row;
         row.reserve(descriptor->natts);
-        for (int c = 1; c <= descriptor->natts; ++c) {
-            char* text = guard([&] { return SPI_getvalue(tuple, descriptor, c); });
-            if (text == nullptr) {
-                row.emplace_back(std::nullopt);
-            } else {
-                row.emplace_back(std::string(text));
-                pfree(text);
-            }
-        }
+        for (int c = 1; c <= descriptor->natts; ++c) row.push_back(cell(tuple, descriptor, c));
         rows.push_back(std::move(row));
     }
     return rows;

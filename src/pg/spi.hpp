@@ -4,7 +4,7 @@
 //
 // A parameter is bound with its own type (text, bigint, boolean, bytea, uuid): an integer or a
 // flag reaches the statement as itself, not as text it casts. A result cell is NULL or its text
-// output.
+// output; a boolean or integer cell is read as itself too (flag_or, integer_or).
 #pragma once
 
 #include <cstdint>
@@ -15,7 +15,39 @@
 
 namespace magic_sync::pg {
 
-using Value = std::optional<std::string>;
+// A result cell: NULL or its text output, and for a boolean or integer column its value read
+// from the datum. Reading a cell as a type its column does not have is an error (Error).
+class Value : public std::optional<std::string> {
+  public:
+    enum class Type { kOther, kBoolean, kInteger };
+
+    using std::optional<std::string>::optional;
+    Value(std::optional<std::string> text) : std::optional<std::string>(std::move(text)) {}
+    static Value boolean(bool value) { return Value(value ? "t" : "f", Type::kBoolean, value); }
+    static Value integer(int64_t value) {
+        return Value(std::to_string(value), Type::kInteger, value);
+    }
+
+    // A boolean column's value; `if_null` when the cell is NULL.
+    bool flag_or(bool if_null) const;
+    // An integer column's value; `if_null` when the cell is NULL.
+    int64_t integer_or(int64_t if_null) const;
+    // An integer column's value, which must not be NULL.
+    int64_t integer() const;
+
+    // Two cells are equal when their texts are (or both are NULL).
+    friend bool operator==(const Value& a, const Value& b) { return a.text() == b.text(); }
+    friend bool operator!=(const Value& a, const Value& b) { return !(a == b); }
+
+  private:
+    Value(std::string text, Type type, int64_t number)
+        : std::optional<std::string>(std::move(text)), type_(type), number_(number) {}
+    void expect(Type type, const char* name) const;
+    const std::optional<std::string>& text() const { return *this; }
+
+    Type type_ = Type::kOther;
+    int64_t number_ = 0;
+};
 using Row = std::vector<Value>;
 
 // A statement's parameter: NULL, text, a bigint, a boolean, bytea or a uuid. Text by default;
@@ -69,8 +101,8 @@ class Spi {
     std::vector<Row> query(const std::string& sql, const std::vector<Param>& params = {});
     // The single value of a query that returns one row and one column (NULL: no row).
     Value scalar(const std::string& sql, const std::vector<Param>& params = {});
-    // The boolean of a query that returns one row and one boolean column, read as a boolean
-    // (false: no row, or NULL).
+    // The boolean of a query that returns one row and one boolean column (false: no row, or
+    // NULL).
     bool flag(const std::string& sql, const std::vector<Param>& params = {});
 
   private:

@@ -18,8 +18,7 @@ int64_t move_answers(pg::Spi& spi) {
         CROSS JOIN LATERAL jsonb_array_elements(sync.filed_parts(m.replica, m.payload,
          $1::bigint)) WITH ORDINALITY AS p(payload, n))sql",
         {settings::bytes_per_message});
-    pg::Value written = spi.scalar("SELECT sync.enqueue()");
-    return written ? std::stoll(*written) : 0;
+    return spi.scalar("SELECT sync.enqueue()").integer_or(0);
 }
 
 }  // namespace magic_sync::relay

@@ -33,7 +33,7 @@ std::string assemble(magic_sync::pg::Spi& spi, const std::string& replica, int64
     if (rows.front()[1]) return *rows.front()[1];
 
     protocol::RowsMessage message;
-    message.header = {replica, std::stoll(rows.front()[0].value()), seq};
+    message.header = {replica, rows.front()[0].integer(), seq};
     message.reset = column_of(
         spi.query("SELECT unnest(reset) FROM sync.outbox WHERE replica = $1 AND seq = $2", key));
     message.drop = column_of(

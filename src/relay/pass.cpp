@@ -85,8 +85,8 @@ void clear_temp_tables(Spi& spi, std::initializer_list<const char*> tables) {
     auto large = spi.query(sizes).front();
     size_t column = 0;
     for (const char* table : tables)
-        spi.execute(std::string(large[column++].value_or("f") == "t" ? "TRUNCATE pg_temp."
-                                                                     : "DELETE FROM pg_temp.") +
+        spi.execute(std::string(large[column++].flag_or(false) ? "TRUNCATE pg_temp."
+                                                               : "DELETE FROM pg_temp.") +
                     table);
 }
 
@@ -96,8 +96,6 @@ void clear_all_temp_tables(Spi& spi) {
               "magic_sync_want", "magic_sync_fresh", "magic_sync_need", "magic_sync_pick",
               "magic_sync_answer_seen", "magic_sync_picked"});
 }
-
-int64_t count_of(const Value& value) { return value ? std::stoll(*value) : 0; }
 
 // A temporary table is never analyzed by autovacuum: after filling one with many rows, analyze
 // it, so the next statements join it by plan rather than by guess.
@@ -113,7 +111,8 @@ void analyze_if_large(Spi& spi, const char* table, int64_t rows) {
 // before them, by a pass that began before they committed, left its row to be sent back to the
 // replica that filed it: the end-to-end test saw it now and then).
 int64_t take_notes(Spi& spi) {
-    return count_of(spi.scalar(R"sql(
+    return spi
+        .scalar(R"sql(
                    WITH taken AS (DELETE FROM sync.note WHERE seq <= coalesce((SELECT seq
                    FROM sync.note ORDER BY seq OFFSET $1::int - 1 LIMIT 1), 9223372036854775807)
                    RETURNING codec, key),
@@ -121,7 +120,8 @@ int64_t take_notes(Spi& spi) {
                    SELECT DISTINCT codec, key FROM taken),
                    seen AS (INSERT INTO pg_temp.magic_sync_answer_seen SELECT id FROM sync.answer)
                    SELECT count(*) FROM taken)sql",
-                               {settings::notes_per_pass}));
+                {settings::notes_per_pass})
+        .integer_or(0);
 }
 
 // Whether a row is withheld depends on magic_sync.bytes_per_message: when it changed, the rows
@@ -196,8 +196,8 @@ ReplicaSet replica_set(Spi& spi) {
     set.relation_name = row[1].value_or("");
     set.live = row[2].value_or("true");
     set.partition_column = row[3].value_or("");
-    set.is_view = row[4].value_or("f") == "t";
-    set.scan_due = row[5].value_or("t") == "t";
+    set.is_view = row[4].flag_or(false);
+    set.scan_due = row[5].flag_or(true);
     return set;
 }
 
@@ -286,13 +286,14 @@ ReplicaCounts plan_replicas(Spi& spi, const ReplicaSet& replicas) {
         partition_expression(replicas.partition_column, "t") + " AS part, " + groups +
         " AS groups FROM " + replicas.relation + " t) r ON r.id = n.id");
 
-    counts.forgotten = count_of(spi.scalar(
-        R"sql(
+    counts.forgotten = spi.scalar(
+                              R"sql(
         WITH gone AS (UPDATE sync.replica r SET live = false FROM pg_temp.magic_sync_replica p
         WHERE p.id = r.id AND NOT p.live AND r.live RETURNING r.id),
         members AS (DELETE FROM sync.member WHERE replica IN (SELECT id FROM gone)),
         messages AS (DELETE FROM sync.outbox WHERE replica IN (SELECT id FROM gone))
-        SELECT count(*) FROM gone)sql"));
+        SELECT count(*) FROM gone)sql")
+                           .integer_or(0);
 
     spi.execute(
         R"sql(
@@ -313,7 +314,7 @@ ReplicaCounts plan_replicas(Spi& spi, const ReplicaSet& replicas) {
 
     // A replica that becomes live, or moves to another partition, starts over: a new generation,
     // nothing sent, a reset first.
-    counts.provisioned = count_of(spi.scalar(R"sql(
+    counts.provisioned = spi.scalar(R"sql(
                    WITH fresh AS (INSERT INTO sync.replica AS r (id, gen, live, partition)
                    SELECT p.id, 1, true, p.part FROM pg_temp.magic_sync_replica p
                    LEFT JOIN sync.replica x ON x.id = p.id
@@ -324,7 +325,8 @@ ReplicaCounts plan_replicas(Spi& spi, const ReplicaSet& replicas) {
                    backoff = NULL, last_error = NULL,
                    refusals = 0 RETURNING r.id),
                    kept AS (INSERT INTO pg_temp.magic_sync_fresh SELECT id FROM fresh)
-                   SELECT count(*) FROM fresh)sql"));
+                   SELECT count(*) FROM fresh)sql")
+                             .integer_or(0);
     if (counts.provisioned > 0) {
         spi.execute(
             R"sql(
@@ -520,16 +522,18 @@ int64_t encode_codec(Spi& spi, const Codec& codec, const ReplicaSet& replicas) {
     }
     Audience audience = audience_of(codec);
     if (!audience.names_replica.empty() && replicas.declared) {
-        set_aside += count_of(spi.scalar(
-            R"sql(
+        set_aside += spi.scalar(
+                            R"sql(
             WITH unknown AS (DELETE FROM pg_temp.magic_sync_row p WHERE p.codec = $1::int
             AND p.body IS NOT NULL AND NOT EXISTS (SELECT FROM )sql" +
-                replicas.relation +
-                " r WHERE r.id::text = p.value) RETURNING p.codec, p.key, p.value)"
-                " SELECT sync.keep('note', array_agg(codec), array_agg(key),"
-                " array_agg(format('%s names replica %s, which %s does not list', $2, value, $3)))"
-                " FROM unknown HAVING count(*) > 0",
-            {codec.id, audience.names_replica, replicas.relation_name}));
+                                replicas.relation +
+                                " r WHERE r.id::text = p.value) RETURNING p.codec, p.key, p.value)"
+                                " SELECT sync.keep('note', array_agg(codec), array_agg(key),"
+                                " array_agg(format('%s names replica %s, which %s does not list', "
+                                "$2, value, $3)))"
+                                " FROM unknown HAVING count(*) > 0",
+                            {codec.id, audience.names_replica, replicas.relation_name})
+                         .integer_or(0);
     }
     return set_aside;
 }
@@ -863,7 +867,7 @@ int64_t write_messages(Spi& spi, int rounds_left) {
         "  FROM pg_temp.magic_sync_picked p WHERE m.replica = p.replica AND m.scope = p.scope)"
         " SELECT",
         {settings::window});
-    return count_of(spi.scalar("SELECT sync.enqueue()"));
+    return spi.scalar("SELECT sync.enqueue()").integer_or(0);
 }
 
 // Rows this backend's passes changed since it last analyzed sync.row, and messages written and
@@ -888,7 +892,7 @@ PassCounts run_pass(Spi& spi) {
     ReplicaSet replicas = replica_set(spi);
     expand_whole_codecs(spi, replicas);
     analyze_if_large(spi, "magic_sync_note",
-                     count_of(spi.scalar("SELECT count(*) FROM pg_temp.magic_sync_note")));
+                     spi.scalar("SELECT count(*) FROM pg_temp.magic_sync_note").integer_or(0));
     ReplicaCounts replica_counts = plan_replicas(spi, replicas);
     counts.provisioned = replica_counts.provisioned;
     counts.forgotten = replica_counts.forgotten;
@@ -902,7 +906,7 @@ PassCounts run_pass(Spi& spi) {
     for (const Codec& codec : noted_codecs(spi))
         counts.set_aside += encode_codec(spi, codec, replicas);
     analyze_if_large(spi, "magic_sync_row",
-                     count_of(spi.scalar("SELECT count(*) FROM pg_temp.magic_sync_row")));
+                     spi.scalar("SELECT count(*) FROM pg_temp.magic_sync_row").integer_or(0));
     counts.rows_changed = record_changes(spi);
     recount_drifted_scopes(spi);
     apply_confirmations(spi);

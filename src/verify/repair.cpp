@@ -74,8 +74,6 @@ std::string text_array(const std::vector<std::string>& items) {
     return out + "}";
 }
 
-int64_t count_of(const Value& value) { return value ? std::stoll(*value) : 0; }
-
 struct Target {
     std::string replica;
     std::string scope;  // sync.scope.id
@@ -98,9 +96,10 @@ int64_t put(Spi& spi, const Target& target, const char* kind, const std::string&
         VALUES ($1, 1, $2, $3))sql",
         {Param::uuid(target.replica), std::string(kind), Param::bytea(body)});
     spi.execute("SELECT sync.enqueue()");
-    return std::stoll(spi.scalar("SELECT next_seq - 1 FROM sync.replica WHERE id = $1",
-                                 {Param::uuid(target.replica)})
-                          .value());
+    return spi
+        .scalar("SELECT next_seq - 1 FROM sync.replica WHERE id = $1",
+                {Param::uuid(target.replica)})
+        .integer();
 }
 
 // The widest header a message to the target can have: its replica, the largest gen and seq. A
@@ -273,9 +272,9 @@ bool begin_round(Spi& spi, const Target& target) {
         WHERE replica = $1::uuid AND scope = $2::bigint RETURNING rounds, attempts)sql",
         {Param::uuid(target.replica), target.scope, settings::storm_window_ms});
     if (rows.empty()) return false;
-    const int64_t rounds = std::stoll(rows.front()[0].value());
+    const int64_t rounds = rows.front()[0].integer();
     if (rounds <= kStormRounds) return true;
-    const int64_t attempts = std::stoll(rows.front()[1].value()) + 1;
+    const int64_t attempts = rows.front()[1].integer() + 1;
     const int64_t backoff = kStormBackoffS * attempts;
     spi.execute(
         R"sql(
@@ -332,7 +331,7 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
                  WHERE jsonb_typeof(e) = 'array')sql",
                  {target.answers}))
             answers[{row[0].value_or(""), row[1].value_or("")}] = {row[2].value_or(""),
-                                                                   count_of(row[3])};
+                                                                   row[3].integer_or(0)};
     }
     const size_t level = target.asked.empty() ? 0 : target.asked.front().size();
     for (const std::string& prefix : target.asked) {
@@ -351,7 +350,7 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
                    AND left(encode(k, 'hex'), $2::int) IN (SELECT unnest($3::text[]))
                    GROUP BY 1)sql",
                    {target.scope, static_cast<int64_t>(level), text_array(target.asked)}))
-        server[row[0].value()] = {row[1].value(), count_of(row[2])};
+        server[row[0].value()] = {row[1].value(), row[2].integer_or(0)};
     const std::string zero(kDigits, '0');
     std::vector<std::string> mismatched;
     std::vector<std::string> leaves;
@@ -461,7 +460,7 @@ int64_t plan_repairs(Spi& spi) {
         target.replica = row[0].value();
         target.scope = row[1].value();
         target.scope_name = row[2].value();
-        target.gen = std::stoll(row[3].value());
+        target.gen = row[3].integer();
         target.phase = row[4].value_or("");
         target.answers = row[6].value_or("");
         if (row[5]) {
