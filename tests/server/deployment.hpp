@@ -3,12 +3,14 @@
 // processes' files and logs, a router of the test's own between the sender and the replicas
 // (which can cut a replica's line, and sees every delivery), and the real programs:
 // magic-sync-sender over http and magic-sync-replica processes serving http. Everything it
-// started stops, and its directory goes, when it is destroyed.
+// started stops, and its directory goes (unless kept), when it is destroyed. The server tests,
+// the benchmarks and the simulation (tests/sim) all stand on it.
 #pragma once
 
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -24,10 +26,12 @@ namespace magic_sync::test {
 
 class Deployment {
   public:
-    // A cluster with `settings` and `database` made by `schema`; `name` names the work directory.
+    // A cluster with `settings` and `database` made by `schema`; `name` names the work directory,
+    // `bin` the directory of the programs.
     Deployment(const std::string& name, std::vector<std::string> settings,
-               const std::string& database, const std::string& schema)
-        : database_(database) {
+               const std::string& database, const std::string& schema,
+               const std::string& bin = "build/bin")
+        : database_(database), bin_(bin) {
         settings.insert(settings.begin(), "magic_sync.database = '" + database + "'");
         cluster_ = std::make_unique<Cluster>(settings);
         cluster_->create_database(database);
@@ -41,36 +45,61 @@ class Deployment {
         sender_.reset();
         router_.reset();
         db_.reset();
+        if (keep_) {
+            if (FILE* file = fopen((directory_ + "/server.log").c_str(), "w")) {
+                const std::string log = cluster_->log();
+                fwrite(log.data(), 1, log.size(), file);
+                fclose(file);
+            }
+        }
         cluster_.reset();
-        run("rm -rf " + directory_);
+        if (!keep_) run("rm -rf " + directory_);
     }
     Deployment(const Deployment&) = delete;
     Deployment& operator=(const Deployment&) = delete;
 
     Cluster& cluster() { return *cluster_; }
     const std::string& directory() const { return directory_; }
+    const std::string& bin() const { return bin_; }
     std::string conninfo() const { return cluster_->conninfo(database_); }
+    // Keeps the work directory, with the server's log in it, when the deployment goes.
+    void keep_directory() { keep_ = true; }
 
     // The test's connection to its database; made again after the server restarted under it.
-    Connection& db() {
-        if (!db_ || !db_->ok()) reconnect();
-        return *db_;
-    }
+    Connection& db() { return connected(db_, conninfo()); }
 
     // Connects again, waiting up to a minute for the server to come back.
     void reconnect() {
-        bool connected = eventually(
+        db_.reset();
+        db();
+    }
+
+    // `connection` when it is open, else made again to `conninfo`, waiting up to a minute for
+    // the server to come back.
+    static Connection& connected(std::unique_ptr<Connection>& connection,
+                                 const std::string& conninfo) {
+        if (connection && connection->ok()) return *connection;
+        connection.reset();
+        bool made = eventually(
             [&] {
                 try {
-                    db_ = std::make_unique<Connection>(conninfo());
-                    db_->value("SELECT 1");
+                    auto attempt = std::make_unique<Connection>(conninfo);
+                    attempt->value("SELECT 1");
+                    connection = std::move(attempt);
                     return true;
                 } catch (const std::exception&) {
                     return false;
                 }
             },
             std::chrono::seconds(60));
-        if (!connected) throw std::runtime_error("the server did not come back");
+        if (!made) throw std::runtime_error("the server did not take connections for 60 s");
+        return *connection;
+    }
+
+    // The replicas started from now on upload as `role` (by default, as the test's own role).
+    void upload_as(const std::string& role) { upload_role_ = role; }
+    std::string upload_conninfo() const {
+        return upload_role_.empty() ? conninfo() : conninfo() + " user=" + upload_role_;
     }
 
     // Drops the test's connection (the next db() connects again).
@@ -85,7 +114,7 @@ class Deployment {
     // magic-sync-sender over http through the router, with `options` after the usual ones.
     void start_http_sender(const std::vector<std::string>& options = {}) {
         std::vector<std::string> arguments{
-            "build/bin/magic-sync-sender",
+            bin_ + "/magic-sync-sender",
             "--db",
             conninfo(),
             "--transport",
@@ -115,15 +144,15 @@ class Deployment {
                            const std::string& upload_every = "0.2") {
         const int port = free_port();
         router().route(replica.id, port);
-        std::vector<std::string> arguments{"build/bin/magic-sync-replica", "--id", replica.id,
-                                           "--db", replica.db};
+        std::vector<std::string> arguments{bin_ + "/magic-sync-replica", "--id", replica.id, "--db",
+                                           replica.db};
         arguments.insert(arguments.end(), options.begin(), options.end());
         for (const std::string& argument :
              {std::string("serve"), std::string("--listen"), "127.0.0.1:" + std::to_string(port)})
             arguments.push_back(argument);
         if (!upload_every.empty()) {
-            for (const std::string& argument :
-                 {std::string("--up"), conninfo(), std::string("--upload-every"), upload_every})
+            for (const std::string& argument : {std::string("--up"), upload_conninfo(),
+                                                std::string("--upload-every"), upload_every})
                 arguments.push_back(argument);
         }
         replica.process =
@@ -131,15 +160,25 @@ class Deployment {
         return port;
     }
 
+    // The replica program and its options for the replica's file.
+    std::vector<std::string> replica_program(const ReplicaProcess& replica) const {
+        return {bin_ + "/magic-sync-replica", "--id", replica.id, "--db", replica.db};
+    }
     // The replica program's command line for the replica's file.
-    static std::string replica_cli(const ReplicaProcess& replica) {
-        return "build/bin/magic-sync-replica --id " + replica.id + " --db " + replica.db;
+    std::string replica_cli(const ReplicaProcess& replica) const {
+        std::string cli;
+        for (const std::string& argument : replica_program(replica))
+            cli += (cli.empty() ? "" : " ") + argument;
+        return cli;
     }
     // What the replica's file holds, in the form of kExpectedHoldings.
-    static std::string held(const ReplicaProcess& replica) { return held_by(replica_cli(replica)); }
+    std::string held(const ReplicaProcess& replica) const { return held_by(replica_cli(replica)); }
 
   private:
     std::string database_;
+    std::string bin_;
+    std::string upload_role_;
+    bool keep_ = false;
     std::unique_ptr<Cluster> cluster_;
     std::string directory_;
     std::unique_ptr<Connection> db_;

@@ -80,8 +80,8 @@ class Repair : public ::testing::Test {
         return r;
     }
 
-    std::string replica_cli(const Register& r) { return Deployment::replica_cli(r); }
-    std::string held(const Register& r) { return Deployment::held(r); }
+    std::string replica_cli(const Register& r) { return deployment_->replica_cli(r); }
+    std::string held(const Register& r) { return deployment_->held(r); }
 
     std::string expected(const Register& r) { return db().value(kExpectedHoldings, {r.id}); }
 

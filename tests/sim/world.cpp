@@ -48,71 +48,49 @@ int run_program(const std::vector<std::string>& arguments, std::string* output, 
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
 
-World::World(const Options& options) : options_(options) {
-    char pattern[] = "/tmp/magic_sync_sim.XXXXXX";
-    if (mkdtemp(pattern) == nullptr) throw std::runtime_error("mkdtemp failed");
-    directory_ = pattern;
-    // The relay by itself, quick: passes every 50 ms when idle, what was set aside tried again
-    // every 2 s, a replicas view read every second, messages small enough that big rows occur.
-    cluster_ = std::make_unique<test::Cluster>(std::vector<std::string>{
-        "magic_sync.database = 'sim'", "magic_sync.idle = 50", "magic_sync.retry_every = 2",
-        "magic_sync.audit_every = 3", "magic_sync.replica_scan = 1", "magic_sync.prune_every = 3",
-        "magic_sync.report_every = 5", "magic_sync.backoff = 100", "magic_sync.backoff_max = 1000",
-        "magic_sync.rows_per_message = 25",
-        "magic_sync.bytes_per_message = " + std::to_string(options.bytes_per_message),
-        "max_worker_processes = 16"});
-    cluster_->create_database("sim");
-    // The route files as a role of its own, granted sync_receiver and, on the app's tables,
-    // exactly what sync.check() says filing needs (see grant_what_check_names()).
-    exec("CREATE ROLE " + std::string(kRouteRole) + " LOGIN; GRANT sync_receiver TO " + kRouteRole);
+namespace {
+
+constexpr const char* kRouteRole = "sim_route";
+
+// The relay by itself, quick: passes every 50 ms when idle, what was set aside tried again every
+// 2 s, a replicas view read every second, messages small enough that big rows occur.
+std::vector<std::string> settings(const Options& options) {
+    return {"magic_sync.idle = 50",
+            "magic_sync.retry_every = 2",
+            "magic_sync.audit_every = 3",
+            "magic_sync.replica_scan = 1",
+            "magic_sync.prune_every = 3",
+            "magic_sync.report_every = 5",
+            "magic_sync.backoff = 100",
+            "magic_sync.backoff_max = 1000",
+            "magic_sync.rows_per_message = 25",
+            "magic_sync.bytes_per_message = " + std::to_string(options.bytes_per_message),
+            "max_worker_processes = 16"};
+}
+
+}  // namespace
+
+// The route files as a role of its own, granted sync_receiver and, on the app's tables, exactly
+// what sync.check() says filing needs (see grant_what_check_names()).
+World::World(const Options& options)
+    : options_(options),
+      deployment_(
+          "sim", settings(options), "sim",
+          "CREATE ROLE " + std::string(kRouteRole) + " LOGIN; GRANT sync_receiver TO " + kRouteRole,
+          options.bin) {
     if (db().value("SELECT to_regprocedure('sync.expected(uuid)') IS NULL") == "t")
         throw std::runtime_error("this build has no sync.expected(uuid): the simulation's oracle");
-    router_ = std::make_unique<test::Router>();
+    deployment_.upload_as(kRouteRole);
     start_sender();
 }
 
 World::~World() {
-    sender_.reset();
     replicas_.clear();
-    db_.reset();
     route_.reset();
-    if (cluster_) {
-        std::string log = cluster_->log();
-        if (keep_) {
-            FILE* file = fopen((directory_ + "/server.log").c_str(), "w");
-            if (file) {
-                fwrite(log.data(), 1, log.size(), file);
-                fclose(file);
-            }
-        }
-        cluster_.reset();
-    }
-    router_.reset();
-    if (!keep_) test::run("rm -rf " + directory_);
 }
 
-test::Connection& World::db() { return connected(db_, cluster_->conninfo("sim")); }
-
-std::string World::route_conninfo() const {
-    return cluster_->conninfo("sim") + " user=" + kRouteRole;
-}
-
-test::Connection& World::connected(std::unique_ptr<test::Connection>& connection,
-                                   const std::string& conninfo) {
-    if (connection && connection->ok()) return *connection;
-    connection.reset();
-    auto deadline = std::chrono::steady_clock::now() + 60s;
-    while (std::chrono::steady_clock::now() < deadline) {
-        try {
-            auto made = std::make_unique<test::Connection>(conninfo);
-            made->value("SELECT 1");
-            connection = std::move(made);
-            return *connection;
-        } catch (const std::exception&) {
-            std::this_thread::sleep_for(100ms);
-        }
-    }
-    throw std::runtime_error("the server did not take connections for 60 s");
+test::Connection& World::route() {
+    return test::Deployment::connected(route_, deployment_.conninfo() + " user=" + kRouteRole);
 }
 
 // A user who declares a table runs sync.check() and does what it says; what filing needs beyond
@@ -129,34 +107,15 @@ std::string World::replica_id(int n) const {
 }
 
 std::vector<std::string> World::replica_command(int n) const {
-    const ReplicaProcess& replica = replicas_.at(n);
-    return {options_.bin + "/magic-sync-replica", "--id", replica.id, "--db", replica.file};
+    return deployment_.replica_program(replicas_.at(n));
 }
 
 void World::start_replica(int n) {
-    ReplicaProcess& replica = replicas_[n];
-    replica.id = replica_id(n);
-    replica.file = directory_ + "/replica" + std::to_string(n) + ".db";
-    int port = test::free_port();
-    router_->route(replica.id, port);
-    std::vector<std::string> command = replica_command(n);
-    for (const std::string& a :
-         {std::string("serve"), std::string("--listen"), "127.0.0.1:" + std::to_string(port),
-          std::string("--up"), route_conninfo(), std::string("--upload-every"), std::string("0.2")})
-        command.push_back(a);
-    replica.process = std::make_unique<test::Process>(
-        command, directory_ + "/replica" + std::to_string(n) + ".log");
+    test::ReplicaProcess& replica = replicas_[n] = deployment_.replica(replica_id(n));
+    deployment_.start_http_replica(replica);
 }
 
-void World::start_sender() {
-    sender_ = std::make_unique<test::Process>(
-        std::vector<std::string>{
-            options_.bin + "/magic-sync-sender", "--db", cluster_->conninfo("sim"), "--transport",
-            "http", "--url",
-            "http://127.0.0.1:" + std::to_string(router_->port()) + "/replicas/{replica}",
-            "--report", "0", "--send-timeout", "5"},
-        directory_ + "/sender.log");
-}
+void World::start_sender() { deployment_.start_http_sender({"--send-timeout", "5"}); }
 
 std::string World::show(int n) {
     std::vector<std::string> command = replica_command(n);
@@ -187,7 +146,7 @@ std::string World::relay_pid() {
         try {
             pid = db().value("SELECT sync.relay_lock_holder()");
         } catch (const std::exception&) {
-            db_.reset();
+            deployment_.disconnect();
         }
         if (pid.empty()) std::this_thread::sleep_for(100ms);
     }
@@ -202,7 +161,7 @@ void World::await_relay_other_than(const std::string& pid) {
             std::string holder = db().value("SELECT sync.relay_lock_holder()");
             if (!holder.empty() && holder != pid) return;
         } catch (const std::exception&) {
-            db_.reset();
+            deployment_.disconnect();
         }
         std::this_thread::sleep_for(100ms);
     }
@@ -240,9 +199,8 @@ void World::run(const Step& step) {
         }
         case Action::Resend: {
             if (!last_upload_.count(step.replica)) return;
-            connected(route_, route_conninfo())
-                .query("SELECT sync.receive($1::uuid, convert_to($2, 'UTF8'))",
-                       {replica_id(step.replica), last_upload_[step.replica]});
+            route().query("SELECT sync.receive($1::uuid, convert_to($2, 'UTF8'))",
+                          {replica_id(step.replica), last_upload_[step.replica]});
             return;
         }
         case Action::Receive: {
@@ -252,9 +210,8 @@ void World::run(const Step& step) {
             auto deadline = std::chrono::steady_clock::now() + 60s;
             while (std::chrono::steady_clock::now() < deadline) {
                 try {
-                    answer = connected(route_, route_conninfo())
-                                 .value("SELECT sync.receive($1::uuid, convert_to($2, 'UTF8'))",
-                                        {replica_id(step.replica), step.json});
+                    answer = route().value("SELECT sync.receive($1::uuid, convert_to($2, 'UTF8'))",
+                                           {replica_id(step.replica), step.json});
                     if (answer == step.answer || answer == "answered again") return;
                 } catch (const std::exception& e) {
                     answer = e.what();
@@ -266,7 +223,7 @@ void World::run(const Step& step) {
                                      " within 60 s: " + answer);
         }
         case Action::KillSender:
-            sender_->stop(SIGKILL);
+            deployment_.sender()->stop(SIGKILL);
             start_sender();
             return;
         case Action::KillReplica: {
@@ -278,25 +235,25 @@ void World::run(const Step& step) {
         case Action::KillRelay: {
             std::string pid = relay_pid();
             kill(std::stoi(pid), SIGKILL);
-            db_.reset();
+            deployment_.disconnect();
             route_.reset();
             await_relay_other_than(pid);
             return;
         }
         case Action::RestartPostgres: {
             std::string pid = relay_pid();
-            db_.reset();
+            deployment_.disconnect();
             route_.reset();
-            cluster_->stop("immediate");
-            cluster_->start();
+            cluster().stop("immediate");
+            cluster().start();
             await_relay_other_than(pid);
             return;
         }
         case Action::Cut:
-            router_->cut(replica_id(step.replica), true);
+            deployment_.router().cut(replica_id(step.replica), true);
             return;
         case Action::Heal:
-            router_->cut(replica_id(step.replica), false);
+            deployment_.router().cut(replica_id(step.replica), false);
             return;
         case Action::Checkpoint:
             return;

@@ -1,6 +1,7 @@
-// The real system a scenario runs against: a throwaway cluster with magic_sync preloaded and the
-// relay worker running by itself, the sender over http through the router, and one reference
-// replica process per replica, each serving the router and uploading with --up.
+// The real system a scenario runs against: the server tests' deployment (a throwaway cluster with
+// magic_sync preloaded and the relay worker running by itself, the sender over http through the
+// router, and one reference replica process per replica, each serving the router and uploading
+// with --up as the route's role).
 #pragma once
 
 #include <map>
@@ -9,11 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "server/pq.hpp"
-#include "server/process.hpp"
-#include "server/router.hpp"
+#include "server/deployment.hpp"
 #include "sim/scenario.hpp"
-#include "support/cluster.hpp"
 
 namespace magic_sync::sim {
 
@@ -43,47 +41,33 @@ class World {
     void run(const Step& step);
 
     // The simulation's connection, made again after the server restarted under it.
-    test::Connection& db();
-    test::Cluster& cluster() { return *cluster_; }
-    test::Router& router() { return *router_; }
-    const std::string& directory() const { return directory_; }
+    test::Connection& db() { return deployment_.db(); }
+    test::Cluster& cluster() { return deployment_.cluster(); }
+    test::Router& router() { return deployment_.router(); }
+    const std::string& directory() const { return deployment_.directory(); }
     const Options& options() const { return options_; }
 
     std::string replica_id(int n) const;
     // The replica program's `show --json` of replica n.
     std::string show(int n);
-    // Whether the directory is removed when the world goes (--keep keeps a failing one).
-    void keep_directory() { keep_ = true; }
+    // Keeps the directory, with the server's log, when the world goes (--keep, on a failure).
+    void keep_directory() { deployment_.keep_directory(); }
 
   private:
-    struct ReplicaProcess {
-        std::string id;
-        std::string file;
-        std::unique_ptr<test::Process> process;
-    };
-
     std::vector<std::string> replica_command(int n) const;
     void start_replica(int n);
     void start_sender();
     void exec(const std::string& sql);
-    std::string route_conninfo() const;
-    test::Connection& connected(std::unique_ptr<test::Connection>& connection,
-                                const std::string& conninfo);
+    test::Connection& route();
     void grant_what_check_names();
 
-    static constexpr const char* kRouteRole = "sim_route";
     std::string relay_pid();
     void await_relay_other_than(const std::string& pid);
 
     const Options& options_;
-    std::string directory_;
-    bool keep_ = false;
-    std::unique_ptr<test::Cluster> cluster_;
-    std::unique_ptr<test::Connection> db_;
+    test::Deployment deployment_;
     std::unique_ptr<test::Connection> route_;  // as the route's role: uploads sent again
-    std::unique_ptr<test::Router> router_;
-    std::unique_ptr<test::Process> sender_;
-    std::map<int, ReplicaProcess> replicas_;
+    std::map<int, test::ReplicaProcess> replicas_;
     std::map<int, std::string> last_upload_;
 };
 
