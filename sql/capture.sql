@@ -1,6 +1,8 @@
--- Capture: every kind of change writes one note per changed key, written by the C++ trigger
--- (declarations from the `declare` test). :notes shows the notes taken since the last look.
-\set notes 'SELECT coalesce(c.table_name, ''(replicas)'') AS "table", n.key FROM sync.note n LEFT JOIN sync.codec c ON c.id = n.codec ORDER BY n.seq; TRUNCATE sync.note;'
+-- Capture: every statement that changes rows writes ONE note holding the keys of the rows it
+-- changed, written by the C++ trigger (declarations from the `declare` test). :notes shows the
+-- notes written since the last look, one line per key: `note` numbers the notes, `keys` is how
+-- many keys the note says it holds.
+\set notes 'SELECT dense_rank() OVER (ORDER BY n.seq) AS note, coalesce(c.table_name, ''(replicas)'') AS "table", n.key, n.key_count AS keys FROM sync.noted n LEFT JOIN sync.codec c ON c.id = n.codec ORDER BY n.seq, n.position; TRUNCATE sync.note;'
 \set SHOW_CONTEXT never
 TRUNCATE sync.note;
 
@@ -8,15 +10,15 @@ TRUNCATE sync.note;
 SELECT sync.catalog('shop.products');
 :notes
 
--- A multi-row INSERT: one note per row.
+-- A multi-row INSERT: one note, a key per row.
 INSERT INTO shop.products VALUES (1, 'tea', 2.50), (2, 'coffee', 3.00), (3, 'cake', 4.25);
 :notes
 
--- An UPDATE of other columns: one note per row changed.
+-- An UPDATE of other columns: a key per row changed.
 UPDATE shop.products SET price = price + 1 WHERE id <= 2;
 :notes
 
--- An UPDATE that changes the key notes the old key and the new one.
+-- An UPDATE that changes the key notes the new key and the old one.
 UPDATE shop.products SET id = 10 WHERE id = 3;
 :notes
 
@@ -40,6 +42,40 @@ COPY shop.products FROM stdin;
 21	butter	2.10
 \.
 :notes
+
+-- A statement's keys are built as jsonb_build_object builds them, whatever the writer's
+-- settings: a date key is ISO under any DateStyle.
+SET DateStyle = 'SQL, DMY';
+INSERT INTO shop.events VALUES (7, '2026-03-04', 'stocktake');
+RESET DateStyle;
+:notes
+DELETE FROM shop.events WHERE id = 7;
+TRUNCATE sync.note;
+
+-- A big statement writes one note all the same.
+INSERT INTO shop.products SELECT i, 'item ' || i, 1 FROM generate_series(1000, 10999) i;
+SELECT count(*) AS notes, sum(key_count) AS keys,
+       (SELECT count(key) FROM sync.noted) AS keys_held,
+       (SELECT count(DISTINCT key) FROM sync.noted) AS distinct_keys
+FROM sync.note;
+DELETE FROM shop.products WHERE id >= 1000;
+SELECT count(*) AS notes, sum(key_count) AS keys FROM sync.note;
+TRUNCATE sync.note;
+
+-- A column dropped before the key, and one added after, change nothing.
+ALTER TABLE shop.products ADD COLUMN note text;
+INSERT INTO shop.products VALUES (50, 'salt', 0.50, 'fine');
+UPDATE shop.products SET note = 'coarse' WHERE id = 50;
+ALTER TABLE shop.products DROP COLUMN note;
+UPDATE shop.products SET price = 0.60 WHERE id = 50;
+:notes
+
+-- A note's keys are read with the types they were noted with: a key column whose type no longer
+-- exists reads as one NULL (every row of the codec is looked at again), and bytes that are not a
+-- note's keys are refused.
+SELECT key FROM sync.note_keys('\x0100000000000000696400'::bytea) AS key;
+SELECT key FROM sync.note_keys('\x01000000'::bytea) AS key;
+SELECT key FROM sync.note_keys('\x0100000014000000696400ffff'::bytea) AS key;
 
 -- A composite key travels with all its columns.
 INSERT INTO shop.prices VALUES (1, 20, 1.10), (2, 20, 1.30);
@@ -89,6 +125,12 @@ CREATE TABLE shop.misuse (id int PRIMARY KEY);
 CREATE TRIGGER misuse AFTER INSERT ON shop.misuse FOR EACH ROW EXECUTE FUNCTION sync.capture('1', 'id');
 INSERT INTO shop.misuse VALUES (1);
 DROP TABLE shop.misuse;
+
+-- The capture writes sync.note's heap directly: an index added to it would not be maintained, so
+-- a capture refuses to write past one.
+CREATE INDEX note_by_codec ON sync.note (codec);
+INSERT INTO shop.products VALUES (60, 'pepper', 1.00);
+DROP INDEX sync.note_by_codec;
 
 -- After sync.drop() the table's changes are no longer noted.
 SELECT sync.drop('shop.prices');

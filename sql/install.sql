@@ -28,7 +28,8 @@ WHERE p.pronamespace = 'sync'::regnamespace
   AND NOT EXISTS (SELECT FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')
   AND p.provolatile <> 'i'  -- immutable wire and fingerprint functions read no catalog
   AND p.prokind <> 'p'      -- a procedure with SET cannot commit: sync.relay() qualifies its names
-  AND p.oid <> 'sync.capture()'::regprocedure  -- qualifies its names: a SET would cost every write
+  AND p.oid <> 'sync.capture()'::regprocedure  -- runs no SQL: a SET would cost every write
+  AND p.oid <> 'sync.note_keys(bytea)'::regprocedure  -- resolves no name: types by oid
   AND p.oid <> 'sync.encode_row(record, text[])'::regprocedure  -- resolves no name: a row's type by oid
   AND p.oid <> 'sync.row_travels(text, text, text, text)'::regprocedure  -- reads a setting, no name
   AND p.oid <> 'sync.drops_fitting(text[], text[], text[])'::regprocedure  -- reads a setting, no name

@@ -93,7 +93,7 @@ SELECT replica, id, jsonb_array_length(kept) AS kept FROM sync.upload;
 SELECT forget();
 
 -- Filed rows are changes like any other: captured, and planned by the next pass.
-SELECT codec, key FROM sync.note ORDER BY seq;
+SELECT codec, key FROM sync.noted ORDER BY seq, position;
 
 -- record is insert-if-absent: a second delivery with other content changes nothing. both takes
 -- its replica_columns on update (closed_at, absent from the upload, stays as it is) and ignores

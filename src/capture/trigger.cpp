@@ -1,124 +1,185 @@
 // The capture trigger: statement-level, AFTER INSERT / UPDATE / DELETE with transition tables,
-// and AFTER TRUNCATE. Each firing writes one note per changed key in a single INSERT ... SELECT
-// over the transition tables; nothing else is read.
+// and AFTER TRUNCATE. Each firing that changed rows writes ONE note for the statement, holding the
+// keys of the rows it changed (sync.note.keys, in the order they changed): the cost of a note is
+// paid once per statement, not once per row, and nothing but the note row is written.
+//
+// The keys are read in C from the transition tables and kept as the key columns' values
+// (note_keys.hpp): the pass builds their jsonb, not the writer. The note is inserted directly into
+// sync.note's heap: no SPI, no plan, no executor, no privilege check (the writer needs none on
+// sync), and sync.note has no index to maintain.
 //
 // Trigger arguments: the codec id (0 for the replicas relation), then the key columns.
-// The INSERT is planned once per trigger and kept for the backend's life.
 extern "C" {
 #include "postgres.h"
 
-#include "catalog/pg_proc.h"
+#include "access/heapam.h"
+#include "access/table.h"
+#include "catalog/namespace.h"
+#include "catalog/pg_type.h"
+#include "commands/sequence.h"
 #include "commands/trigger.h"
-#include "executor/spi.h"
-#include "lib/stringinfo.h"
-#include "miscadmin.h"
+#include "executor/tuptable.h"
 #include "utils/builtins.h"
-#include "utils/hsearch.h"
-#include "utils/memutils.h"
-#include "utils/syscache.h"
+#include "utils/datum.h"
+#include "utils/lsyscache.h"
+#include "utils/rel.h"
+#include "utils/timestamp.h"
+#include "utils/tuplestore.h"
 }
 
+#include "capture/note_keys.hpp"
 #include "pg/bridge.hpp"
 #include "pg/wake.hpp"
 
 namespace {
 
-struct CachedPlan {
-    Oid trigger;  // hash key
-    SPIPlanPtr plan;
+// sync.note's columns, in the order the install script declares them.
+enum NoteColumn { kSeq, kCodec, kKey, kKeys, kKeyCount, kNotedAt, kNoteColumns };
+
+// The key columns of the trigger's relation, by the names the trigger was given.
+struct KeyColumns {
+    int count = 0;
+    AttrNumber* attributes = nullptr;
+    char** names = nullptr;
 };
 
-HTAB* plans = nullptr;
-
-// pg_catalog.jsonb_build_object('a', <alias>."a", ...) for the key columns. Every name in these
-// statements is qualified: they run as the extension's owner under the writer's search_path.
-void append_key(StringInfo sql, const Trigger* trigger, const char* alias) {
-    appendStringInfoString(sql, "pg_catalog.jsonb_build_object(");
-    for (int i = 1; i < trigger->tgnargs; ++i) {
-        const char* column = trigger->tgargs[i];
-        appendStringInfo(sql, "%s%s, %s.%s", i > 1 ? ", " : "", quote_literal_cstr(column), alias,
-                         quote_identifier(column));
-    }
-    appendStringInfoChar(sql, ')');
+void refuse_trigger(const TriggerData* data) {
+    ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
+                    errmsg("trigger \"%s\" on \"%s\" was not created by magic_sync",
+                           data->tg_trigger->tgname, RelationGetRelationName(data->tg_relation)),
+                    errhint("Declare the table with sync.catalog(), sync.record() or "
+                            "sync.both(); they install the capture triggers.")));
 }
 
-// An UPDATE notes the old key of a row whose key changed, the new key of every row whose
-// content changed, and nothing for a row it left as it was. Each side's keys are built once; they
-// are matched as jsonb, whose equality needs no operator of the key's type.
-void append_update_select(StringInfo sql, const Trigger* trigger) {
-    appendStringInfoString(sql, "CASE WHEN n.k IS NULL THEN o.k ELSE n.k END FROM (SELECT ");
-    append_key(sql, trigger, "o");
-    appendStringInfoString(
-        sql, " AS k, o::pg_catalog.text AS t FROM magic_sync_old o) o FULL JOIN (SELECT ");
-    append_key(sql, trigger, "n");
-    appendStringInfoString(sql,
-                           " AS k, n::pg_catalog.text AS t FROM magic_sync_new n) n"
-                           " ON o.k OPERATOR(pg_catalog.=) n.k"
-                           " WHERE o.k IS NULL OR n.k IS NULL OR o.t OPERATOR(pg_catalog.<>) n.t");
-}
-
-SPIPlanPtr plan_for(const TriggerData* data) {
+void find_key_columns(KeyColumns* key, const TriggerData* data) {
     const Trigger* trigger = data->tg_trigger;
-    if (plans == nullptr) {
-        HASHCTL control = {};
-        control.keysize = sizeof(Oid);
-        control.entrysize = sizeof(CachedPlan);
-        control.hcxt = TopMemoryContext;
-        plans = hash_create("magic_sync capture plans", 64, &control,
-                            HASH_ELEM | HASH_BLOBS | HASH_CONTEXT);
+    TupleDesc descriptor = RelationGetDescr(data->tg_relation);
+    key->count = trigger->tgnargs - 1;
+    key->names = trigger->tgargs + 1;
+    key->attributes = static_cast<AttrNumber*>(palloc(sizeof(AttrNumber) * key->count));
+    for (int i = 0; i < key->count; ++i) {
+        key->attributes[i] = InvalidAttrNumber;
+        for (int a = 0; a < descriptor->natts; ++a) {
+            Form_pg_attribute form = TupleDescAttr(descriptor, a);
+            if (!form->attisdropped && strcmp(NameStr(form->attname), key->names[i]) == 0)
+                key->attributes[i] = form->attnum;
+        }
+        if (key->attributes[i] == InvalidAttrNumber) refuse_trigger(data);
     }
-    bool found = false;
-    auto* cached = static_cast<CachedPlan*>(hash_search(plans, &trigger->tgoid, HASH_FIND, &found));
-    if (found) return cached->plan;
+}
 
-    if (trigger->tgnargs < 1 ||
-        (!TRIGGER_FIRED_BY_TRUNCATE(data->tg_event) && trigger->tgnargs < 2))
-        ereport(ERROR, (errcode(ERRCODE_INVALID_PARAMETER_VALUE),
-                        errmsg("trigger \"%s\" on \"%s\" was not created by magic_sync",
-                               trigger->tgname, RelationGetRelationName(data->tg_relation)),
-                        errhint("Declare the table with sync.catalog(), sync.record() or "
-                                "sync.both(); they install the capture triggers.")));
-    const int codec = pg_strtoint32(trigger->tgargs[0]);
+// Whether two versions of a row are the same, column by column, as stored.
+bool same_row(TupleTableSlot* old_row, TupleTableSlot* new_row, TupleDesc descriptor) {
+    slot_getallattrs(old_row);
+    slot_getallattrs(new_row);
+    for (int a = 0; a < descriptor->natts; ++a) {
+        Form_pg_attribute form = TupleDescAttr(descriptor, a);
+        if (form->attisdropped) continue;
+        if (old_row->tts_isnull[a] != new_row->tts_isnull[a]) return false;
+        if (old_row->tts_isnull[a]) continue;
+        if (!datum_image_eq(old_row->tts_values[a], new_row->tts_values[a], form->attbyval,
+                            form->attlen))
+            return false;
+    }
+    return true;
+}
 
-    StringInfoData sql;
-    initStringInfo(&sql);
-    if (TRIGGER_FIRED_BY_TRUNCATE(data->tg_event)) {
-        appendStringInfo(&sql, "INSERT INTO sync.note (codec, key) VALUES (%d, NULL)", codec);
+bool same_key(const KeyColumns* key, TupleTableSlot* old_row, TupleTableSlot* new_row,
+              TupleDesc descriptor) {
+    for (int i = 0; i < key->count; ++i) {
+        const int a = key->attributes[i] - 1;
+        Form_pg_attribute form = TupleDescAttr(descriptor, a);
+        if (old_row->tts_isnull[a] != new_row->tts_isnull[a]) return false;
+        if (old_row->tts_isnull[a]) continue;
+        if (!datum_image_eq(old_row->tts_values[a], new_row->tts_values[a], form->attbyval,
+                            form->attlen))
+            return false;
+    }
+    return true;
+}
+
+// A reader of its own over a transition table (other triggers may read it too).
+void rewind(Tuplestorestate* rows) {
+    tuplestore_select_read_pointer(rows, tuplestore_alloc_read_pointer(rows, 0));
+    tuplestore_rescan(rows);
+}
+
+// The keys of the rows the statement changed (an image of note_keys.hpp), or NULL when it changed
+// none: an INSERT's new rows, a DELETE's old rows; an UPDATE's rows whose content changed (by
+// their new key) and, when the key changed, the old key too. An UPDATE's old and new transition
+// tables hold each row's two versions at the same place.
+bytea* changed_keys(const TriggerData* data, int32* count) {
+    KeyColumns key;
+    find_key_columns(&key, data);
+    TupleDesc descriptor = RelationGetDescr(data->tg_relation);
+    TupleTableSlot* old_row = MakeSingleTupleTableSlot(descriptor, &TTSOpsMinimalTuple);
+    TupleTableSlot* new_row = MakeSingleTupleTableSlot(descriptor, &TTSOpsMinimalTuple);
+    Tuplestorestate* olds = data->tg_oldtable;
+    Tuplestorestate* news = data->tg_newtable;
+    StringInfoData image;
+    initStringInfo(&image);
+    appendStringInfoSpaces(&image, VARHDRSZ);
+    magic_sync::capture::begin_keys(&image, descriptor, key.attributes, key.names, key.count);
+    *count = 0;
+    if (olds != nullptr) rewind(olds);
+    if (news != nullptr) rewind(news);
+    if (TRIGGER_FIRED_BY_UPDATE(data->tg_event)) {
+        while (tuplestore_gettupleslot(olds, true, false, old_row) &&
+               tuplestore_gettupleslot(news, true, false, new_row)) {
+            if (same_row(old_row, new_row, descriptor)) continue;
+            magic_sync::capture::add_key(&image, new_row, descriptor, key.attributes, key.count);
+            ++*count;
+            if (same_key(&key, old_row, new_row, descriptor)) continue;
+            magic_sync::capture::add_key(&image, old_row, descriptor, key.attributes, key.count);
+            ++*count;
+        }
     } else {
-        appendStringInfo(&sql, "INSERT INTO sync.note (codec, key) SELECT %d, ", codec);
-        if (TRIGGER_FIRED_BY_UPDATE(data->tg_event)) {
-            append_update_select(&sql, trigger);
-        } else if (TRIGGER_FIRED_BY_INSERT(data->tg_event)) {
-            append_key(&sql, trigger, "n");
-            appendStringInfoString(&sql, " FROM magic_sync_new n");
-        } else {
-            append_key(&sql, trigger, "o");
-            appendStringInfoString(&sql, " FROM magic_sync_old o");
+        Tuplestorestate* rows = news != nullptr ? news : olds;
+        TupleTableSlot* row = news != nullptr ? new_row : old_row;
+        while (tuplestore_gettupleslot(rows, true, false, row)) {
+            magic_sync::capture::add_key(&image, row, descriptor, key.attributes, key.count);
+            ++*count;
         }
     }
-    SPIPlanPtr plan = SPI_prepare(sql.data, 0, nullptr);
-    if (plan == nullptr)
-        elog(ERROR, "magic_sync capture: could not plan \"%s\": %s", sql.data,
-             SPI_result_code_string(SPI_result));
-    SPI_keepplan(plan);
-    cached = static_cast<CachedPlan*>(hash_search(plans, &trigger->tgoid, HASH_ENTER, &found));
-    cached->plan = plan;
-    pfree(sql.data);
-    return plan;
+    ExecDropSingleTupleTableSlot(old_row);
+    ExecDropSingleTupleTableSlot(new_row);
+    if (*count == 0) return nullptr;
+    auto* keys = reinterpret_cast<bytea*>(image.data);
+    SET_VARSIZE(keys, image.len);
+    return keys;
 }
 
-// The owner of sync.capture(), looked up once per call site.
-Oid owner_of(FunctionCallInfo fcinfo) {
-    if (fcinfo->flinfo->fn_extra == nullptr) {
-        HeapTuple proc = SearchSysCache1(PROCOID, ObjectIdGetDatum(fcinfo->flinfo->fn_oid));
-        if (!HeapTupleIsValid(proc))
-            elog(ERROR, "magic_sync capture: function %u not found", fcinfo->flinfo->fn_oid);
-        auto* owner = static_cast<Oid*>(MemoryContextAlloc(fcinfo->flinfo->fn_mcxt, sizeof(Oid)));
-        *owner = reinterpret_cast<Form_pg_proc>(GETSTRUCT(proc))->proowner;
-        ReleaseSysCache(proc);
-        fcinfo->flinfo->fn_extra = owner;
-    }
-    return *static_cast<Oid*>(fcinfo->flinfo->fn_extra);
+// Inserts the note: `keys` NULL means every row of the codec (a TRUNCATE).
+void write_note(int32 codec, bytea* keys, int32 count) {
+    const Oid schema = get_namespace_oid("sync", false);
+    const Oid note_id = get_relname_relid("note", schema);
+    const Oid sequence = get_relname_relid("note_seq_seq", schema);
+    if (!OidIsValid(note_id) || !OidIsValid(sequence))
+        elog(ERROR, "magic_sync capture: sync.note is missing; reinstall the extension");
+    Relation note = table_open(note_id, RowExclusiveLock);
+    if (note->rd_rel->relhasindex)
+        ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+                        errmsg("sync.note has an index, which the capture cannot maintain"),
+                        errdetail("The capture writes the notes into sync.note's heap directly."),
+                        errhint("Drop the index on sync.note.")));
+    if (RelationGetDescr(note)->natts != kNoteColumns)
+        ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
+                        errmsg("sync.note does not have the %d columns magic_sync made",
+                               static_cast<int>(kNoteColumns)),
+                        errhint("Reinstall the extension.")));
+    Datum values[kNoteColumns] = {};
+    bool nulls[kNoteColumns] = {};
+    values[kSeq] = Int64GetDatum(nextval_internal(sequence, false));
+    values[kCodec] = Int32GetDatum(codec);
+    nulls[kKey] = true;
+    nulls[kKeys] = keys == nullptr;
+    values[kKeys] = PointerGetDatum(keys);
+    values[kKeyCount] = Int32GetDatum(keys == nullptr ? 1 : count);
+    values[kNotedAt] = TimestampTzGetDatum(GetCurrentTransactionStartTimestamp());
+    HeapTuple tuple = heap_form_tuple(RelationGetDescr(note), values, nulls);
+    simple_heap_insert(note, tuple);
+    heap_freetuple(tuple);
+    table_close(note, NoLock);
 }
 
 // C-style on purpose: it runs inside pg::guard(), where no C++ object may live.
@@ -131,31 +192,26 @@ void capture(FunctionCallInfo fcinfo) {
     if (!TRIGGER_FIRED_FOR_STATEMENT(data->tg_event) || !TRIGGER_FIRED_AFTER(data->tg_event))
         ereport(ERROR, (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
                         errmsg("sync.capture() must fire AFTER ... FOR EACH STATEMENT")));
-    // A statement that changed no row notes nothing (a TRUNCATE always notes).
+    const Trigger* trigger = data->tg_trigger;
+    if (trigger->tgnargs < 1 ||
+        (!TRIGGER_FIRED_BY_TRUNCATE(data->tg_event) && trigger->tgnargs < 2))
+        refuse_trigger(data);
+    const int32 codec = pg_strtoint32(trigger->tgargs[0]);
+    bytea* keys = nullptr;
+    int32 count = 0;
     if (!TRIGGER_FIRED_BY_TRUNCATE(data->tg_event)) {
         Tuplestorestate* rows =
             data->tg_newtable != nullptr ? data->tg_newtable : data->tg_oldtable;
-        if (rows == nullptr)
+        if (rows == nullptr || (TRIGGER_FIRED_BY_UPDATE(data->tg_event) &&
+                                (data->tg_newtable == nullptr || data->tg_oldtable == nullptr)))
             ereport(ERROR, (errcode(ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED),
                             errmsg("sync.capture() needs the trigger's transition tables")));
+        // A statement that changed no row notes nothing (a TRUNCATE always notes).
         if (tuplestore_tuple_count(rows) == 0) return;
+        keys = changed_keys(data, &count);
+        if (keys == nullptr) return;
     }
-    // Whoever writes a synced table notes its changes without any privilege on sync.note: the
-    // notes are written as the function's owner (cheaper than SECURITY DEFINER, which would save
-    // and restore settings on every call). An error's abort restores the writer.
-    Oid writer = InvalidOid;
-    int security_context = 0;
-    GetUserIdAndSecContext(&writer, &security_context);
-    SetUserIdAndSecContext(owner_of(fcinfo), security_context | SECURITY_LOCAL_USERID_CHANGE |
-                                                 SECURITY_RESTRICTED_OPERATION);
-    if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "magic_sync capture: SPI_connect failed");
-    if (SPI_register_trigger_data(data) != SPI_OK_TD_REGISTER)
-        elog(ERROR, "magic_sync capture: could not register the transition tables");
-    int result = SPI_execute_plan(plan_for(data), nullptr, nullptr, false, 0);
-    if (result != SPI_OK_INSERT)
-        elog(ERROR, "magic_sync capture: writing notes failed: %s", SPI_result_code_string(result));
-    SPI_finish();
-    SetUserIdAndSecContext(writer, security_context);
+    write_note(codec, keys, count);
     magic_sync::pg::wake_relay_at_commit();
 }
 

@@ -4,13 +4,28 @@
 -- wrong and how to fix it. Every identifier they splice into SQL comes from the catalog and is
 -- quoted with format('%I').
 
--- The capture trigger (src/capture/trigger.cpp). It writes the notes as this function's owner, so
--- whoever writes a synced table may note its changes without any privilege on sync.note; every
--- name in its statements is qualified, so it needs no SET search_path (which would cost a
--- settings save and restore on every statement of the application).
+-- The capture trigger (src/capture/trigger.cpp). It inserts its notes into sync.note's heap
+-- itself, so whoever writes a synced table notes its changes without any privilege on sync; it
+-- runs no SQL, so it needs no SET search_path (which would cost a settings save and restore on
+-- every statement of the application).
 CREATE FUNCTION sync.capture() RETURNS trigger
 AS 'MODULE_PATHNAME', 'magic_sync_capture'
 LANGUAGE C;
+
+-- The keys a capture note holds (sync.note.keys), as jsonb, in the order they were noted; one
+-- NULL (every row of the codec) when a key column's type no longer exists.
+CREATE FUNCTION sync.note_keys(keys bytea) RETURNS SETOF jsonb
+AS 'MODULE_PATHNAME', 'magic_sync_note_keys'
+LANGUAGE C STABLE STRICT;
+
+-- The notes waiting for the pass, a row per key (key NULL: every row of the codec), `position`
+-- its place in its note.
+CREATE VIEW sync.noted AS
+SELECT n.seq, n.codec, k.key, k.position, n.key_count, n.noted_at
+FROM sync.note n
+CROSS JOIN LATERAL (SELECT n.key, 1::bigint WHERE n.keys IS NULL
+                    UNION ALL
+                    SELECT * FROM sync.note_keys(n.keys) WITH ORDINALITY) AS k(key, position);
 
 -- The relation's name as it travels on the wire and shows in messages: schema.name.
 CREATE FUNCTION sync.relation_name(relation regclass) RETURNS text

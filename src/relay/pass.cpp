@@ -104,22 +104,26 @@ void analyze_if_large(Spi& spi, const char* table, int64_t rows) {
     if (rows > kLarge) spi.execute(std::string("ANALYZE pg_temp.") + table);
 }
 
-// 1. Take up to notes_per_pass notes, de-duplicated. The oldest visible notes, found as a range
-// of seq ending at the last one taken, so the delete reads them by index and not the whole
-// backlog. The answers visible then are the ones this pass moves: an upload's notes and answer
-// commit together, so a pass moves an answer only with the changes it filed (an answer moved
-// before them, by a pass that began before they committed, left its row to be sent back to the
-// replica that filed it: the end-to-end test saw it now and then).
+// 1. Take the oldest visible notes until they hold notes_per_pass keys (a statement's note is
+// taken whole), their keys de-duplicated. The answers visible then are the ones this pass moves:
+// an upload's notes and answer commit together, so a pass moves an answer only with the changes
+// it filed (an answer moved before them, by a pass that began before they committed, left its
+// row to be sent back to the replica that filed it: the end-to-end test saw it now and then).
+// Returns the number of keys taken.
 int64_t take_notes(Spi& spi) {
     return spi
         .scalar(R"sql(
-                   WITH taken AS (DELETE FROM sync.note WHERE seq <= coalesce((SELECT seq
-                   FROM sync.note ORDER BY seq OFFSET $1::int - 1 LIMIT 1), 9223372036854775807)
-                   RETURNING codec, key),
+                   WITH cut AS (SELECT seq FROM (SELECT seq, sum(key_count) OVER (ORDER BY seq)
+                    AS upto FROM sync.note) s WHERE upto >= $1::int ORDER BY seq LIMIT 1),
+                   taken AS (DELETE FROM sync.note
+                    WHERE seq <= coalesce((SELECT seq FROM cut), 9223372036854775807)
+                    RETURNING codec, key, keys, key_count),
                    kept AS (INSERT INTO pg_temp.magic_sync_note (codec, key)
-                   SELECT DISTINCT codec, key FROM taken),
+                    SELECT DISTINCT t.codec, t.key FROM taken t WHERE t.keys IS NULL
+                    UNION SELECT t.codec, k.key FROM taken t
+                    CROSS JOIN LATERAL sync.note_keys(t.keys) AS k(key)),
                    seen AS (INSERT INTO pg_temp.magic_sync_answer_seen SELECT id FROM sync.answer)
-                   SELECT count(*) FROM taken)sql",
+                   SELECT coalesce(sum(key_count), 0)::bigint FROM taken)sql",
                 {settings::notes_per_pass})
         .integer_or(0);
 }

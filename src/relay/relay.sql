@@ -63,7 +63,7 @@ $$;
 -- since when (the session's transaction start or the prepare; a role that is neither the
 -- session's nor granted pg_read_all_stats sees NULL there).
 CREATE VIEW sync.health AS
-SELECT (SELECT count(*) FROM sync.note) AS notes_backlog,
+SELECT (SELECT coalesce(sum(key_count), 0) FROM sync.note) AS notes_backlog,
        (SELECT extract(epoch FROM now() - min(noted_at)) FROM sync.note) AS oldest_note_seconds,
        sync.relay_lock_holder() AS relay_pid,
        st.last_pass_at,

@@ -30,7 +30,7 @@ DECLARE
     stuck bigint;
     sample text;
 BEGIN
-    SELECT count(*), now() - min(noted_at) INTO backlog, oldest FROM sync.note;
+    SELECT coalesce(sum(key_count), 0), now() - min(noted_at) INTO backlog, oldest FROM sync.note;
     IF oldest > every THEN
         level := 'WARNING';
         line := format('%s changes are waiting to be planned, the oldest for %s: the relay is behind. '

@@ -73,14 +73,24 @@ CREATE TABLE sync.sender_rule (
 
 -- Capture ---------------------------------------------------------------------------------------
 
--- One row per changed key, written by the capture trigger; `key` NULL means every row of the
--- codec (a TRUNCATE). Codec 0 is the replicas relation.
+-- What changed, for the pass to look at again. The capture trigger writes one note per statement
+-- holding the keys of the rows it changed (`keys`, `key_count` of them, read with
+-- sync.note_keys(keys); the format is src/capture/note_keys.hpp's); SQL that notes one key
+-- writes it in `key`; a note with neither means every row of the codec (a TRUNCATE, a
+-- declaration). Codec 0 is the replicas relation.
+-- No index, on purpose: the capture inserts into the heap directly (src/capture/trigger.cpp),
+-- and the pass reads the whole (short) queue by seq anyway.
 CREATE TABLE sync.note (
-    seq bigserial PRIMARY KEY,
+    seq bigserial NOT NULL,
     codec int NOT NULL,
     key jsonb,
+    keys bytea,
+    key_count int NOT NULL DEFAULT 1,
     noted_at timestamptz NOT NULL DEFAULT now()
 );
+-- The keys' bytes are the columns' own values and compress little: not worth pglz on every
+-- statement.
+ALTER TABLE sync.note ALTER COLUMN keys SET STORAGE EXTERNAL;
 
 -- Relay state -----------------------------------------------------------------------------------
 

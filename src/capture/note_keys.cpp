@@ -1,0 +1,134 @@
+#include "capture/note_keys.hpp"
+
+extern "C" {
+#include "access/detoast.h"
+#include "catalog/pg_type.h"
+#include "funcapi.h"
+#include "nodes/makefuncs.h"
+#include "utils/builtins.h"
+#include "utils/datum.h"
+#include "utils/fmgroids.h"
+#include "utils/syscache.h"
+#include "utils/tuplestore.h"
+}
+
+#include "pg/bridge.hpp"
+
+namespace magic_sync::capture {
+
+void begin_keys(StringInfo image, TupleDesc descriptor, const AttrNumber* attributes,
+                char* const* names, int columns) {
+    const int32 count = columns;
+    appendBinaryStringInfo(image, reinterpret_cast<const char*>(&count), sizeof(count));
+    for (int i = 0; i < columns; ++i) {
+        const Oid type = TupleDescAttr(descriptor, attributes[i] - 1)->atttypid;
+        appendBinaryStringInfo(image, reinterpret_cast<const char*>(&type), sizeof(type));
+        appendBinaryStringInfo(image, names[i], static_cast<int>(strlen(names[i])) + 1);
+    }
+}
+
+void add_key(StringInfo image, TupleTableSlot* slot, TupleDesc descriptor,
+             const AttrNumber* attributes, int columns) {
+    for (int i = 0; i < columns; ++i) {
+        Form_pg_attribute form = TupleDescAttr(descriptor, attributes[i] - 1);
+        bool is_null = false;
+        Datum value = slot_getattr(slot, attributes[i], &is_null);
+        // A value kept out of line or compressed is copied whole: the image must not point
+        // into TOAST that may be gone when the pass reads it.
+        if (!is_null && form->attlen == -1 && VARATT_IS_EXTENDED(DatumGetPointer(value)))
+            value = PointerGetDatum(
+                detoast_attr(reinterpret_cast<struct varlena*>(DatumGetPointer(value))));
+        const Size size = datumEstimateSpace(value, is_null, form->attbyval, form->attlen);
+        enlargeStringInfo(image, static_cast<int>(size));
+        char* end = image->data + image->len;
+        datumSerialize(value, is_null, form->attbyval, form->attlen, &end);
+        image->len += static_cast<int>(size);
+        image->data[image->len] = '\0';
+    }
+}
+
+namespace {
+
+void refuse_image() {
+    ereport(ERROR, (errcode(ERRCODE_DATA_CORRUPTED),
+                    errmsg("sync.note_keys was given bytes that are not a note's keys")));
+}
+
+// Reads `size` bytes at `*at` of an image that ends at `end`.
+void take(char** at, const char* end, void* into, size_t size) {
+    if (static_cast<size_t>(end - *at) < size) refuse_image();
+    memcpy(into, *at, size);
+    *at += size;
+}
+
+// sync.note_keys(keys bytea) RETURNS SETOF jsonb: the keys of a note, in the order noted. When a
+// key column's type no longer exists, one NULL: every row of the codec is looked at again.
+void note_keys(FunctionCallInfo fcinfo) {
+    bytea* image = PG_GETARG_BYTEA_PP(0);
+    char* at = VARDATA_ANY(image);
+    const char* end = at + VARSIZE_ANY_EXHDR(image);
+    InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
+    auto* result = reinterpret_cast<ReturnSetInfo*>(fcinfo->resultinfo);
+
+    int32 columns = 0;
+    take(&at, end, &columns, sizeof(columns));
+    if (columns < 1 || columns > FUNC_MAX_ARGS / 2) refuse_image();
+    const int nargs = 2 * columns;
+    auto* call = static_cast<FunctionCallInfo>(palloc0(SizeForFunctionCallInfo(nargs)));
+    List* arguments = NIL;
+    bool types_exist = true;
+    for (int i = 0; i < columns; ++i) {
+        Oid type = InvalidOid;
+        take(&at, end, &type, sizeof(type));
+        const char* name = at;
+        const char* name_end = static_cast<const char*>(memchr(at, '\0', end - at));
+        if (name_end == nullptr) refuse_image();
+        at = const_cast<char*>(name_end) + 1;
+        if (!SearchSysCacheExists1(TYPEOID, ObjectIdGetDatum(type))) {
+            types_exist = false;
+            continue;
+        }
+        call->args[2 * i].value = CStringGetTextDatum(name);
+        call->args[2 * i].isnull = false;
+        arguments = lappend(arguments, makeNullConst(TEXTOID, -1, InvalidOid));
+        arguments = lappend(arguments, makeNullConst(type, -1, InvalidOid));
+    }
+    Datum null_key = 0;
+    bool is_null = true;
+    if (!types_exist) {
+        tuplestore_putvalues(result->setResult, result->setDesc, &null_key, &is_null);
+        return;
+    }
+    FmgrInfo function;
+    fmgr_info(F_JSONB_BUILD_OBJECT_ANY, &function);
+    fmgr_info_set_expr(
+        reinterpret_cast<Node*>(makeFuncExpr(F_JSONB_BUILD_OBJECT_ANY, JSONBOID, arguments,
+                                             InvalidOid, InvalidOid, COERCE_EXPLICIT_CALL)),
+        &function);
+    InitFunctionCallInfoData(*call, &function, nargs, InvalidOid, nullptr, nullptr);
+    while (at < end) {
+        for (int i = 0; i < columns; ++i) {
+            int header = 0;
+            if (static_cast<size_t>(end - at) < sizeof(header)) refuse_image();
+            memcpy(&header, at, sizeof(header));
+            const ptrdiff_t left = end - at - static_cast<ptrdiff_t>(sizeof(header));
+            if ((header >= 0 && left < header) ||
+                (header == -1 && left < static_cast<ptrdiff_t>(sizeof(Datum))) || header < -2)
+                refuse_image();
+            call->args[2 * i + 1].value = datumRestore(&at, &call->args[2 * i + 1].isnull);
+        }
+        call->isnull = false;
+        Datum key = FunctionCallInvoke(call);
+        is_null = false;
+        tuplestore_putvalues(result->setResult, result->setDesc, &key, &is_null);
+    }
+}
+
+}  // namespace
+
+}  // namespace magic_sync::capture
+
+MAGIC_SYNC_FUNCTION(magic_sync_note_keys) {
+    magic_sync::pg::guard([&] { magic_sync::capture::note_keys(fcinfo); });
+    return static_cast<Datum>(0);
+}
