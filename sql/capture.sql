@@ -10,8 +10,11 @@ TRUNCATE sync.note;
 SELECT sync.catalog('shop.products');
 :notes
 
--- A multi-row INSERT: one note, a key per row.
+-- A multi-row INSERT: one note, a key per row. A pass that takes part of a note leaves the rest
+-- of its keys (sync.note_keys_from).
 INSERT INTO shop.products VALUES (1, 'tea', 2.50), (2, 'coffee', 3.00), (3, 'cake', 4.25);
+SELECT k.key AS left_from_the_second FROM sync.note n, sync.note_keys(sync.note_keys_from(n.keys, 2)) AS k(key);
+SELECT count(*) AS left_from_the_fourth FROM sync.note n, sync.note_keys(sync.note_keys_from(n.keys, 4));
 :notes
 
 -- An UPDATE of other columns: a key per row changed.

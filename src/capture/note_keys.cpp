@@ -61,6 +61,50 @@ void take(char** at, const char* end, void* into, size_t size) {
     *at += size;
 }
 
+// Moves `*at` past the header of an image; returns its column count.
+int32 skip_header(char** at, const char* end) {
+    int32 columns = 0;
+    take(at, end, &columns, sizeof(columns));
+    if (columns < 1 || columns > FUNC_MAX_ARGS / 2) refuse_image();
+    for (int i = 0; i < columns; ++i) {
+        Oid type = InvalidOid;
+        take(at, end, &type, sizeof(type));
+        const char* name_end = static_cast<const char*>(memchr(*at, '\0', end - *at));
+        if (name_end == nullptr) refuse_image();
+        *at = const_cast<char*>(name_end) + 1;
+    }
+    return columns;
+}
+
+// Moves `*at` past one value as datumSerialize wrote it.
+void skip_value(char** at, const char* end) {
+    int header = 0;
+    take(at, end, &header, sizeof(header));
+    const ptrdiff_t size = header == -2 ? 0 : header == -1 ? sizeof(Datum) : header;
+    if (header < -2 || end - *at < size) refuse_image();
+    *at += size;
+}
+
+// sync.note_keys_from(keys bytea, first int) RETURNS bytea: the image of the keys from the
+// first-th on (1-based): what is left of a note the pass took part of.
+Datum note_keys_from(FunctionCallInfo fcinfo) {
+    bytea* image = PG_GETARG_BYTEA_PP(0);
+    const int32 first = PG_GETARG_INT32(1);
+    char* begin = VARDATA_ANY(image);
+    char* at = begin;
+    const char* end = at + VARSIZE_ANY_EXHDR(image);
+    const int32 columns = skip_header(&at, end);
+    const size_t header = at - begin;
+    for (int32 key = 1; key < first && at < end; ++key)
+        for (int i = 0; i < columns; ++i) skip_value(&at, end);
+    const size_t rest = end - at;
+    auto* left = static_cast<bytea*>(palloc(VARHDRSZ + header + rest));
+    SET_VARSIZE(left, VARHDRSZ + header + rest);
+    memcpy(VARDATA(left), begin, header);
+    memcpy(VARDATA(left) + header, at, rest);
+    return PointerGetDatum(left);
+}
+
 // sync.note_keys(keys bytea) RETURNS SETOF jsonb: the keys of a note, in the order noted. When a
 // key column's type no longer exists, one NULL: every row of the codec is looked at again.
 void note_keys(FunctionCallInfo fcinfo) {
@@ -127,6 +171,10 @@ void note_keys(FunctionCallInfo fcinfo) {
 }  // namespace
 
 }  // namespace magic_sync::capture
+
+MAGIC_SYNC_FUNCTION(magic_sync_note_keys_from) {
+    return magic_sync::pg::guard([&] { return magic_sync::capture::note_keys_from(fcinfo); });
+}
 
 MAGIC_SYNC_FUNCTION(magic_sync_note_keys) {
     magic_sync::pg::guard([&] { magic_sync::capture::note_keys(fcinfo); });

@@ -18,6 +18,12 @@ CREATE FUNCTION sync.note_keys(keys bytea) RETURNS SETOF jsonb
 AS 'MODULE_PATHNAME', 'magic_sync_note_keys'
 LANGUAGE C STABLE STRICT;
 
+-- What is left of a note's keys from the first-th on: a pass that takes part of a big
+-- statement's note leaves the rest for the next.
+CREATE FUNCTION sync.note_keys_from(keys bytea, first int) RETURNS bytea
+AS 'MODULE_PATHNAME', 'magic_sync_note_keys_from'
+LANGUAGE C IMMUTABLE STRICT;
+
 -- The notes waiting for the pass, a row per key (key NULL: every row of the codec), `position`
 -- its place in its note.
 CREATE VIEW sync.noted AS

@@ -104,28 +104,50 @@ void analyze_if_large(Spi& spi, const char* table, int64_t rows) {
     if (rows > kLarge) spi.execute(std::string("ANALYZE pg_temp.") + table);
 }
 
-// 1. Take the oldest visible notes until they hold notes_per_pass keys (a statement's note is
-// taken whole), their keys de-duplicated. The answers visible then are the ones this pass moves:
-// an upload's notes and answer commit together, so a pass moves an answer only with the changes
-// it filed (an answer moved before them, by a pass that began before they committed, left its
-// row to be sent back to the replica that filed it: the end-to-end test saw it now and then).
-// Returns the number of keys taken.
+// 1. Take the oldest visible notes until they hold notes_per_pass keys, their keys de-duplicated:
+// the note that goes past the bound is taken in part, and what is left of it waits for the next
+// pass. The answers visible then are the ones this pass moves: an upload's notes and answer commit
+// together, so a pass moves an answer only with the changes it filed (an answer moved before
+// them, by a pass that began before they committed, left its row to be sent back to the replica
+// that filed it: the end-to-end test saw it now and then). Returns the number of keys taken.
 int64_t take_notes(Spi& spi) {
-    return spi
-        .scalar(R"sql(
-                   WITH cut AS (SELECT seq FROM (SELECT seq, sum(key_count) OVER (ORDER BY seq)
-                    AS upto FROM sync.note) s WHERE upto >= $1::int ORDER BY seq LIMIT 1),
-                   taken AS (DELETE FROM sync.note
-                    WHERE seq <= coalesce((SELECT seq FROM cut), 9223372036854775807)
+    // The first note past the bound, and how many of its keys are inside it.
+    const auto cut = spi.query(R"sql(
+        SELECT seq, $1::bigint - (upto - key_count) AS inside
+        FROM (SELECT seq, key_count, sum(key_count) OVER (ORDER BY seq) AS upto
+              FROM sync.note) s
+        WHERE upto > $1::bigint ORDER BY seq LIMIT 1)sql",
+                               {static_cast<int64_t>(settings::notes_per_pass)});
+    int64_t taken = 0;
+    Value before = std::nullopt;
+    if (!cut.empty()) {
+        before = cut.front()[0];
+        taken = cut.front()[1].integer();
+        if (taken > 0) {
+            spi.execute(R"sql(
+                INSERT INTO pg_temp.magic_sync_note (codec, key)
+                SELECT codec, key FROM sync.noted WHERE seq = $1::bigint AND position <= $2
+                EXCEPT SELECT codec, key FROM pg_temp.magic_sync_note)sql",
+                        {before, taken});
+            spi.execute(R"sql(
+                UPDATE sync.note SET keys = sync.note_keys_from(keys, $2::int + 1),
+                key_count = key_count - $2::int WHERE seq = $1::bigint)sql",
+                        {before, taken});
+        }
+    }
+    return taken + spi.scalar(R"sql(
+                   WITH taken AS (DELETE FROM sync.note
+                    WHERE seq < coalesce($1::bigint, 9223372036854775807)
                     RETURNING codec, key, keys, key_count),
                    kept AS (INSERT INTO pg_temp.magic_sync_note (codec, key)
-                    SELECT DISTINCT t.codec, t.key FROM taken t WHERE t.keys IS NULL
-                    UNION SELECT t.codec, k.key FROM taken t
-                    CROSS JOIN LATERAL sync.note_keys(t.keys) AS k(key)),
+                    (SELECT t.codec, t.key FROM taken t WHERE t.keys IS NULL
+                     UNION SELECT t.codec, k.key FROM taken t
+                     CROSS JOIN LATERAL sync.note_keys(t.keys) AS k(key))
+                    EXCEPT SELECT codec, key FROM pg_temp.magic_sync_note),
                    seen AS (INSERT INTO pg_temp.magic_sync_answer_seen SELECT id FROM sync.answer)
                    SELECT coalesce(sum(key_count), 0)::bigint FROM taken)sql",
-                {settings::notes_per_pass})
-        .integer_or(0);
+                              {before})
+                       .integer_or(0);
 }
 
 // Whether a row is withheld depends on magic_sync.bytes_per_message: when it changed, the rows
