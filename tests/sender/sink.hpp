@@ -30,8 +30,9 @@ struct Received {
     std::string replica;
     std::string message_id;
     std::string body;
-    int status = 0;  // as answered; 0 while hanging
-    Clock::time_point at;
+    int status = 0;             // as answered; 0 while hanging
+    Clock::time_point at;       // answered (until then: arrived)
+    Clock::time_point arrived;  // the request came in
 };
 
 class HttpSink {
@@ -199,7 +200,8 @@ class HttpSink {
     int handle(const std::string& replica, const std::string& message_id, const std::string& body) {
         std::unique_lock<std::mutex> lock(mutex_);
         const size_t index = received_.size();
-        received_.push_back(Received{replica, message_id, body, 0, Clock::now()});
+        const auto now = Clock::now();
+        received_.push_back(Received{replica, message_id, body, 0, now, now});
         most_per_replica_ = std::max(most_per_replica_, ++in_flight_per_replica_[replica]);
         most_ = std::max(most_, ++in_flight_);
         int status = 200;
