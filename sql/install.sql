@@ -28,6 +28,7 @@ WHERE p.pronamespace = 'sync'::regnamespace
   AND NOT EXISTS (SELECT FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')
   AND p.provolatile <> 'i'  -- immutable wire and fingerprint functions read no catalog
   AND p.prokind <> 'p'      -- a procedure with SET cannot commit: sync.relay() qualifies its names
+  AND p.prosqlbody IS NULL  -- a body in SQL's standard form is resolved when it is created
   AND p.oid <> 'sync.capture()'::regprocedure  -- runs no SQL: a SET would cost every write
   AND p.oid <> 'sync.note_keys(bytea)'::regprocedure  -- resolves no name: types by oid
   AND p.oid <> 'sync.encode_row(record, text[])'::regprocedure  -- resolves no name: a row's type by oid

@@ -30,8 +30,11 @@ FROM (VALUES ('00000000-0000-0000-0000-00000000000a'::uuid, 3),
 -- One message per live replica, its head, with the id <gen>.<seq>; the dead replica gets nothing.
 SELECT replica, seq, message_id, convert_from(message, 'UTF8') AS message
 FROM sync.next(10, '1 minute') ORDER BY replica;
-SELECT replica, seq, tries, lease_until > now() AS leased FROM sync.outbox
-WHERE tries > 0 ORDER BY replica, seq;
+-- The lease is this session's: its pid and its start (a later session may get the same pid).
+SELECT replica, seq, tries, lease_until > now() AS leased, lease_pid = pg_backend_pid() AS this_pid,
+       lease_backend_start = (SELECT backend_start FROM pg_stat_activity
+                              WHERE pid = pg_backend_pid()) AS this_session
+FROM sync.outbox WHERE tries > 0 ORDER BY replica, seq;
 
 -- While a head is leased its replica is skipped: its second message never goes before the first.
 SELECT count(*) AS while_leased FROM sync.next(10, '1 minute');
@@ -39,14 +42,24 @@ SELECT count(*) AS while_leased FROM sync.next(10, '1 minute');
 -- Sent: the next message becomes the head; the sent one stays in the outbox, unleased.
 SELECT sync.sent('00000000-0000-0000-0000-00000000000a', 1) AS recovered;
 SELECT replica, seq, message_id FROM sync.next(10, '1 minute');
-SELECT seq, sent_at IS NOT NULL AS sent, lease_until IS NULL AS unleased FROM sync.outbox
+SELECT seq, sent_at IS NOT NULL AS sent,
+       num_nonnulls(lease_until, lease_pid, lease_backend_start) = 0 AS unleased FROM sync.outbox
 WHERE replica = '00000000-0000-0000-0000-00000000000a' ORDER BY seq;
 
--- A lease that ran out lets the message go again (a sender died): same id, one more try.
+-- A lease that ran out lets the message go again (its sender hung, its session open): same id,
+-- one more try.
 UPDATE sync.outbox SET lease_until = now() - interval '1 second'
 WHERE replica = '00000000-0000-0000-0000-00000000000b' AND seq = 1;
 SELECT replica, seq, message_id FROM sync.next(10, '1 minute');
 SELECT tries FROM sync.outbox WHERE replica = '00000000-0000-0000-0000-00000000000b' AND seq = 1;
+
+-- A lease holder is a session: it lives while a session has its pid and its start. No session
+-- named: the lease holds by its time alone.
+SELECT sync.session_lives(pg_backend_pid(), (SELECT backend_start FROM pg_stat_activity
+                                             WHERE pid = pg_backend_pid())) AS this_session,
+       sync.session_lives(pg_backend_pid(), '2000-01-01') AS earlier_session_of_this_pid,
+       sync.session_lives(0, '2000-01-01') AS no_such_session,
+       sync.session_lives(NULL, NULL) AS none_named;
 
 -- Failed, transient: the lease ends, the replica backs off for magic_sync.backoff and the error is
 -- kept; the first failure starts the backoff (true), the next ones do not.
@@ -84,7 +97,8 @@ UPDATE sync.replica SET backoff_until = now() - interval '1 second'
 WHERE id = '00000000-0000-0000-0000-00000000000b';
 SELECT replica, seq, message_id FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000b', '00000000-0000-0000-0000-00000000000b']::uuid[], 1);
 SELECT recovered FROM sync.sent(ARRAY['00000000-0000-0000-0000-00000000000a', '00000000-0000-0000-0000-00000000000b']::uuid[], ARRAY[2, 2]) AS recovered;
-SELECT replica, seq, sent_at IS NOT NULL AS sent, lease_until IS NULL AS unleased FROM sync.outbox
+SELECT replica, seq, sent_at IS NOT NULL AS sent,
+       num_nonnulls(lease_until, lease_pid, lease_backend_start) = 0 AS unleased FROM sync.outbox
 WHERE seq = 2 AND replica IN ('00000000-0000-0000-0000-00000000000a', '00000000-0000-0000-0000-00000000000b')
 ORDER BY replica;
 SELECT backoff, last_error FROM sync.replica WHERE id = '00000000-0000-0000-0000-00000000000b';

@@ -38,12 +38,40 @@ BEGIN
 END
 $$;
 
+-- A lease holder is a session: (pid, start). Whether it still lives, seen by the extension's
+-- owner (another role sees no start of sessions that are not its own); true for no session
+-- (nobody named: the lease holds by its time alone). Per transaction, PostgreSQL takes one view of
+-- the sessions: a session that ends during it lives on for it.
+CREATE FUNCTION sync.session_lives(pid int, backend_start timestamptz) RETURNS boolean
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT session_lives.pid IS NULL
+        OR EXISTS (SELECT FROM pg_stat_get_activity(session_lives.pid) a
+                   WHERE a.backend_start = session_lives.backend_start)
+$$;
+
+-- The rule of a lease, for whatever reads one (sync.next, the pass's pruning): an unsent message's
+-- lease holds until `lease_until` and while the session that took it lives. A sender that dies
+-- (kill -9, its host gone once the server notices, its connection lost) leaves no lease behind: its
+-- replicas go to the next sender that asks, at once. One that is alive but slow keeps them, until
+-- the time runs out (the bound for a sender that hangs with its session open).
+-- A body of SQL's standard form, resolved when created, and so inlined where it is used: the
+-- session is looked at only for a lease whose time has not run out.
+CREATE FUNCTION sync.lease_holds(o sync.outbox) RETURNS boolean
+LANGUAGE sql STABLE
+RETURN o.sent_at IS NULL AND coalesce(o.lease_until > now(), false)
+       AND sync.session_lives(o.lease_pid, o.lease_backend_start);
+
 -- Finds each replica's head message without walking what was sent and is not confirmed yet.
 CREATE INDEX outbox_unsent ON sync.outbox (replica, seq) WHERE sent_at IS NULL;
 
 -- Leases the head message (lowest unsent seq) of up to `n` live replicas that are not in backoff
--- and whose head is not leased, oldest first. A replica whose head is leased or locked by another
--- sender is skipped, never served its second message: one message at a time per replica, in order.
+-- and whose head's lease does not hold (sync.lease_holds), oldest first, to this session: the
+-- lease holds for `lease` and ends at once with the session. A replica whose head is leased or
+-- locked by another sender is skipped, never served its second message: one message at a time per
+-- replica, in order.
 -- With `run` > 1 the head's lease covers it and up to `run` - 1 of the messages after it, returned
 -- with it: the sender sends them one at a time, in order, and records them with sync.sent only
 -- once the run has ended (all taken, or one failed, or the lease too close to its end to send
@@ -90,20 +118,25 @@ BEGIN
     chosen AS (
         -- The oldest heads, locked one by one until n are: a head another sender holds is
         -- skipped, and one leased or sent since this statement's snapshot is skipped too (the
-        -- conditions are checked again on the locked row version).
+        -- conditions are checked again on the locked row version). A lease whose session has
+        -- ended does not hold: its sender died.
         SELECT free.replica, free.seq, heads.created_at
         FROM (SELECT * FROM heads ORDER BY heads.created_at, heads.replica) heads
         CROSS JOIN LATERAL (
             SELECT o.replica, o.seq FROM sync.outbox o
             WHERE o.replica = heads.replica AND o.seq = heads.seq AND o.sent_at IS NULL
-              AND (o.lease_until IS NULL OR o.lease_until <= now())
+              AND NOT sync.lease_holds(o)
             FOR UPDATE SKIP LOCKED
         ) free
         LIMIT n
     ),
     leased AS (
+        -- Held by this session: it ends with it.
         UPDATE sync.outbox o
-        SET lease_until = now() + lease, tries = o.tries + 1
+        SET lease_until = now() + lease, lease_pid = pg_backend_pid(),
+            lease_backend_start = (SELECT a.backend_start
+                                   FROM pg_stat_get_activity(pg_backend_pid()) a),
+            tries = o.tries + 1
         FROM chosen
         WHERE o.replica = chosen.replica AND o.seq = chosen.seq
     )
@@ -143,7 +176,8 @@ BEGIN
             cardinality(replicas), cardinality(seqs)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    UPDATE sync.outbox o SET sent_at = now(), lease_until = NULL
+    UPDATE sync.outbox o SET sent_at = now(), lease_until = NULL, lease_pid = NULL,
+                             lease_backend_start = NULL
     FROM unnest(replicas, seqs) AS delivered(replica, seq)
     WHERE o.replica = delivered.replica AND o.seq = delivered.seq AND o.sent_at IS NULL;
     -- A delivery ends a run of refusals too: the alarm counts refusals in a row.
@@ -189,10 +223,10 @@ DECLARE
     previous interval;
     wait interval;
 BEGIN
-    UPDATE sync.outbox o SET lease_until = NULL
+    UPDATE sync.outbox o SET lease_until = NULL, lease_pid = NULL, lease_backend_start = NULL
     WHERE o.replica = failed.replica AND o.seq = failed.seq AND o.sent_at IS NULL;
     IF NOT FOUND THEN
-        -- Recorded sent already (another sender took it after this one's lease ran out and
+        -- Recorded sent already (another sender took it after this one's lease ended and
         -- delivered it), or gone: a late failure of a delivered message backs nothing off.
         RETURN false;
     END IF;

@@ -677,9 +677,10 @@ void recount_drifted_scopes(Spi& spi) {
 // Confirmations left by sync.receive(): messages a replica applied leave its outbox and confirm
 // the cursors they carried, whether or not the sender has recorded them as sent yet (a replica
 // may apply and confirm a message before its sender's sync.sent() commits). All but one: a head
-// whose lease is live stays until its sender records it or the lease runs out, because its lease
-// covers the run the sender is still sending; pruned, it would leave the rest of the run unleased
-// for another sender to take while this one sends it. The confirmation stays for the next pass.
+// whose lease holds (sync.lease_holds: its time has not run out and its sender's session lives)
+// stays until its sender records it or the lease ends, because its lease covers the run the
+// sender is still sending; pruned, it would leave the rest of the run unleased for another sender
+// to take while this one sends it. The confirmation stays for the next pass.
 // The lease is tested on the row the delete finds, so a lease taken since the statement began
 // keeps its row too; what was kept is what the statement saw in range less what it deleted.
 void apply_confirmations(Spi& spi) {
@@ -689,7 +690,7 @@ void apply_confirmations(Spi& spi) {
         latest AS (SELECT replica, max(applied) AS applied FROM c GROUP BY replica),
         done AS (DELETE FROM sync.outbox o USING latest l WHERE o.replica = l.replica
          AND o.seq <= l.applied
-         AND NOT (o.sent_at IS NULL AND o.lease_until IS NOT NULL AND o.lease_until > now())
+         AND NOT sync.lease_holds(o)
          RETURNING o.replica, o.advances),
         pruned AS (SELECT replica, count(*) AS n FROM done GROUP BY replica),
         kept AS (INSERT INTO sync.confirmation (replica, applied)

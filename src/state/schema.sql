@@ -221,7 +221,11 @@ CREATE TABLE sync.outbox (
     created_at timestamptz NOT NULL DEFAULT now(),
     sent_at timestamptz,
     tries int NOT NULL DEFAULT 0,
+    -- A lease (sync.next) holds until lease_until and while the session that took it lives: that
+    -- session's pid and start (pg_stat_activity.backend_start; a later session may get the pid).
     lease_until timestamptz,
+    lease_pid int,
+    lease_backend_start timestamptz,
     PRIMARY KEY (replica, seq)
 );
 
