@@ -129,7 +129,7 @@ ExecTransport::~ExecTransport() {
     const uint64_t one = 1;
     [[maybe_unused]] const ssize_t written = write(wake_fd_, &one, sizeof one);
     worker_.join();
-    // Abandoned: their leases expire and the messages go again.
+    // Abandoned: their leases end with the sender's session and the messages go again.
     for (const auto& child : running_) {
         kill(-child->pid, SIGKILL);
         waitpid(child->pid, nullptr, 0);

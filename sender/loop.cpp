@@ -349,7 +349,7 @@ int Sender::run(int signal_fd) {
         }
         if (stopping_ && now >= stop_deadline) {
             log_line("stopped: " + summary() + "; abandoned " + std::to_string(runs_.size()) +
-                     " sends in flight (their leases expire)");
+                     " sends in flight (their leases end with this session)");
             return 0;
         }
 
@@ -380,7 +380,7 @@ int Sender::run(int signal_fd) {
             [[maybe_unused]] const ssize_t n = read(signal_fd, &info, sizeof info);
             if (stopping_) {
                 log_line("stopped again: abandoning " + std::to_string(runs_.size()) +
-                         " sends in flight (their leases expire); " + summary());
+                         " sends in flight (their leases end with this session); " + summary());
                 return 0;
             }
             stopping_ = true;

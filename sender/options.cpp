@@ -20,8 +20,9 @@ replicas, one message at a time per replica, in order. Holds no state: kill it a
                          (default 32; 1 leases one message at a time)
   --once                 deliver what can be delivered now, then exit
   --report SECONDS       progress line interval (default 10; 0: none)
-  --lease SECONDS        how long a run of messages stays leased to this sender
-                         (default 2 x send timeout + 5; must exceed the send timeout)
+  --lease SECONDS        how long a run of messages stays leased to this sender while it
+                         hangs (default 2 x send timeout + 5; must exceed the send timeout);
+                         its leases end at once when its database session does (it died)
   --send-timeout SECONDS a send taking longer is a transient failure
                          (default: the server's magic_sync.send_timeout)
 http:
