@@ -256,7 +256,8 @@ class Fault : public ::testing::Test {
             ReplicaProcess& replica = replicas_[n] = deployment_->replica(replica_id(n));
             ports_[n] = deployment_->start_http_replica(replica, {}, "0.5");
         }
-        deployment_->start_http_sender({"--send-timeout", "5", "--lease", "8"});
+        // The default lease (2 x 5 + 5 s): a killed sender's leases end with its session.
+        deployment_->start_http_sender({"--send-timeout", "5"});
         watch();
         writer_ = std::thread([this] { load(); });
     }
