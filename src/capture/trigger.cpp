@@ -68,32 +68,33 @@ void find_key_columns(KeyColumns* key, const TriggerData* data) {
     }
 }
 
-// Whether two versions of a row are the same, column by column, as stored.
+// Whether two versions of a row hold the same value in column `a` (0-based), as stored. Both
+// slots are deformed.
+bool same_column(TupleTableSlot* old_row, TupleTableSlot* new_row, TupleDesc descriptor, int a) {
+    Form_pg_attribute form = TupleDescAttr(descriptor, a);
+    if (old_row->tts_isnull[a] || new_row->tts_isnull[a])
+        return old_row->tts_isnull[a] == new_row->tts_isnull[a];
+    return datum_image_eq(old_row->tts_values[a], new_row->tts_values[a], form->attbyval,
+                          form->attlen);
+}
+
+// Whether two versions of a row are the same, column by column.
 bool same_row(TupleTableSlot* old_row, TupleTableSlot* new_row, TupleDesc descriptor) {
     slot_getallattrs(old_row);
     slot_getallattrs(new_row);
     for (int a = 0; a < descriptor->natts; ++a) {
-        Form_pg_attribute form = TupleDescAttr(descriptor, a);
-        if (form->attisdropped) continue;
-        if (old_row->tts_isnull[a] != new_row->tts_isnull[a]) return false;
-        if (old_row->tts_isnull[a]) continue;
-        if (!datum_image_eq(old_row->tts_values[a], new_row->tts_values[a], form->attbyval,
-                            form->attlen))
+        if (!TupleDescAttr(descriptor, a)->attisdropped &&
+            !same_column(old_row, new_row, descriptor, a))
             return false;
     }
     return true;
 }
 
+// Whether two versions of a row (deformed by same_row) have the same key.
 bool same_key(const KeyColumns* key, TupleTableSlot* old_row, TupleTableSlot* new_row,
               TupleDesc descriptor) {
     for (int i = 0; i < key->count; ++i) {
-        const int a = key->attributes[i] - 1;
-        Form_pg_attribute form = TupleDescAttr(descriptor, a);
-        if (old_row->tts_isnull[a] != new_row->tts_isnull[a]) return false;
-        if (old_row->tts_isnull[a]) continue;
-        if (!datum_image_eq(old_row->tts_values[a], new_row->tts_values[a], form->attbyval,
-                            form->attlen))
-            return false;
+        if (!same_column(old_row, new_row, descriptor, key->attributes[i] - 1)) return false;
     }
     return true;
 }
