@@ -49,7 +49,7 @@ fi
 
 # The restored triggers note changes, and the codec sequence goes on after the restored ids.
 sql restored "TRUNCATE sync.note; INSERT INTO shop.products VALUES (7, 'tea');"
-noted=$(sql restored "SELECT c.table_name || ' ' || n.key FROM sync.note n JOIN sync.codec c ON c.id = n.codec")
+noted=$(sql restored "SELECT c.table_name || ' ' || n.key FROM sync.noted n JOIN sync.codec c ON c.id = n.codec")
 [ "$noted" = 'shop.products {"id": 7}' ] || { echo "after restore, noted: '$noted'"; status=1; }
 sql restored "CREATE TABLE shop.sales (id int PRIMARY KEY); SELECT sync.record('shop.sales');" >/dev/null
 distinct=$(sql restored "SELECT count(DISTINCT id) = count(*) FROM sync.codec")
