@@ -44,7 +44,7 @@ const char* const kTempTables[] = {
     R"sql(
     CREATE TEMP TABLE magic_sync_need (replica uuid NOT NULL, scope bigint NOT NULL,
     sent bigint NOT NULL, head bigint NOT NULL, scope_name text NOT NULL, room int NOT NULL,
-    chunk bigint,
+    in_flight boolean NOT NULL, chunk bigint,
     chunk_to bigint, chunk_rows int, chunk_bytes int))sql",
     R"sql(
     CREATE TEMP TABLE magic_sync_pick (origin bigint NOT NULL, scope bigint NOT NULL, grp int,
@@ -822,12 +822,14 @@ int64_t write_messages(Spi& spi, int rounds_left) {
         pick AS (DELETE FROM pg_temp.magic_sync_pick) SELECT)sql");
     spi.execute(
         R"sql(
-        INSERT INTO pg_temp.magic_sync_need (replica, scope, sent, head, scope_name, room)
+        INSERT INTO pg_temp.magic_sync_need (replica, scope, sent, head, scope_name, room,
+        in_flight)
         SELECT m.replica, m.scope, m.sent, s.head,
-        sync.scope_name(s.match, s.value, s.partition), $1::int - u.unsent
+        sync.scope_name(s.match, s.value, s.partition), $1::int - u.unsent, u.in_flight
         FROM sync.member m JOIN sync.scope s ON s.id = m.scope
         JOIN sync.replica r ON r.id = m.replica AND r.live
-        CROSS JOIN LATERAL (SELECT count(*) AS unsent FROM sync.outbox o
+        CROSS JOIN LATERAL (SELECT count(*) AS unsent,
+         coalesce(bool_or(sync.lease_holds(o)), false) AS in_flight FROM sync.outbox o
          WHERE o.replica = m.replica AND o.sent_at IS NULL) u
         WHERE m.sent < s.head AND u.unsent < $1::int)sql",
         {settings::window});
@@ -848,11 +850,19 @@ int64_t write_messages(Spi& spi, int rounds_left) {
         build_chunks(spi, rounds_left);
         attach_chunks();
     }
-    // Pack each replica's next chunks into one message, within the row and byte limits.
+    // Pack each replica's next chunks into one message, within the row and byte limits. While
+    // a sender is delivering to the replica (a lease holds), it gets a new message only when a
+    // chunk of it is full (cut at a limit, more rows after it): a chunk that takes the rest of
+    // its scope waits for that delivery to end (sync.sent wakes the relay), and takes what
+    // changed until then with it. Otherwise, under a steady trickle of writes, every pass queued
+    // a small message behind the one being delivered, and a change waited for a window of them
+    // to go, one at a time.
     spi.execute(
         R"sql(
         INSERT INTO pg_temp.magic_sync_picked (replica, scope, chunk, chunk_to)
         SELECT replica, scope, chunk, chunk_to FROM (SELECT n.*,
+         bool_or(n.chunk_to < n.head OR n.chunk_rows >= $1::int)
+          OVER (PARTITION BY n.replica) AS takes_full,
          row_number() OVER w AS position, sum(n.chunk_rows) OVER w AS rows_so_far,
          sum(n.chunk_bytes + 1) OVER w AS bytes_so_far,
          $2::int - sync.envelope_size(CASE WHEN r.reset_pending THEN '{*}'::text[]
@@ -860,8 +870,8 @@ int64_t write_messages(Spi& spi, int rounds_left) {
          cardinality(r.pending_drops) + cardinality(r.pending_table_drops) > 0 AS drops
          FROM pg_temp.magic_sync_need n JOIN sync.replica r ON r.id = n.replica
          WINDOW w AS (PARTITION BY n.replica ORDER BY n.scope)) x
-        WHERE (position = 1 AND NOT drops)
-        OR (bytes_so_far <= budget AND (position = 1 OR rows_so_far <= $1::int)))sql",
+        WHERE (NOT in_flight OR takes_full) AND ((position = 1 AND NOT drops)
+        OR (bytes_so_far <= budget AND (position = 1 OR rows_so_far <= $1::int))))sql",
         {settings::rows_per_message, settings::bytes_per_message});
     spi.execute(
         R"sql(
