@@ -8,12 +8,18 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include "server/deployment.hpp"
 #include "server/holdings.hpp"
@@ -31,6 +37,30 @@ double percentile(std::vector<double> values, double p) {
     std::sort(values.begin(), values.end());
     return values[static_cast<size_t>(p * (values.size() - 1) + 0.5)];
 }
+
+// A process's /proc/PID/stat fields after its command (field 3 on), empty when it is gone.
+std::vector<std::string> stat_fields(pid_t pid) {
+    std::ifstream file("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    if (!std::getline(file, line) || line.rfind(')') == std::string::npos) return {};
+    std::istringstream rest(line.substr(line.rfind(')') + 2));
+    std::vector<std::string> fields;
+    for (std::string field; rest >> field;) fields.push_back(field);
+    return fields;
+}
+
+// The CPU time (user and system) a process has used so far, in seconds.
+double cpu_seconds(pid_t pid) {
+    const std::vector<std::string> fields = stat_fields(pid);
+    if (fields.size() < 13) return 0;
+    return (std::stod(fields[11]) + std::stod(fields[12])) / sysconf(_SC_CLK_TCK);
+}
+
+// Where the machine's CPU went: the server (its postmaster and every process under it), the
+// sender, the replica processes, and this benchmark (its router).
+struct CpuUse {
+    double server = 0, sender = 0, replicas = 0, bench = 0;
+};
 
 const char* const kShop = R"sql(
     CREATE TABLE registers (id uuid PRIMARY KEY, active boolean NOT NULL DEFAULT true);
@@ -87,6 +117,29 @@ struct Rig {
         waiting.erase(marker);
         return seen ? std::chrono::duration<double, std::milli>(Clock::now() - committed).count()
                     : -1;
+    }
+
+    CpuUse cpu_use() {
+        CpuUse use;
+        std::ifstream pid_file(deployment.cluster().directory() + "/data/postmaster.pid");
+        pid_t postmaster = 0;
+        pid_file >> postmaster;
+        use.server = cpu_seconds(postmaster);
+        for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+            const std::string name = entry.path().filename();
+            if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+            const std::vector<std::string> fields = stat_fields(std::stoi(name));
+            if (fields.size() > 1 && fields[1] == std::to_string(postmaster))
+                use.server += cpu_seconds(std::stoi(name));
+        }
+        use.sender = cpu_seconds(deployment.sender()->pid());
+        for (const ReplicaProcess& replica : processes)
+            use.replicas += cpu_seconds(replica.process->pid());
+        rusage self{};
+        getrusage(RUSAGE_SELF, &self);
+        use.bench = self.ru_utime.tv_sec + self.ru_utime.tv_usec / 1e6 + self.ru_stime.tv_sec +
+                    self.ru_stime.tv_usec / 1e6;
+        return use;
     }
 
     Deployment deployment;
@@ -149,7 +202,9 @@ int main(int argc, char** argv) {
         std::lock_guard<std::mutex> lock(many.mutex);
         many.taken = 0;
     }
+    const CpuUse before = many.cpu_use();
     auto start = Clock::now();
+    const std::string committed = many.deployment.db().value("SELECT clock_timestamp()");
     many.deployment.db().query("UPDATE products SET price = price + 1 WHERE id <= " +
                                std::to_string(rows));
     if (!many.drained(std::chrono::minutes(10))) {
@@ -157,9 +212,28 @@ int main(int argc, char** argv) {
         return 1;
     }
     double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    const CpuUse after = many.cpu_use();
     std::printf(
         "fan-out: %d rows changed in one statement to %d replicas: %.1f s,"
         " %.0f rows/s delivered (%ld messages)\n",
         rows, replicas, seconds, rows * replicas / seconds, many.taken);
+    // Where the time went: when the passes wrote the messages (each pass's messages carry its
+    // start), and when the sender recorded them sent, from the statement's start.
+    std::printf("  %s\n", many.deployment.db()
+                              .value(R"sql(
+        SELECT format('messages written by %s passes from %s to %s ms, sent from %s to %s ms',
+         count(DISTINCT created_at),
+         round(extract(epoch FROM min(created_at) - $1::timestamptz) * 1000),
+         round(extract(epoch FROM max(created_at) - $1::timestamptz) * 1000),
+         round(extract(epoch FROM min(sent_at) - $1::timestamptz) * 1000),
+         round(extract(epoch FROM max(sent_at) - $1::timestamptz) * 1000))
+        FROM sync.outbox WHERE created_at > $1::timestamptz)sql",
+                                     {committed})
+                              .c_str());
+    std::printf(
+        "  CPU used meanwhile: replicas %.2f s, server %.2f s, sender %.2f s, this benchmark"
+        " (its router) %.2f s; %ld cores\n",
+        after.replicas - before.replicas, after.server - before.server,
+        after.sender - before.sender, after.bench - before.bench, sysconf(_SC_NPROCESSORS_ONLN));
     return 0;
 }
