@@ -93,6 +93,9 @@ SELECT known, filing FROM sync.sender_rule;
 SELECT sync.replicas('shop.registers', 'registers', live => 'active', partitioned_by => 'company_id');
 SELECT sync.replicas('shop.registers', 'registers', live => 'active');
 
+-- What is declared, as psql shows it: every kind of audience, columns named or all.
+SELECT * FROM sync.declarations;
+
 -- A declarative partitioned table syncs like any other.
 CREATE TABLE shop.events (id int, at date NOT NULL, what text, PRIMARY KEY (id, at)) PARTITION BY RANGE (at);
 CREATE TABLE shop.events_2026 PARTITION OF shop.events FOR VALUES FROM ('2026-01-01') TO ('2027-01-01');

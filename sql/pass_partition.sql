@@ -12,6 +12,8 @@ CREATE TABLE prices (company_id int, store_id int, product_id int, price numeric
 SELECT sync.replicas('registers', 'registers', live => 'active', partitioned_by => 'company_id');
 SELECT sync.catalog('products');
 SELECT sync.catalog('prices', "to" => 'store_id = store_id');
+-- As sync.declarations says it.
+SELECT "table", kind, audience FROM sync.declarations;
 INSERT INTO registers VALUES
     ('00000000-0000-0000-0000-0000000000a1', 'acme-1', 1, 10),
     ('00000000-0000-0000-0000-0000000000b1', 'bolt-1', 2, 10);

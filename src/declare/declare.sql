@@ -739,6 +739,35 @@ AS $$
     SELECT * FROM sync.filing_grant_problems()
 $$;
 
+-- What is declared, for psql: the replicas relation first, then one row per synced table with
+-- who receives its rows (read from the rule as parsed, sync.codec's audience), the columns that
+-- travel (all of the table's when none were named), those a replica may write, the stamps, the key.
+CREATE VIEW sync.declarations AS
+SELECT r.relation_name AS "table", 'replicas' AS kind, NULL::text AS "to",
+       format('%s; live when %s', r.name, r.live)
+       || CASE WHEN r.partitioned_by IS NOT NULL
+               THEN format('; partitioned by %I', r.partitioned_by) ELSE '' END AS audience,
+       NULL::name[] AS columns, NULL::name[] AS replica_columns, NULL::name[] AS stamp,
+       ARRAY['id']::name[] AS key_columns
+FROM sync.replica_set r
+UNION ALL
+(SELECT c.table_name, c.kind, c."to",
+        CASE c.audience
+            WHEN 'nobody' THEN 'no replica (up only)'
+            WHEN 'all' THEN 'every replica'
+            WHEN 'own' THEN format('the replica whose id is in %I', c.to_column)
+            WHEN 'group' THEN format('every replica whose %I equals the row''s %I',
+                                     c.replica_column, c.to_column)
+        END
+        || coalesce((SELECT format(' (same %I as the row)', s.partitioned_by) FROM sync.replica_set s
+                     WHERE s.partitioned_by IS NOT NULL AND c.audience <> 'nobody'), ''),
+        coalesce(c.columns, ARRAY(SELECT a.attname FROM pg_attribute a
+                                  WHERE a.attrelid = c.relation AND a.attnum > 0
+                                    AND NOT a.attisdropped ORDER BY a.attnum)),
+        c.replica_columns, c.stamp, c.key_columns
+ FROM sync.codec c
+ ORDER BY c.table_name);
+
 -- Schema changes (DESIGN §13). After an ALTER TABLE of a synced table: a change that would break
 -- its declaration is refused, saying why and what to do first; a change of its key's type re-keys
 -- it (declared again: every replica drops the rows under the old keys and gets them again); any
