@@ -21,7 +21,14 @@ SQL_PARTS := src/state/schema.sql src/relay/relay_lock.sql src/declare/declare.s
 	src/wire/wire.sql src/relay/relay.sql src/relay/outbox.sql src/filing/set_aside.sql \
 	src/filing/receive.sql src/relay/relay_loop.sql src/verify/repair.sql src/verify/truth.sql \
 	src/state/privileges.sql
-DATA_built = build/magic_sync--0.1.0.sql
+# The version being built: the control file's default_version, the one place it is written.
+EXT_VERSION := $(shell sed -n "s/^default_version = '\(.*\)'$$/\1/p" magic_sync.control)
+# The install script of this version, and an update script from each release before it: the part
+# that sets the old state aside, this version's install script whole, and the part that brings the
+# state back (src/upgrade/).
+UPGRADES_FROM := 0.1.0
+DATA_built = build/magic_sync--$(EXT_VERSION).sql \
+	$(foreach old,$(UPGRADES_FROM),build/magic_sync--$(old)--$(EXT_VERSION).sql)
 
 EXT_SRCS := $(wildcard $(foreach feature,$(FEATURES) pg,src/$(feature)/*.cpp))
 PROTOCOL_SRCS := $(wildcard src/protocol/*.cpp)
@@ -30,7 +37,7 @@ OBJS = $(EXT_SRCS:.cpp=.o) $(PROTOCOL_OBJS)
 
 WARNINGS := -Wall -Wextra -Werror
 # PostgreSQL's headers as system headers: our warnings are errors, theirs are not ours to fix.
-PG_CPPFLAGS = -Isrc -isystem $(shell $(PG_CONFIG) --includedir-server) -isystem $(shell $(PG_CONFIG) --includedir)/internal
+PG_CPPFLAGS = -DMAGIC_SYNC_VERSION='"$(EXT_VERSION)"' -Isrc -isystem $(shell $(PG_CONFIG) --includedir-server) -isystem $(shell $(PG_CONFIG) --includedir)/internal
 PG_CXXFLAGS = -std=c++17 $(WARNINGS)
 SHLIB_LINK = -lstdc++ -lcrypto
 
@@ -51,9 +58,14 @@ PROTOCOL_INCLUDES = -Isrc/protocol/barrier -Isrc
 PROTOCOL_BUILD = -DMAGIC_SYNC_PROTOCOL_BUILD
 PQ_INCLUDES = -I$(shell $(PG_CONFIG) --includedir)
 
-build/magic_sync--0.1.0.sql: $(SQL_PARTS)
+build/magic_sync--$(EXT_VERSION).sql: $(SQL_PARTS)
 	@mkdir -p $(dir $@)
 	cat $(SQL_PARTS) > $@
+
+build/magic_sync--%--$(EXT_VERSION).sql: src/upgrade/%--$(EXT_VERSION).before.sql $(SQL_PARTS) \
+		src/upgrade/%--$(EXT_VERSION).after.sql
+	@mkdir -p $(dir $@)
+	cat $^ > $@
 
 build/protocol/%.o: src/protocol/%.cpp $(wildcard src/protocol/*.hpp)
 	@mkdir -p $(dir $@)

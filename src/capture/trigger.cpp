@@ -8,6 +8,9 @@
 // sync.note's heap: no SPI, no plan, no executor, no privilege check (the writer needs none on
 // sync), and sync.note has no index to maintain.
 //
+// Between an update of the library and ALTER EXTENSION magic_sync UPDATE, release 0.1.0's
+// sync.note is still there: a statement then notes its whole table (write_release_note).
+//
 // Trigger arguments: the codec id (0 for the replicas relation), then the key columns.
 extern "C" {
 #include "postgres.h"
@@ -15,14 +18,18 @@ extern "C" {
 #include "access/heapam.h"
 #include "access/table.h"
 #include "catalog/namespace.h"
+#include "catalog/pg_proc.h"
 #include "catalog/pg_type.h"
 #include "commands/sequence.h"
 #include "commands/trigger.h"
+#include "executor/spi.h"
 #include "executor/tuptable.h"
+#include "miscadmin.h"
 #include "utils/builtins.h"
 #include "utils/datum.h"
 #include "utils/lsyscache.h"
 #include "utils/rel.h"
+#include "utils/syscache.h"
 #include "utils/timestamp.h"
 #include "utils/tuplestore.h"
 }
@@ -35,6 +42,8 @@ namespace {
 
 // sync.note's columns, in the order the install script declares them.
 enum NoteColumn { kSeq, kCodec, kKey, kKeys, kKeyCount, kNotedAt, kNoteColumns };
+// Release 0.1.0's sync.note: seq (its primary key), codec, key, noted_at.
+constexpr int kReleaseNoteColumns = 4;
 
 // The key columns of the trigger's relation, by the names the trigger was given.
 struct KeyColumns {
@@ -150,14 +159,44 @@ bytea* changed_keys(const TriggerData* data, int32* count) {
     return keys;
 }
 
+// Release 0.1.0's sync.note, met after this library was installed and the server restarted,
+// before ALTER EXTENSION magic_sync UPDATE ran: the note says "every row of the table" (key NULL),
+// which 0.1.0's pass and the update (it plans every table again) both read so, and nothing written
+// meanwhile is lost. Written through SPI, for that table's index, as the function's owner (the
+// writer needs no privilege on sync.note, as 0.1.0's capture did it).
+void write_release_note(FunctionCallInfo fcinfo, int32 codec) {
+    HeapTuple function = SearchSysCache1(PROCOID, ObjectIdGetDatum(fcinfo->flinfo->fn_oid));
+    if (!HeapTupleIsValid(function)) elog(ERROR, "magic_sync capture: its function is gone");
+    const Oid owner = reinterpret_cast<Form_pg_proc>(GETSTRUCT(function))->proowner;
+    ReleaseSysCache(function);
+    Oid writer = InvalidOid;
+    int security_context = 0;
+    GetUserIdAndSecContext(&writer, &security_context);
+    SetUserIdAndSecContext(
+        owner, security_context | SECURITY_LOCAL_USERID_CHANGE | SECURITY_RESTRICTED_OPERATION);
+    if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "magic_sync capture: SPI_connect failed");
+    Oid types[1] = {INT4OID};
+    Datum values[1] = {Int32GetDatum(codec)};
+    if (SPI_execute_with_args("INSERT INTO sync.note (codec, key) VALUES ($1, NULL)", 1, types,
+                              values, nullptr, false, 0) != SPI_OK_INSERT)
+        elog(ERROR, "magic_sync capture: writing a note into release 0.1.0's sync.note failed");
+    SPI_finish();
+    SetUserIdAndSecContext(writer, security_context);
+}
+
 // Inserts the note: `keys` NULL means every row of the codec (a TRUNCATE).
-void write_note(int32 codec, bytea* keys, int32 count) {
+void write_note(FunctionCallInfo fcinfo, int32 codec, bytea* keys, int32 count) {
     const Oid schema = get_namespace_oid("sync", false);
     const Oid note_id = get_relname_relid("note", schema);
     const Oid sequence = get_relname_relid("note_seq_seq", schema);
     if (!OidIsValid(note_id) || !OidIsValid(sequence))
         elog(ERROR, "magic_sync capture: sync.note is missing; reinstall the extension");
     Relation note = table_open(note_id, RowExclusiveLock);
+    if (RelationGetDescr(note)->natts == kReleaseNoteColumns) {
+        table_close(note, NoLock);
+        write_release_note(fcinfo, codec);
+        return;
+    }
     if (note->rd_rel->relhasindex)
         ereport(ERROR, (errcode(ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE),
                         errmsg("sync.note has an index, which the capture cannot maintain"),
@@ -212,7 +251,7 @@ void capture(FunctionCallInfo fcinfo) {
         keys = changed_keys(data, &count);
         if (keys == nullptr) return;
     }
-    write_note(codec, keys, count);
+    write_note(fcinfo, codec, keys, count);
     magic_sync::pg::wake_relay_at_commit();
 }
 

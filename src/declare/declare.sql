@@ -7,8 +7,9 @@
 -- The capture trigger (src/capture/trigger.cpp). It inserts its notes into sync.note's heap
 -- itself, so whoever writes a synced table notes its changes without any privilege on sync; it
 -- runs no SQL, so it needs no SET search_path (which would cost a settings save and restore on
--- every statement of the application).
-CREATE FUNCTION sync.capture() RETURNS trigger
+-- every statement of the application). OR REPLACE: an update from an older release keeps the
+-- function the tables' triggers call (src/upgrade/) and replaces it here.
+CREATE OR REPLACE FUNCTION sync.capture() RETURNS trigger
 AS 'MODULE_PATHNAME', 'magic_sync_capture'
 LANGUAGE C;
 

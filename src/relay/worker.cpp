@@ -108,12 +108,23 @@ void log_lines(const char* sql) {
 
 // Can this database relay now? Fills `reason` when it cannot.
 bool can_relay(char* reason, size_t size) {
-    if (single_value("SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'magic_sync'", 0,
-                     nullptr, nullptr) == nullptr) {
+    const char* installed =
+        single_value("SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'magic_sync'",
+                     0, nullptr, nullptr);
+    if (installed == nullptr) {
         snprintf(reason, size,
                  "the magic_sync extension is not installed in database \"%s\"; waiting for "
                  "CREATE EXTENSION magic_sync",
                  get_database_name(MyDatabaseId));
+        return false;
+    }
+    // The library was updated and the server restarted, the extension not yet: this library's
+    // statements would meet the schema of another release.
+    if (strcmp(installed, MAGIC_SYNC_VERSION) != 0) {
+        snprintf(reason, size,
+                 "the magic_sync extension in database \"%s\" is version %s and this library is "
+                 "%s; waiting for ALTER EXTENSION magic_sync UPDATE",
+                 get_database_name(MyDatabaseId), installed, MAGIC_SYNC_VERSION);
         return false;
     }
     const char* role = settings::role;

@@ -1,4 +1,4 @@
--- magic_sync 0.1.0: the schema `sync` (DESIGN §3), its roles and privileges.
+-- magic_sync 0.2.0: the schema `sync` (DESIGN §3), its roles and privileges.
 \echo Use "CREATE EXTENSION magic_sync" to load this file. \quit
 
 -- Rows travel as UTF-8 JSON, and uploads are filed from it: a database of another encoding would
