@@ -88,17 +88,17 @@ build/tests/unit_tests: $(UNIT_SRCS) $(PROTOCOL_OBJS)
 # The sender: sender/main.cpp is the program, the other sources its library.
 SENDER_SRCS := $(filter-out sender/main.cpp,$(wildcard sender/*.cpp))
 SENDER_OBJS := $(patsubst sender/%.cpp,build/sender/%.o,$(SENDER_SRCS))
-SENDER_LIBS = -lpq -lcurl -lnats -lcrypto -lpthread
+SENDER_LIBS = -lpq -lcurl -lnats -lcrypto -lpthread $(HTTPLIB_LIBS)
 build/sender/%.o: sender/%.cpp $(wildcard sender/*.hpp src/protocol/*.hpp)
 	@mkdir -p $(dir $@)
-	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_INCLUDES) $(PQ_INCLUDES) -Isender -c -o $@ $<
+	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_INCLUDES) $(PQ_INCLUDES) $(HTTPLIB_CFLAGS) -Isender -c -o $@ $<
 build/bin/magic-sync-sender: build/sender/main.o $(SENDER_OBJS) $(PROTOCOL_OBJS)
 	@mkdir -p $(dir $@)
 	$(HOST_CXX) $(HOST_FLAGS) -o $@ $^ $(SENDER_LIBS)
 SENDER_TEST_SRCS := $(wildcard tests/sender/*_test.cpp)
 build/tests/sender_tests: $(SENDER_TEST_SRCS) $(TEST_SUPPORT_SRCS) $(SENDER_OBJS) $(PROTOCOL_OBJS)
 	@mkdir -p $(dir $@)
-	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_INCLUDES) $(PQ_INCLUDES) -Isender -Itests -o $@ \
+	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_INCLUDES) $(PQ_INCLUDES) $(HTTPLIB_CFLAGS) -Isender -Itests -o $@ \
 		$(SENDER_TEST_SRCS) $(TEST_SUPPORT_SRCS) $(SENDER_OBJS) $(PROTOCOL_OBJS) $(GTEST_LIBS) $(SENDER_LIBS)
 
 # The reference replica: replica/lib/ is libmagic_sync_replica, replica/cli/ the program.
@@ -122,9 +122,12 @@ build/tests/replica_tests: $(REPLICA_TEST_SRCS) $(TEST_SUPPORT_SRCS) build/lib/l
 	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_INCLUDES) $(PQ_INCLUDES) -Ireplica -Itests -o $@ \
 		$(REPLICA_TEST_SRCS) $(TEST_SUPPORT_SRCS) build/lib/libmagic_sync_replica.a $(GTEST_LIBS) $(REPLICA_LIBS)
 
-# Tests against a real server: the relay worker, poolers, end to end. Debian builds cpp-httplib
-# as a library with TLS and compression: its header needs the same definitions.
+# Tests against a real server: the relay worker, poolers, end to end (and the sender's /metrics).
+# Debian builds cpp-httplib as a library with TLS and compression: its header needs the same
+# definitions.
 HTTPLIB = $(shell pkg-config --cflags --libs cpp-httplib 2>/dev/null)
+HTTPLIB_CFLAGS = $(shell pkg-config --cflags cpp-httplib 2>/dev/null)
+HTTPLIB_LIBS = $(shell pkg-config --libs cpp-httplib 2>/dev/null)
 SERVER_TEST_SRCS := $(wildcard tests/server/*_test.cpp)
 build/tests/server_tests: $(SERVER_TEST_SRCS) $(TEST_SUPPORT_SRCS) $(wildcard tests/server/*.hpp)
 	@mkdir -p $(dir $@)

@@ -77,7 +77,13 @@ std::vector<Settlement> Completions::take() {
 }
 
 Sender::Sender(const Options& options, std::unique_ptr<Transport> transport)
-    : options_(options), database_(options.db), transport_(std::move(transport)) {}
+    : options_(options),
+      database_(options.db),
+      metrics_(options.transport),
+      metrics_server_(options.metrics.empty()
+                          ? nullptr
+                          : std::make_unique<MetricsServer>(metrics_, options.metrics)),
+      transport_(std::move(transport)) {}
 
 Sender::~Sender() { transport_.reset(); }
 
@@ -136,6 +142,7 @@ void Sender::dispatch(std::vector<Delivery> leased, Clock::time_point lease_ends
         entry->second.waiting.push_back(std::move(delivery));
     }
     for (const std::string& replica : started) send_next(runs_.at(replica));
+    metrics_.in_flight(static_cast<int64_t>(runs_.size()));
 }
 
 void Sender::send_next(Run& run) {
@@ -144,6 +151,7 @@ void Sender::send_next(Run& run) {
     delivery.timeout = send_timeout_;
     run.seq_out = delivery.seq;
     run.bytes_out = delivery.bytes.size();
+    run.sent_at = Clock::now();
     const std::string replica = delivery.replica;
     const int64_t seq = delivery.seq;
     Completions* completions = &completions_;
@@ -158,20 +166,24 @@ void Sender::collect(Clock::time_point now) {
         if (entry == runs_.end() || entry->second.seq_out != settlement.seq) continue;
         Run& run = entry->second;
         const bool taken = settlement.outcome.verdict == Verdict::taken;
+        const auto took = now - run.sent_at;
         switch (settlement.outcome.verdict) {
             case Verdict::taken:
                 ++total_.sent;
                 ++since_report_.sent;
                 total_.bytes += static_cast<int64_t>(run.bytes_out);
                 since_report_.bytes += static_cast<int64_t>(run.bytes_out);
+                metrics_.sent(took, static_cast<int64_t>(run.bytes_out));
                 break;
             case Verdict::transient:
                 ++total_.transient;
                 ++since_report_.transient;
+                metrics_.failed(took);
                 break;
             case Verdict::refused:
                 ++total_.refused;
                 ++since_report_.refused;
+                metrics_.refused(took);
                 break;
         }
         run.ended.push_back(std::move(settlement));
@@ -186,6 +198,7 @@ void Sender::collect(Clock::time_point now) {
                            std::make_move_iterator(run.ended.end()));
         runs_.erase(entry);
     }
+    metrics_.in_flight(static_cast<int64_t>(runs_.size()));
 }
 
 void Sender::start_exchange(Clock::time_point now) {
@@ -264,6 +277,7 @@ void Sender::report(Clock::time_point now) {
     if (database_.connected()) {
         try {
             const Backlog backlog = database_.backlog();
+            metrics_.backlog(backlog.unsent, backlog.in_backoff, backlog.oldest_unsent_seconds);
             char oldest[32];
             std::snprintf(oldest, sizeof oldest, "%.1f s", backlog.oldest_unsent_seconds);
             line += ", " + std::to_string(backlog.in_backoff) + " replicas in backoff, " +

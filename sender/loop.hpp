@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "database.hpp"
+#include "metrics.hpp"
 #include "options.hpp"
 #include "transport.hpp"
 
@@ -53,6 +54,7 @@ class Sender {
         std::deque<Delivery> waiting;
         int64_t seq_out = 0;
         size_t bytes_out = 0;
+        Clock::time_point sent_at;  // when the send out started
         Clock::time_point lease_ends;
         std::vector<Settlement> ended;
     };
@@ -99,6 +101,8 @@ class Sender {
     Clock::time_point last_report_;
     Counts total_;
     Counts since_report_;
+    Metrics metrics_;
+    std::unique_ptr<MetricsServer> metrics_server_;  // with --metrics
 
     // Last, so it is destroyed first: no `done` may reach completions_ after it is gone.
     std::unique_ptr<Transport> transport_;

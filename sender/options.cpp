@@ -25,6 +25,9 @@ replicas, one message at a time per replica, in order. Holds no state: kill it a
                          its leases end at once when its database session does (it died)
   --send-timeout SECONDS a send taking longer is a transient failure
                          (default: the server's magic_sync.send_timeout)
+  --metrics HOST:PORT    serve GET /metrics for Prometheus there: messages sent, failed and
+                         refused, bytes, send times, sends in flight, and the backlog read
+                         with each progress line (--report)
 http:
   --url TEMPLATE         POST target, {replica} replaced by the replica's id; header message-id
 nats (JetStream):
@@ -79,6 +82,7 @@ Options parse_options(const std::vector<std::string>& arguments) {
          [&](const std::string& v) {
              options.send_timeout_seconds = parse_seconds("--send-timeout", v, false);
          }},
+        {"--metrics", [&](const std::string& v) { options.metrics = v; }},
         {"--url", [&](const std::string& v) { options.url = v; }},
         {"--nats-url", [&](const std::string& v) { options.nats_url = v; }},
         {"--nats-prefix", [&](const std::string& v) { options.nats_prefix = v; }},

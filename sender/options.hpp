@@ -17,6 +17,7 @@ struct Options {
     double report_seconds = 10;
     std::optional<double> lease_seconds;         // default: from the send timeout
     std::optional<double> send_timeout_seconds;  // default: magic_sync.send_timeout
+    std::string metrics;                         // HOST:PORT serving /metrics; empty: none
     // http
     std::string url;
     // nats

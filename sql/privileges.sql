@@ -1,6 +1,7 @@
 -- Privileges (DESIGN §10): PUBLIC can call nothing in schema sync; sync_sender calls only the
--- sender's functions (next, sent, failed, backlog) and sync_receiver only sync.receive (which
--- runs its helpers as the extension's owner); neither reads a sync table or changes a declaration. The
+-- sender's functions (next, sent, failed, backlog), sync_receiver only sync.receive (which
+-- runs its helpers as the extension's owner) and sync_monitor only the two monitoring functions
+-- (sync.replica_counts, sync.relay_health); none reads a sync table or changes a declaration. The
 -- settings and hooks that choose a role cannot be turned into more privilege: magic_sync.role is
 -- a superuser's setting, SET ROLE to it needs membership, the hooks run as the caller, and the
 -- relay's retry files a kept upload as the role that sent it.
@@ -45,32 +46,34 @@ GRANT SELECT, INSERT, UPDATE ON shop.drawers TO priv_receiver;
 GRANT SELECT ON shop.sales TO priv_receiver;
 CREATE SCHEMA route_own AUTHORIZATION priv_receiver;
 
--- The routines of schema sync anyone besides its owner may call: only the sender's and the
--- receiver's, and nothing for PUBLIC.
+-- The routines of schema sync anyone besides its owner may call: only the sender's, the
+-- receiver's and the monitor's, and nothing for PUBLIC.
 SELECT p.oid::regprocedure AS routine,
        has_function_privilege('public', p.oid, 'EXECUTE') AS public,
        has_function_privilege('sync_sender', p.oid, 'EXECUTE') AS sender,
-       has_function_privilege('sync_receiver', p.oid, 'EXECUTE') AS receiver
+       has_function_privilege('sync_receiver', p.oid, 'EXECUTE') AS receiver,
+       has_function_privilege('sync_monitor', p.oid, 'EXECUTE') AS monitor
 FROM pg_proc p
 WHERE p.pronamespace = 'sync'::regnamespace
   AND (has_function_privilege('public', p.oid, 'EXECUTE')
        OR has_function_privilege('sync_sender', p.oid, 'EXECUTE')
-       OR has_function_privilege('sync_receiver', p.oid, 'EXECUTE'))
+       OR has_function_privilege('sync_receiver', p.oid, 'EXECUTE')
+       OR has_function_privilege('sync_monitor', p.oid, 'EXECUTE'))
 ORDER BY p.oid::regprocedure::text;
 -- No table, view or sequence of schema sync is open to anyone but its owner; the schema is
--- usable by the two roles only, creatable in by nobody.
+-- usable by the three roles only, creatable in by nobody.
 SELECT c.oid::regclass AS relation, r.role
-FROM pg_class c, (VALUES ('public'), ('sync_sender'), ('sync_receiver')) AS r(role)
+FROM pg_class c, (VALUES ('public'), ('sync_sender'), ('sync_receiver'), ('sync_monitor')) AS r(role)
 WHERE c.relnamespace = 'sync'::regnamespace AND c.relkind IN ('r', 'v', 'm', 'p', 'f')
   AND has_table_privilege(r.role, c.oid, 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE, REFERENCES, TRIGGER')
 UNION ALL
 SELECT c.oid::regclass, r.role
-FROM pg_class c, (VALUES ('public'), ('sync_sender'), ('sync_receiver')) AS r(role)
+FROM pg_class c, (VALUES ('public'), ('sync_sender'), ('sync_receiver'), ('sync_monitor')) AS r(role)
 WHERE c.relnamespace = 'sync'::regnamespace AND c.relkind = 'S'
   AND has_sequence_privilege(r.role, c.oid, 'USAGE, SELECT, UPDATE');
 SELECT r.role, has_schema_privilege(r.role, 'sync', 'USAGE') AS usage,
        has_schema_privilege(r.role, 'sync', 'CREATE') AS "create"
-FROM (VALUES ('public'), ('sync_sender'), ('sync_receiver')) AS r(role);
+FROM (VALUES ('public'), ('sync_sender'), ('sync_receiver'), ('sync_monitor')) AS r(role);
 -- Every SECURITY DEFINER routine pins its search_path, so a caller's objects cannot stand in for
 -- the ones it means.
 SELECT p.oid::regprocedure AS unpinned FROM pg_proc p

@@ -14,7 +14,8 @@ BEGIN
 END
 $encoding$;
 
--- Roles for the two processes that talk to the engine from outside. Cluster-wide, so created
+-- Roles for the processes that talk to the engine from outside (the sender, the up route, a
+-- monitoring agent). Cluster-wide, so created
 -- only when absent and never dropped with the extension.
 DO $roles$
 BEGIN
@@ -23,6 +24,9 @@ BEGIN
     END IF;
     IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'sync_receiver') THEN
         CREATE ROLE sync_receiver NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'sync_monitor') THEN
+        CREATE ROLE sync_monitor NOLOGIN;
     END IF;
 END
 $roles$;

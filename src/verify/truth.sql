@@ -291,3 +291,35 @@ SELECT r.id AS replica,
 FROM sync.replica r
 LEFT JOIN sync.outbox o ON o.replica = r.id
 GROUP BY r.id;
+
+-- For monitoring (packaging/postgres_exporter_queries.yaml, for prometheus-postgres-exporter):
+-- the replicas counted by what sync.status says of them, and the relay's health, which the
+-- role sync_monitor may read and nothing else of sync. One reading of sync.status per call: it
+-- compares every replica's holdings, so scrape it every 15 s or slower.
+CREATE FUNCTION sync.replica_counts()
+RETURNS TABLE (sync text, live boolean, replicas bigint, unsent bigint,
+               oldest_unsent_seconds float8, set_aside bigint)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT s.sync, s.live, count(*), sum(s.outbox)::bigint,
+           coalesce(max(s.oldest_unsent_seconds), 0)::float8, sum(s.set_aside)::bigint
+    FROM sync.status s GROUP BY s.sync, s.live ORDER BY s.sync, s.live
+$$;
+
+CREATE FUNCTION sync.relay_health()
+RETURNS TABLE (notes_backlog bigint, oldest_note_seconds float8, relay_running boolean,
+               last_pass_seconds float8, set_aside_notes bigint, set_aside_rows bigint,
+               set_aside_uploads bigint, set_aside_untaken bigint, horizon_seconds float8)
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT h.notes_backlog::bigint, coalesce(h.oldest_note_seconds, 0)::float8,
+           h.relay_pid IS NOT NULL, coalesce(extract(epoch FROM now() - h.last_pass_at), -1)::float8,
+           h.set_aside_notes, h.set_aside_rows, h.set_aside_uploads, h.set_aside_untaken,
+           coalesce(h.horizon_seconds, 0)::float8
+    FROM sync.health h
+$$;
+
+REVOKE ALL ON FUNCTION sync.replica_counts(), sync.relay_health() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION sync.replica_counts(), sync.relay_health() TO sync_monitor;

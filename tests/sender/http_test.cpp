@@ -2,6 +2,8 @@
 // timeouts, backoff of one replica while the others carry on, kill -9, two senders, reconnects.
 #include <gtest/gtest.h>
 
+#include <httplib.h>
+
 #include <algorithm>
 #include <set>
 
@@ -470,6 +472,66 @@ TEST(Sender, RefusesBadOptions) {
         << output;
     EXPECT_EQ(run(sender_binary() + " --help", &output), 0);
     EXPECT_NE(output.find("--concurrency"), std::string::npos);
+}
+
+// --metrics serves Prometheus' text format: what was sent, failed and refused, the bytes, the
+// send times, what is in flight, and the backlog the database last reported. Two replicas take
+// their four messages; the third refuses its first (and backs off for an hour).
+TEST(Sender, ServesMetricsForPrometheus) {
+    Outbox outbox("http_metrics", 3, 4);
+    outbox.sql(
+        "ALTER DATABASE http_metrics SET magic_sync.backoff = '1h';"
+        " ALTER DATABASE http_metrics SET magic_sync.backoff_max = '1h'");
+    HttpSink sink;
+    sink.answer(replica_id(3), 400);
+    TempDir dir;
+    const std::string listen = "127.0.0.1:" + std::to_string(free_port());
+    SenderProcess sender(
+        outbox, dir,
+        {"--transport", "http", "--url", sink.url(), "--metrics", listen, "--report", "0.2"});
+    ASSERT_TRUE(eventually([&] { return outbox.unsent() == 4; }, 30s)) << sender.log();
+
+    httplib::Client client("127.0.0.1", std::stoi(listen.substr(listen.find(':') + 1)));
+    std::string text;
+    std::string type;
+    ASSERT_TRUE(eventually(
+        [&] {
+            const auto answer = client.Get("/metrics");
+            if (!answer || answer->status != 200) return false;
+            text = answer->body;
+            type = answer->get_header_value("Content-Type");
+            return text.find("magic_sync_sender_unsent_messages 4\n") != std::string::npos;
+        },
+        10s))
+        << text << sender.log();
+    size_t bytes = 0;
+    for (int replica = 1; replica <= 2; ++replica)
+        for (int seq = 1; seq <= 4; ++seq) bytes += message_body(replica, seq).size();
+    EXPECT_EQ(type, "text/plain; version=0.0.4; charset=utf-8");
+    for (const std::string& line : {
+             std::string("magic_sync_sender_messages_total{transport=\"http\",outcome=\"sent\"} 8"),
+             std::string(
+                 "magic_sync_sender_messages_total{transport=\"http\",outcome=\"failed\"} 0"),
+             std::string(
+                 "magic_sync_sender_messages_total{transport=\"http\",outcome=\"refused\"} 1"),
+             "magic_sync_sender_sent_bytes_total{transport=\"http\"} " + std::to_string(bytes),
+             std::string("magic_sync_sender_in_flight{transport=\"http\"} 0"),
+             std::string("magic_sync_sender_send_seconds_bucket{transport=\"http\",le=\"+Inf\"} 9"),
+             std::string("magic_sync_sender_send_seconds_count{transport=\"http\"} 9"),
+             std::string("# TYPE magic_sync_sender_send_seconds histogram"),
+             std::string("magic_sync_sender_replicas_backing_off 1"),
+         })
+        EXPECT_NE(text.find(line + "\n"), std::string::npos) << line << "\n" << text;
+
+    // A second sender cannot listen there: it says so, and stops.
+    SenderProcess second(outbox, dir,
+                         {"--transport", "http", "--url", sink.url(), "--metrics", listen},
+                         "second.log");
+    EXPECT_EQ(second.wait(30s), 1);
+    EXPECT_NE(second.log().find("--metrics " + listen +
+                                ": cannot listen there (in use, or not an address of this host)"),
+              std::string::npos)
+        << second.log();
 }
 
 }  // namespace

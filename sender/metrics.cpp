@@ -1,0 +1,164 @@
+#include "metrics.hpp"
+
+#include <httplib.h>
+#include <sys/socket.h>
+
+#include <cstdio>
+#include <stdexcept>
+#include <thread>
+
+namespace magic_sync::sender {
+
+namespace {
+
+void add(std::atomic<double>& total, double value) {
+    double seen = total.load();
+    while (!total.compare_exchange_weak(seen, seen + value)) {
+    }
+}
+
+std::string number(double value) {
+    char text[64];
+    std::snprintf(text, sizeof text, "%.17g", value);
+    return text;
+}
+
+}  // namespace
+
+Metrics::Metrics(std::string transport) : transport_(std::move(transport)) {}
+
+void Metrics::observe(std::chrono::duration<double> took) {
+    const double seconds = took.count();
+    for (size_t i = 0; i < kBuckets.size(); ++i) {
+        if (seconds <= kBuckets[i]) {
+            ++buckets_[i];
+            break;
+        }
+    }
+    ++sends_;
+    add(seconds_, seconds);
+}
+
+void Metrics::sent(std::chrono::duration<double> took, int64_t bytes) {
+    ++sent_;
+    bytes_ += bytes;
+    observe(took);
+}
+
+void Metrics::failed(std::chrono::duration<double> took) {
+    ++failed_;
+    observe(took);
+}
+
+void Metrics::refused(std::chrono::duration<double> took) {
+    ++refused_;
+    observe(took);
+}
+
+void Metrics::in_flight(int64_t sends) { in_flight_ = sends; }
+
+void Metrics::backlog(int64_t unsent, int64_t backing_off, double oldest_unsent_seconds) {
+    unsent_ = unsent;
+    backing_off_ = backing_off;
+    oldest_unsent_seconds_ = oldest_unsent_seconds;
+}
+
+std::string Metrics::text() const {
+    const std::string label = "transport=\"" + transport_ + "\"";
+    std::string out;
+    out +=
+        "# HELP magic_sync_sender_messages_total Messages the sender finished sending, by "
+        "outcome: sent (taken), failed (sending again may help), refused (by the other side).\n"
+        "# TYPE magic_sync_sender_messages_total counter\n";
+    out += "magic_sync_sender_messages_total{" + label + ",outcome=\"sent\"} " +
+           std::to_string(sent_.load()) + "\n";
+    out += "magic_sync_sender_messages_total{" + label + ",outcome=\"failed\"} " +
+           std::to_string(failed_.load()) + "\n";
+    out += "magic_sync_sender_messages_total{" + label + ",outcome=\"refused\"} " +
+           std::to_string(refused_.load()) + "\n";
+    out +=
+        "# HELP magic_sync_sender_sent_bytes_total Bytes of the messages sent.\n"
+        "# TYPE magic_sync_sender_sent_bytes_total counter\n"
+        "magic_sync_sender_sent_bytes_total{" +
+        label + "} " + std::to_string(bytes_.load()) + "\n";
+    out +=
+        "# HELP magic_sync_sender_in_flight Sends out now, each to another replica.\n"
+        "# TYPE magic_sync_sender_in_flight gauge\n"
+        "magic_sync_sender_in_flight{" +
+        label + "} " + std::to_string(in_flight_.load()) + "\n";
+    out +=
+        "# HELP magic_sync_sender_send_seconds How long a send took, until the other side "
+        "answered or it failed.\n"
+        "# TYPE magic_sync_sender_send_seconds histogram\n";
+    int64_t cumulative = 0;
+    for (size_t i = 0; i < kBuckets.size(); ++i) {
+        cumulative += buckets_[i].load();
+        out += "magic_sync_sender_send_seconds_bucket{" + label + ",le=\"" + number(kBuckets[i]) +
+               "\"} " + std::to_string(cumulative) + "\n";
+    }
+    const int64_t sends = sends_.load();
+    out += "magic_sync_sender_send_seconds_bucket{" + label + ",le=\"+Inf\"} " +
+           std::to_string(sends) + "\n";
+    out += "magic_sync_sender_send_seconds_sum{" + label + "} " + number(seconds_.load()) + "\n";
+    out += "magic_sync_sender_send_seconds_count{" + label + "} " + std::to_string(sends) + "\n";
+    if (unsent_.load() >= 0) {
+        out +=
+            "# HELP magic_sync_sender_unsent_messages Messages in the outbox not sent yet, as "
+            "the database last said (with each progress line).\n"
+            "# TYPE magic_sync_sender_unsent_messages gauge\n"
+            "magic_sync_sender_unsent_messages " +
+            std::to_string(unsent_.load()) + "\n";
+        out +=
+            "# HELP magic_sync_sender_replicas_backing_off Live replicas waiting out a backoff "
+            "after a failed or refused message.\n"
+            "# TYPE magic_sync_sender_replicas_backing_off gauge\n"
+            "magic_sync_sender_replicas_backing_off " +
+            std::to_string(backing_off_.load()) + "\n";
+        out +=
+            "# HELP magic_sync_sender_oldest_unsent_seconds Age of the oldest unsent message.\n"
+            "# TYPE magic_sync_sender_oldest_unsent_seconds gauge\n"
+            "magic_sync_sender_oldest_unsent_seconds " +
+            number(oldest_unsent_seconds_.load()) + "\n";
+    }
+    return out;
+}
+
+struct MetricsServer::Serving {
+    httplib::Server server;
+    std::thread thread;
+};
+
+MetricsServer::MetricsServer(const Metrics& metrics, const std::string& listen)
+    : serving_(std::make_unique<Serving>()) {
+    const size_t colon = listen.rfind(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == listen.size())
+        throw std::runtime_error("--metrics " + listen + ": expected HOST:PORT");
+    const std::string host = listen.substr(0, colon);
+    int port = 0;
+    try {
+        port = std::stoi(listen.substr(colon + 1));
+    } catch (const std::exception&) {
+        throw std::runtime_error("--metrics " + listen + ": the port is not a number");
+    }
+    // SO_REUSEADDR only: cpp-httplib's default adds SO_REUSEPORT, with which a second sender
+    // would share the port and a scrape would reach either.
+    serving_->server.set_socket_options([](socket_t sock) {
+        int yes = 1;
+        setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    });
+    serving_->server.Get("/metrics", [&metrics](const httplib::Request&, httplib::Response& res) {
+        res.set_content(metrics.text(), "text/plain; version=0.0.4; charset=utf-8");
+    });
+    if (!serving_->server.bind_to_port(host, port))
+        throw std::runtime_error("--metrics " + listen +
+                                 ": cannot listen there (in use, or not "
+                                 "an address of this host)");
+    serving_->thread = std::thread([this] { serving_->server.listen_after_bind(); });
+}
+
+MetricsServer::~MetricsServer() {
+    serving_->server.stop();
+    if (serving_->thread.joinable()) serving_->thread.join();
+}
+
+}  // namespace magic_sync::sender

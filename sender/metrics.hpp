@@ -1,0 +1,60 @@
+// What the sender shows Prometheus: with --metrics HOST:PORT it serves GET /metrics in the text
+// exposition format. Counters of the messages it delivered, failed to deliver (sending again may
+// help) and had refused, per transport; the bytes delivered; a histogram of how long each send
+// took; the sends in flight; and the backlog the database last reported (read with each progress
+// line, --report): messages unsent, replicas backing off, the age of the oldest unsent message.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+namespace magic_sync::sender {
+
+class Metrics {
+  public:
+    explicit Metrics(std::string transport);
+
+    void sent(std::chrono::duration<double> took, int64_t bytes);
+    void failed(std::chrono::duration<double> took);
+    void refused(std::chrono::duration<double> took);
+    void in_flight(int64_t sends);
+    void backlog(int64_t unsent, int64_t backing_off, double oldest_unsent_seconds);
+
+    // The exposition, as GET /metrics answers it.
+    std::string text() const;
+
+    // Upper bounds of the send time histogram's buckets, in seconds (+Inf besides).
+    static constexpr std::array<double, 13> kBuckets = {
+        0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10};
+
+  private:
+    void observe(std::chrono::duration<double> took);
+
+    const std::string transport_;
+    std::atomic<int64_t> sent_{0}, failed_{0}, refused_{0}, bytes_{0}, in_flight_{0};
+    std::atomic<int64_t> unsent_{-1}, backing_off_{-1};  // -1: not read yet
+    std::atomic<double> oldest_unsent_seconds_{0};
+    std::array<std::atomic<int64_t>, kBuckets.size()> buckets_{};  // not cumulative
+    std::atomic<int64_t> sends_{0};
+    std::atomic<double> seconds_{0};
+};
+
+// Serves a Metrics' text at GET /metrics, on a thread of its own, until destroyed.
+class MetricsServer {
+  public:
+    // `listen` is HOST:PORT; throws std::runtime_error saying why when it cannot listen there.
+    MetricsServer(const Metrics& metrics, const std::string& listen);
+    ~MetricsServer();
+    MetricsServer(const MetricsServer&) = delete;
+    MetricsServer& operator=(const MetricsServer&) = delete;
+
+  private:
+    struct Serving;
+    std::unique_ptr<Serving> serving_;
+};
+
+}  // namespace magic_sync::sender
