@@ -82,6 +82,21 @@ BEGIN
 END
 $$;
 
+-- What the peers start from (Electric, PowerSync): PostgreSQL's logical decoding. wal2json reads
+-- the same changes from a slot made before they were written (issue 25), timed with its reading
+-- of every one of them (format-version 2: one JSON document per changed row).
+CREATE PROCEDURE bench.time_decode(label text, slot name) LANGUAGE plpgsql AS $$
+DECLARE
+    t0 timestamptz := clock_timestamp();
+    decoded bigint;
+BEGIN
+    SELECT count(*) INTO decoded
+    FROM pg_logical_slot_get_changes(slot, NULL, NULL, 'format-version', '2');
+    INSERT INTO bench.timing (label, n, passes, ms, notes, messages)
+        VALUES (label, decoded, 0, extract(epoch FROM clock_timestamp() - t0) * 1000, 0, 0);
+END
+$$;
+
 -- The floor DESIGN §3 and §4 set under any pass, each step a bare set statement over the same
 -- rows, timed with its commit: encoding the rows (sync.encode_row over a table scan, no joins),
 -- writing their state once into a table of the row shape DESIGN §3 names (codec, key, scope,
