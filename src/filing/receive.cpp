@@ -583,7 +583,26 @@ bool waits_for_a_change(const std::string& message) {
     return message.size() <= upload_limits().max_bytes;
 }
 
+// Between an update of the library (and the server's restart) and ALTER EXTENSION magic_sync
+// UPDATE, filing would meet another release's schema: it refuses, saying what to run. Looked at
+// once per session when it matches (the library changes only with a restart).
+void require_installed_version(Spi& spi) {
+    static bool matches = false;
+    if (matches) return;
+    const Value installed =
+        spi.scalar("SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'magic_sync'");
+    if (installed && *installed == MAGIC_SYNC_VERSION) {
+        matches = true;
+        return;
+    }
+    throw Error("magic_sync's library is version " MAGIC_SYNC_VERSION
+                " but the extension in this database is version " +
+                    installed.value_or("(none)") + "; nothing was filed",
+                kNotYet, "", "Run ALTER EXTENSION magic_sync UPDATE, then send the upload again.");
+}
+
 std::string receive(Spi& spi, const std::string& replica, const std::string& message) {
+    require_installed_version(spi);
     if (settings::role != nullptr && settings::role[0] != '\0') become(spi, settings::role);
     const Known known = known_replica(spi, replica);
     if (!known.known) {

@@ -107,6 +107,11 @@ psql -X -q -v ON_ERROR_STOP=1 -U clerk -d postgres -c "INSERT INTO shop.products
 noted=$(sql "SELECT string_agg(c.table_name || ' ' || coalesce(n.key::text, 'every row'), ', ')
              FROM sync.note n JOIN sync.codec c ON c.id = n.codec")
 [ "$noted" = "shop.products every row" ] || { echo "noted before the update: '$noted'"; exit 1; }
+# An upload meanwhile is refused, saying what to run (the route answers it "send again later").
+refused=$(sql "SELECT sync.receive('00000000-0000-0000-0000-0000000000a1', convert_to('{}', 'UTF8'))" 2>&1 || true)
+[ "$refused" = "ERROR:  magic_sync's library is version 0.2.0 but the extension in this database is version 0.1.0; nothing was filed
+HINT:  Run ALTER EXTENSION magic_sync UPDATE, then send the upload again." ] ||
+    { echo "an upload between the restart and the update: '$refused'"; exit 1; }
 
 updated=$(psql -X -q -At -v ON_ERROR_STOP=1 -d postgres 2>&1 <<'SQL'
 ALTER EXTENSION magic_sync UPDATE;
