@@ -19,7 +19,10 @@ fi
 
 exporter_pid=
 stop_all() {
-    [ -n "$exporter_pid" ] && kill "$exporter_pid" 2>/dev/null && wait "$exporter_pid" 2>/dev/null
+    if [ -n "$exporter_pid" ]; then
+        kill "$exporter_pid" 2>/dev/null || true
+        wait "$exporter_pid" 2>/dev/null || true # its status is SIGTERM's, not the test's
+    fi
     cluster_stop
 }
 trap stop_all EXIT
