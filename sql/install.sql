@@ -31,6 +31,7 @@ WHERE p.pronamespace = 'sync'::regnamespace
   AND p.prosqlbody IS NULL  -- a body in SQL's standard form is resolved when it is created
   AND p.oid <> 'sync.capture()'::regprocedure  -- runs no SQL: a SET would cost every write
   AND p.oid <> 'sync.note_keys(bytea)'::regprocedure  -- resolves no name: types by oid
+  AND p.oid <> 'sync.note_keys(bytea, int)'::regprocedure  -- the same
   AND p.oid <> 'sync.encode_row(record, text[])'::regprocedure  -- resolves no name: a row's type by oid
   AND p.oid <> 'sync.row_travels(text, text, text, text)'::regprocedure  -- reads a setting, no name
   AND p.oid <> 'sync.drops_fitting(text[], text[], text[])'::regprocedure  -- reads a setting, no name

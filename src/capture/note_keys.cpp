@@ -8,6 +8,7 @@ extern "C" {
 #include "utils/builtins.h"
 #include "utils/datum.h"
 #include "utils/fmgroids.h"
+#include "utils/memutils.h"
 #include "utils/syscache.h"
 #include "utils/tuplestore.h"
 }
@@ -105,10 +106,13 @@ Datum note_keys_from(FunctionCallInfo fcinfo) {
     return PointerGetDatum(left);
 }
 
-// sync.note_keys(keys bytea) RETURNS SETOF jsonb: the keys of a note, in the order noted. When a
-// key column's type no longer exists, one NULL: every row of the codec is looked at again.
+// sync.note_keys(keys bytea [, most int]) RETURNS SETOF jsonb: the keys of a note, in the order
+// noted, the first `most` of them when given. When a key column's type no longer exists, one NULL:
+// every row of the codec is looked at again. Each key is built in a context of its own, emptied
+// once the tuplestore has copied it: a statement's note may hold millions of keys.
 void note_keys(FunctionCallInfo fcinfo) {
     bytea* image = PG_GETARG_BYTEA_PP(0);
+    const int64 most = PG_NARGS() > 1 ? PG_GETARG_INT32(1) : PG_INT64_MAX;
     char* at = VARDATA_ANY(image);
     const char* end = at + VARSIZE_ANY_EXHDR(image);
     InitMaterializedSRF(fcinfo, MAT_SRF_USE_EXPECTED_DESC);
@@ -150,7 +154,10 @@ void note_keys(FunctionCallInfo fcinfo) {
                                              InvalidOid, InvalidOid, COERCE_EXPLICIT_CALL)),
         &function);
     InitFunctionCallInfoData(*call, &function, nargs, InvalidOid, nullptr, nullptr);
-    while (at < end) {
+    MemoryContext per_key =
+        AllocSetContextCreate(CurrentMemoryContext, "magic_sync note key", ALLOCSET_SMALL_SIZES);
+    for (int64 taken = 0; at < end && taken < most; ++taken) {
+        MemoryContext caller = MemoryContextSwitchTo(per_key);
         for (int i = 0; i < columns; ++i) {
             int header = 0;
             if (static_cast<size_t>(end - at) < sizeof(header)) refuse_image();
@@ -163,9 +170,12 @@ void note_keys(FunctionCallInfo fcinfo) {
         }
         call->isnull = false;
         Datum key = FunctionCallInvoke(call);
+        MemoryContextSwitchTo(caller);
         is_null = false;
         tuplestore_putvalues(result->setResult, result->setDesc, &key, &is_null);
+        MemoryContextReset(per_key);
     }
+    MemoryContextDelete(per_key);
 }
 
 }  // namespace

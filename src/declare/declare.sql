@@ -19,6 +19,12 @@ CREATE FUNCTION sync.note_keys(keys bytea) RETURNS SETOF jsonb
 AS 'MODULE_PATHNAME', 'magic_sync_note_keys'
 LANGUAGE C STABLE STRICT;
 
+-- The first `most` of them: a pass that takes part of a big statement's note reads that part
+-- only.
+CREATE FUNCTION sync.note_keys(keys bytea, most int) RETURNS SETOF jsonb
+AS 'MODULE_PATHNAME', 'magic_sync_note_keys'
+LANGUAGE C STABLE STRICT;
+
 -- What is left of a note's keys from the first-th on: a pass that takes part of a big
 -- statement's note leaves the rest for the next.
 CREATE FUNCTION sync.note_keys_from(keys bytea, first int) RETURNS bytea

@@ -118,36 +118,38 @@ int64_t take_notes(Spi& spi) {
               FROM sync.note) s
         WHERE upto > $1::bigint ORDER BY seq LIMIT 1)sql",
                                {static_cast<int64_t>(settings::notes_per_pass)});
-    int64_t taken = 0;
+    int64_t inside = 0;
     Value before = std::nullopt;
     if (!cut.empty()) {
         before = cut.front()[0];
-        taken = cut.front()[1].integer();
-        if (taken > 0) {
-            spi.execute(R"sql(
-                INSERT INTO pg_temp.magic_sync_note (codec, key)
-                SELECT codec, key FROM sync.noted WHERE seq = $1::bigint AND position <= $2
-                EXCEPT SELECT codec, key FROM pg_temp.magic_sync_note)sql",
-                        {before, taken});
-            spi.execute(R"sql(
-                UPDATE sync.note SET keys = sync.note_keys_from(keys, $2::int + 1),
-                key_count = key_count - $2::int WHERE seq = $1::bigint)sql",
-                        {before, taken});
-        }
+        inside = cut.front()[1].integer();
     }
-    return taken + spi.scalar(R"sql(
+    // The notes before the cut, whole, and the first keys of the cut note, in one statement whose
+    // UNION de-duplicates them (it spills to disk past work_mem, where an EXCEPT against what an
+    // earlier statement inserted would hold every key in memory).
+    const int64_t whole = spi.scalar(R"sql(
                    WITH taken AS (DELETE FROM sync.note
                     WHERE seq < coalesce($1::bigint, 9223372036854775807)
                     RETURNING codec, key, keys, key_count),
                    kept AS (INSERT INTO pg_temp.magic_sync_note (codec, key)
-                    (SELECT t.codec, t.key FROM taken t WHERE t.keys IS NULL
-                     UNION SELECT t.codec, k.key FROM taken t
-                     CROSS JOIN LATERAL sync.note_keys(t.keys) AS k(key))
-                    EXCEPT SELECT codec, key FROM pg_temp.magic_sync_note),
+                    SELECT t.codec, t.key FROM taken t WHERE t.keys IS NULL
+                    UNION SELECT t.codec, k.key FROM taken t
+                    CROSS JOIN LATERAL sync.note_keys(t.keys) AS k(key)
+                    UNION SELECT n.codec, k.key FROM sync.note n
+                    CROSS JOIN LATERAL sync.note_keys(n.keys, $2::int) AS k(key)
+                    WHERE n.seq = $1::bigint AND $2::int > 0),
                    seen AS (INSERT INTO pg_temp.magic_sync_answer_seen SELECT id FROM sync.answer)
                    SELECT coalesce(sum(key_count), 0)::bigint FROM taken)sql",
-                              {before})
-                       .integer_or(0);
+                                     {before, inside})
+                              .integer_or(0);
+    // A note of one key (or of a whole table) is never cut: its `inside` is 0.
+    if (inside > 0) {
+        spi.execute(R"sql(
+            UPDATE sync.note SET keys = sync.note_keys_from(keys, $2::int + 1),
+            key_count = key_count - $2::int WHERE seq = $1::bigint)sql",
+                    {before, inside});
+    }
+    return whole + inside;
 }
 
 // Whether a row is withheld depends on magic_sync.bytes_per_message: when it changed, the rows
