@@ -11,8 +11,9 @@ cd "$(dirname "$0")/../.."
 repo=$PWD
 release=56f535c
 
+# A clone without that history (shallow, or an export) cannot build the release: skipped, saying so.
 git -C "$repo" cat-file -e "$release^{commit}" 2>/dev/null ||
-    { echo "commit $release (release 0.1.0) is not in this clone: clone with its history"; exit 1; }
+    { echo "commit $release (release 0.1.0) is not in this clone: clone with its history to run it"; exit 77; }
 
 work=$(mktemp -d /tmp/magic_sync_upgrade.XXXXXX)
 chmod 755 "$work" # the server runs as postgres from the copy of PostgreSQL in it
