@@ -3,7 +3,7 @@
 -- sync_0_1_0 into 0.2.0's tables, column by column under the same names (a column 0.2.0 added
 -- takes its default), its sequences go on where they were, and the declarations are made again
 -- under 0.2.0's rules (the capture triggers in 0.2.0's form, every synced table planned again
--- whole: what did not change is not sent again).
+-- whole: what did not change is not sent again; a table dropped under 0.1.0 ends).
 DO $bring_back$
 DECLARE
     old_table record;
@@ -34,7 +34,8 @@ BEGIN
         -- here to pass its checks and made right when it is declared again below.
         extra_columns := CASE old_table.relname WHEN 'codec' THEN ', audience, key_types' ELSE '' END;
         extra_expressions := CASE old_table.relname
-            WHEN 'codec' THEN ', ''nobody'', sync.column_types(relation, key_columns)' ELSE '' END;
+            WHEN 'codec' THEN ', ''nobody'', coalesce(sync.column_types(relation, key_columns), ''{}'')'
+            ELSE '' END;
         EXECUTE format('DELETE FROM sync.%I', old_table.relname);
         EXECUTE format('INSERT INTO sync.%I (%s%s) OVERRIDING SYSTEM VALUE SELECT %s%s FROM sync_0_1_0.%I',
                        old_table.relname, columns, extra_columns, expressions, extra_expressions,
@@ -85,8 +86,14 @@ BEGIN
     END IF;
     INSERT INTO sync.note (codec, key) SELECT 0, NULL FROM sync.replica_set;
     FOR declared IN SELECT * FROM sync.codec ORDER BY id LOOP
-        PERFORM sync.codec(declared.relation, declared.kind, declared."to", declared.columns,
-                           declared.replica_columns, declared.stamp);
+        IF EXISTS (SELECT FROM pg_class c WHERE c.oid = declared.relation) THEN
+            PERFORM sync.codec(declared.relation, declared.kind, declared."to", declared.columns,
+                               declared.replica_columns, declared.stamp);
+        ELSE
+            -- Dropped under 0.1.0, which did not notice: it ends now, and every replica that
+            -- holds rows of it drops the table, as DROP TABLE does in 0.2.0.
+            PERFORM sync.end_codec(declared.id);
+        END IF;
     END LOOP;
 END
 $declare_again$;

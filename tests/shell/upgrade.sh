@@ -72,7 +72,16 @@ INSERT INTO shop.registers VALUES ('00000000-0000-0000-0000-0000000000a1', 1, tr
 INSERT INTO shop.products SELECT i, 'product ' || i, i FROM generate_series(1, 500) i;
 INSERT INTO shop.prices SELECT s, p, p + s FROM generate_series(1, 2) s, generate_series(1, 50) p;
 INSERT INTO shop.drawers VALUES ('00000000-0000-0000-0000-0000000000a1', 10, NULL);
+-- A synced table dropped under 0.1.0, which did not notice (its declaration stays behind).
+CREATE TABLE shop.flyers (id int PRIMARY KEY, title text);
+SELECT sync.catalog('shop.flyers');
+INSERT INTO shop.flyers VALUES (1, 'spring sale');
 SQL
+for _ in $(seq 300); do
+    [ "$(sql "SELECT count(*) FROM sync.note")" = 0 ] && break
+    sleep 0.1
+done
+sql "DROP TABLE shop.flyers" >/dev/null
 for _ in $(seq 300); do
     [ "$(sql "SELECT count(*) FROM sync.note")" = 0 ] && [ "$(sql "SELECT count(*) FROM sync.outbox")" -gt 0 ] && break
     sleep 0.1
@@ -121,6 +130,9 @@ SQL
 ) || { echo "ALTER EXTENSION magic_sync UPDATE failed:"; echo "$updated"; exit 1; }
 [ "$updated" = 0.2.0 ] || { echo "after the update: '$updated'"; exit 1; }
 echo "updated to 0.2.0"
+ended=$(sql "SELECT (SELECT string_agg(table_name, ',') FROM sync.dropped_codec) || ' '
+                    || (SELECT count(*) FROM sync.codec WHERE table_name = 'shop.flyers')")
+[ "$ended" = "shop.flyers 0" ] || { echo "the table dropped under 0.1.0, after the update: '$ended'"; exit 1; }
 
 status=0
 # The same schema as a fresh install: every object of the extension with its definition.
