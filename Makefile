@@ -125,9 +125,9 @@ build/tests/replica_tests: $(REPLICA_TEST_SRCS) $(TEST_SUPPORT_SRCS) build/lib/l
 # Tests against a real server: the relay worker, poolers, end to end (and the sender's /metrics).
 # Debian builds cpp-httplib as a library with TLS and compression: its header needs the same
 # definitions.
-HTTPLIB = $(shell pkg-config --cflags --libs cpp-httplib 2>/dev/null)
 HTTPLIB_CFLAGS = $(shell pkg-config --cflags cpp-httplib 2>/dev/null)
 HTTPLIB_LIBS = $(shell pkg-config --libs cpp-httplib 2>/dev/null)
+HTTPLIB = $(HTTPLIB_CFLAGS) $(HTTPLIB_LIBS)
 SERVER_TEST_SRCS := $(wildcard tests/server/*_test.cpp)
 build/tests/server_tests: $(SERVER_TEST_SRCS) $(TEST_SUPPORT_SRCS) $(wildcard tests/server/*.hpp)
 	@mkdir -p $(dir $@)

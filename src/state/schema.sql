@@ -15,8 +15,8 @@ END
 $encoding$;
 
 -- Roles for the processes that talk to the engine from outside (the sender, the up route, a
--- monitoring agent). Cluster-wide, so created
--- only when absent and never dropped with the extension.
+-- monitoring agent). Cluster-wide, so created only when absent and never dropped with the
+-- extension.
 DO $roles$
 BEGIN
     IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'sync_sender') THEN
