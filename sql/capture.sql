@@ -1,5 +1,6 @@
--- Capture: every statement that changes rows writes ONE note holding the keys of the rows it
--- changed, written by the C++ trigger (declarations from the `declare` test). :notes shows the
+-- Capture: every transaction that changes rows of a synced table writes ONE note for that table
+-- when it commits, holding the keys of the rows it changed, written by the C++ trigger
+-- (declarations from the `declare` test). :notes shows the
 -- notes written since the last look, one line per key: `note` numbers the notes, `keys` is how
 -- many keys the note says it holds.
 \set notes 'SELECT dense_rank() OVER (ORDER BY n.seq) AS note, coalesce(c.table_name, ''(replicas)'') AS "table", n.key, n.key_count AS keys FROM sync.noted n LEFT JOIN sync.codec c ON c.id = n.codec ORDER BY n.seq, n.position; TRUNCATE sync.note;'
@@ -100,6 +101,55 @@ ROLLBACK TO SAVEPOINT s;
 COMMIT;
 :notes
 
+-- A transaction's statements write one note per table, when it commits (none is there before):
+-- the keys of a released savepoint stay, those of one rolled back go, with those of the
+-- savepoints inside it; a statement that failed in a PL/pgSQL block takes its keys with it.
+BEGIN;
+INSERT INTO shop.products VALUES (33, 'rice', 1.50);
+INSERT INTO shop.prices VALUES (7, 20, 0.99);
+SAVEPOINT kept;
+UPDATE shop.products SET price = 1.60 WHERE id = 33;
+INSERT INTO shop.products VALUES (34, 'flour', 1.10);
+RELEASE SAVEPOINT kept;
+SAVEPOINT dropped;
+INSERT INTO shop.products VALUES (35, 'sugar', 0.90);
+SAVEPOINT inner_kept;
+INSERT INTO shop.products VALUES (36, 'salt', 0.40);
+RELEASE SAVEPOINT inner_kept;
+ROLLBACK TO SAVEPOINT dropped;
+DO $$
+BEGIN
+    INSERT INTO shop.products VALUES (37, 'yeast', 0.70);
+    BEGIN
+        INSERT INTO shop.products VALUES (38, 'soda', 0.60);
+        INSERT INTO shop.products VALUES (37, 'yeast again', 0.70);
+    EXCEPTION WHEN unique_violation THEN
+        NULL;
+    END;
+END
+$$;
+DELETE FROM shop.products WHERE id = 34;
+SELECT count(*) AS notes_before_commit FROM sync.note;
+COMMIT;
+:notes
+
+-- A key column that changes type within a transaction: the keys noted before and after are
+-- each read with their own type (two notes). The ALTER ends the table's codec (the key's type
+-- changed): the table is declared again and noted whole, and the note of the old codec is
+-- left for the pass to drop.
+BEGIN;
+INSERT INTO shop.events VALUES (8, '2026-06-01', 'delivery');
+ALTER TABLE shop.events ALTER COLUMN id TYPE bigint;
+INSERT INTO shop.events VALUES (9, '2026-06-02', 'delivery');
+COMMIT;
+SELECT n.key_count, (get_byte(n.keys, 4) + 256 * get_byte(n.keys, 5))::oid::regtype AS first_key_type,
+       c.id IS NULL AS codec_ended, k.key
+FROM sync.note n LEFT JOIN sync.codec c ON c.id = n.codec, sync.note_keys(n.keys) k(key)
+ORDER BY n.seq;
+DELETE FROM shop.events WHERE id IN (8, 9);
+ALTER TABLE shop.events ALTER COLUMN id TYPE int;
+TRUNCATE sync.note;
+
 -- The replicas table is captured too (codec 0, keyed by id).
 INSERT INTO shop.registers (id, store_id, label) VALUES ('00000000-0000-0000-0000-00000000000a', 1, 'front');
 UPDATE shop.registers SET active = false WHERE id = '00000000-0000-0000-0000-00000000000a';
@@ -127,7 +177,7 @@ DROP ROLE clerk;
 -- The trigger function refuses to be used any other way.
 SELECT sync.capture();
 CREATE TABLE shop.misuse (id int PRIMARY KEY);
-CREATE TRIGGER misuse AFTER INSERT ON shop.misuse FOR EACH ROW EXECUTE FUNCTION sync.capture('1', 'id');
+CREATE TRIGGER misuse BEFORE INSERT ON shop.misuse FOR EACH ROW EXECUTE FUNCTION sync.capture('1', 'id');
 INSERT INTO shop.misuse VALUES (1);
 DROP TABLE shop.misuse;
 

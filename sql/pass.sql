@@ -120,7 +120,9 @@ DO $$
 BEGIN
     FOR i IN 1..100 LOOP
         UPDATE shop.products SET price = 3.00 + i WHERE id = 1;
+        COMMIT;  -- its note is written as it commits
         PERFORM sync.pass();
+        COMMIT;
     END LOOP;
 END
 $$;

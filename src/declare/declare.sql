@@ -125,8 +125,8 @@ BEGIN
 END
 $$;
 
--- Installs the capture triggers on a relation: one per event, since a trigger with transition
--- tables may have only one.
+-- Installs the capture triggers on a relation: a row trigger that keeps each changed key until
+-- the transaction commits, and a statement trigger for TRUNCATE (src/capture/trigger.cpp).
 CREATE FUNCTION sync.install_capture(relation regclass, codec int, key_columns name[]) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -136,18 +136,21 @@ DECLARE
                   FROM unnest(ARRAY[codec::text] || key_columns::text[]) a);
 BEGIN
     PERFORM sync.remove_capture(relation);
-    EXECUTE format('CREATE TRIGGER magic_sync_insert AFTER INSERT ON %s '
-                   'REFERENCING NEW TABLE AS magic_sync_new '
-                   'FOR EACH STATEMENT EXECUTE FUNCTION sync.capture(%s)', relation, args);
-    EXECUTE format('CREATE TRIGGER magic_sync_update AFTER UPDATE ON %s '
-                   'REFERENCING OLD TABLE AS magic_sync_old NEW TABLE AS magic_sync_new '
-                   'FOR EACH STATEMENT EXECUTE FUNCTION sync.capture(%s)', relation, args);
-    EXECUTE format('CREATE TRIGGER magic_sync_delete AFTER DELETE ON %s '
-                   'REFERENCING OLD TABLE AS magic_sync_old '
-                   'FOR EACH STATEMENT EXECUTE FUNCTION sync.capture(%s)', relation, args);
+    EXECUTE format('CREATE TRIGGER magic_sync_change AFTER INSERT OR UPDATE OR DELETE ON %s '
+                   'FOR EACH ROW EXECUTE FUNCTION sync.capture(%s)', relation, args);
     EXECUTE format('CREATE TRIGGER magic_sync_truncate AFTER TRUNCATE ON %s '
                    'FOR EACH STATEMENT EXECUTE FUNCTION sync.capture(%s)', relation, args);
 END
+$$;
+
+-- Whether a relation has the triggers sync.install_capture makes.
+CREATE FUNCTION sync.capture_installed(relation regclass) RETURNS boolean
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT coalesce(array_agg(t.tgname ORDER BY t.tgname), '{}') = '{magic_sync_change,magic_sync_truncate}'
+    FROM pg_trigger t
+    WHERE t.tgrelid = relation AND t.tgfoid = 'sync.capture()'::regprocedure
 $$;
 
 CREATE FUNCTION sync.remove_capture(relation regclass) RETURNS void
@@ -654,8 +657,7 @@ BEGIN
                                    array_to_string(sync.column_types(c.relation, c.key_columns), ', ')),
                             format('Redeclare %s: its rows have other keys now.', current_name), false;
     END IF;
-    IF (SELECT count(*) FROM pg_trigger t
-        WHERE t.tgrelid = c.relation AND t.tgfoid = 'sync.capture()'::regprocedure) <> 4 THEN
+    IF NOT sync.capture_installed(c.relation) THEN
         RETURN QUERY SELECT format('the capture triggers of %s are missing', current_name),
                             format('Redeclare %s: its changes are not being noted.', current_name), false;
     END IF;

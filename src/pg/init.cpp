@@ -1,4 +1,5 @@
-// The library's entry point: settings, the wake-up of the relay, and the relay workers when
+// The library's entry point: settings, the wake-up of the relay, the capture's transaction
+// callbacks, and the relay workers when
 // magic_sync is in shared_preload_libraries.
 extern "C" {
 #include "postgres.h"
@@ -10,6 +11,8 @@ extern "C" {
 
 #include <string>
 
+#include "capture/note_table.hpp"
+#include "capture/pending.hpp"
 #include "pg/bridge.hpp"
 #include "pg/settings.hpp"
 #include "pg/values.hpp"
@@ -25,6 +28,8 @@ PGDLLEXPORT void _PG_init(void);
 void _PG_init(void) {
     magic_sync::settings::define();
     magic_sync::pg::define_wake(process_shared_preload_libraries_in_progress);
+    magic_sync::capture::define_pending();
+    magic_sync::capture::define_note_table();
     if (process_shared_preload_libraries_in_progress) magic_sync::relay::register_relay_workers();
 }
 
