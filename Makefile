@@ -106,7 +106,7 @@ REPLICA_LIB_SRCS := $(wildcard replica/lib/*.cpp)
 REPLICA_LIB_OBJS := $(patsubst replica/lib/%.cpp,build/replica/lib/%.o,$(REPLICA_LIB_SRCS))
 REPLICA_CLI_SRCS := $(wildcard replica/cli/*.cpp)
 REPLICA_CLI_OBJS := $(patsubst replica/cli/%.cpp,build/replica/cli/%.o,$(REPLICA_CLI_SRCS))
-REPLICA_LIBS = -lsqlite3 -lpq -lnats -lcrypto -lpthread
+REPLICA_LIBS = -lsqlite3 -lpq -lnats -lcurl -lcrypto -lpthread
 build/replica/%.o: replica/%.cpp $(wildcard replica/*/*.hpp src/protocol/*.hpp)
 	@mkdir -p $(dir $@)
 	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_INCLUDES) $(PQ_INCLUDES) -Ireplica -c -o $@ $<
