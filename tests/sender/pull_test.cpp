@@ -211,6 +211,19 @@ TEST(PullSender, UploadsGoToSyncReceiveUnderThePathsReplica) {
               1);
 }
 
+TEST(PullSender, RefusesATokenQueryThatDoesNotTakeTheToken) {
+    Outbox outbox("pull_bad_query", 1, 0);
+    std::string output;
+    EXPECT_EQ(run(sender_binary() + " --db '" + outbox.conninfo() +
+                      "' --transport pull --listen 127.0.0.1:" + std::to_string(free_port()) +
+                      " --token-query 'SELECT id FROM sync.replica'",
+                  &output),
+              1);
+    EXPECT_NE(output.find("--token-query must take the token as $1, and nothing else"),
+              std::string::npos)
+        << output;
+}
+
 TEST(PullSender, FailuresSayWhetherAskingAgainMayHelp) {
     for (const char* again : {"08006", "40001", "40P01", "53300", "55000", "57P01"})
         EXPECT_EQ(pull_failure_status(again, false), 503) << again;
