@@ -298,6 +298,17 @@ bench-e2e: build/bench/e2e build/bin/magic-sync-sender build/bin/magic-sync-repl
 	$(MAKE) install
 	build/bench/e2e 100 50
 
+# Pull against push (issue 26): the same backlog to N replicas by each, in one run (bench/README.md).
+build/bench/pull_bench: bench/pull/pull_bench.cpp $(TEST_SUPPORT_SRCS) $(wildcard tests/server/*.hpp)
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) -Itests -o $@ bench/pull/pull_bench.cpp \
+		$(TEST_SUPPORT_SRCS) -lpq $(HTTPLIB) -lpthread
+
+.PHONY: bench-pull
+bench-pull: build/bench/pull_bench build/bin/magic-sync-sender build/bin/magic-sync-replica
+	$(MAKE) install
+	build/bench/pull_bench 50 2000
+
 # Long transactions (issue 10): delivery throughput while a session holds the xmin horizon open
 # (BEGIN; SELECT txid_current();) against the same run without it (bench/README.md).
 LONGTX_SECONDS ?= 180
