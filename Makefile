@@ -106,7 +106,7 @@ REPLICA_LIB_SRCS := $(wildcard replica/lib/*.cpp)
 REPLICA_LIB_OBJS := $(patsubst replica/lib/%.cpp,build/replica/lib/%.o,$(REPLICA_LIB_SRCS))
 REPLICA_CLI_SRCS := $(wildcard replica/cli/*.cpp)
 REPLICA_CLI_OBJS := $(patsubst replica/cli/%.cpp,build/replica/cli/%.o,$(REPLICA_CLI_SRCS))
-REPLICA_LIBS = -lsqlite3 -lpq -lnats -lcrypto -lpthread
+REPLICA_LIBS = -lsqlite3 -lpq -lnats -lcurl -lcrypto -lpthread
 build/replica/%.o: replica/%.cpp $(wildcard replica/*/*.hpp src/protocol/*.hpp)
 	@mkdir -p $(dir $@)
 	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_INCLUDES) $(PQ_INCLUDES) -Ireplica -c -o $@ $<
@@ -297,6 +297,17 @@ build/bench/e2e: bench/e2e/e2e_bench.cpp $(TEST_SUPPORT_SRCS) $(wildcard tests/s
 bench-e2e: build/bench/e2e build/bin/magic-sync-sender build/bin/magic-sync-replica
 	$(MAKE) install
 	build/bench/e2e 100 50
+
+# Pull against push (issue 26): the same backlog to N replicas by each, in one run (bench/README.md).
+build/bench/pull_bench: bench/pull/pull_bench.cpp $(TEST_SUPPORT_SRCS) $(wildcard tests/server/*.hpp)
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) -Itests -o $@ bench/pull/pull_bench.cpp \
+		$(TEST_SUPPORT_SRCS) -lpq $(HTTPLIB) -lpthread
+
+.PHONY: bench-pull
+bench-pull: build/bench/pull_bench build/bin/magic-sync-sender build/bin/magic-sync-replica
+	$(MAKE) install
+	build/bench/pull_bench 50 2000
 
 # Long transactions (issue 10): delivery throughput while a session holds the xmin horizon open
 # (BEGIN; SELECT txid_current();) against the same run without it (bench/README.md).

@@ -14,6 +14,7 @@
 #include "loop.hpp"
 #include "nats_transport.hpp"
 #include "options.hpp"
+#include "pull_server.hpp"
 
 using namespace magic_sync::sender;
 
@@ -62,6 +63,7 @@ int main(int argc, char** argv) {
         return 1;
     }
     try {
+        if (options.transport == "pull") return PullServer(options).run(signal_fd);
         Sender sender(options, make_transport(options));
         return sender.run(signal_fd);
     } catch (const std::exception& error) {

@@ -8,13 +8,13 @@
 namespace magic_sync::sender {
 
 const char* const kUsage =
-    R"(usage: magic-sync-sender --db CONNINFO --transport http|nats|exec [options]
+    R"(usage: magic-sync-sender --db CONNINFO --transport http|nats|exec|pull [options]
 
 Delivers the outbox of every replica (sync.next / sync.sent / sync.failed): concurrently across
 replicas, one message at a time per replica, in order. Holds no state: kill it at any moment.
 
   --db CONNINFO          libpq connection string (a role granted sync_sender)
-  --transport NAME       http, nats or exec
+  --transport NAME       http, nats or exec (push), or pull (devices ask: see below)
   --concurrency N        messages in flight at once, each to another replica (default 64)
   --run N                messages leased per replica at once, sent one after the other
                          (default 32; 1 leases one message at a time)
@@ -22,12 +22,15 @@ replicas, one message at a time per replica, in order. Holds no state: kill it a
   --report SECONDS       progress line interval (default 10; 0: none)
   --lease SECONDS        how long a run of messages stays leased to this sender while it
                          hangs (default 2 x send timeout + 5; must exceed the send timeout);
-                         its leases end at once when its database session does (it died)
+                         its leases end at once when its database session does (it died).
+                         pull: how long a device's head stays leased to it, after it asked,
+                         without an ack (default 60)
   --send-timeout SECONDS a send taking longer is a transient failure
                          (default: the server's magic_sync.send_timeout)
   --metrics HOST:PORT    serve GET /metrics for Prometheus there: messages sent, failed and
                          refused, bytes, send times, sends in flight, and the backlog read
                          with each progress line (--report)
+  --help                 this text
 http:
   --url TEMPLATE         POST target, {replica} replaced by the replica's id; header message-id
 nats (JetStream):
@@ -38,7 +41,22 @@ nats (JetStream):
 exec:
   --exec COMMAND         run per message with /bin/sh -c: the bytes on stdin, REPLICA and
                          MESSAGE_ID in the environment; exit 0 taken, 75 transient, else refused
-  --help                 this text
+pull (devices behind NAT ask this sender over HTTP; put TLS in front with a reverse proxy):
+  --listen HOST:PORT     where to serve plain HTTP (e.g. 127.0.0.1:8300)
+  --token-query SQL      the ids of the replicas a device's bearer token ($1, text) may act
+                         for, in the first column, e.g. SELECT id FROM shop.registers WHERE
+                         token_hash = encode(sha256(convert_to($1, 'UTF8')), 'hex')
+  --wait SECONDS         how long GET .../next waits for a message before 204 (default 25)
+  --devices N            requests served at once, a thread each: a waiting GET and a kept-alive
+                         connection hold one (default 256)
+  GET  /replicas/{id}/next               the head message (header message-id), the same until
+                                         acknowledged; 204 when none came within --wait
+  POST /replicas/{id}/ack/{message-id}   200 taken; 409 not the head: nothing taken
+  POST /replicas/{id}/up                 the body to sync.receive; 200 with its answer
+  401 without a bearer token, 403 for a replica the token may not act for, 503 when asking
+  again may help, 500 when it would fail the same way. The --db role needs sync_sender,
+  sync_receiver (for up) and what the token query reads. --concurrency, --run, --once,
+  --send-timeout, --report and --metrics are for push transports.
 )";
 
 namespace {
@@ -88,6 +106,11 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--nats-prefix", [&](const std::string& v) { options.nats_prefix = v; }},
         {"--nats-stream", [&](const std::string& v) { options.nats_stream = v; }},
         {"--exec", [&](const std::string& v) { options.exec = v; }},
+        {"--listen", [&](const std::string& v) { options.listen = v; }},
+        {"--token-query", [&](const std::string& v) { options.token_query = v; }},
+        {"--wait",
+         [&](const std::string& v) { options.wait_seconds = parse_seconds("--wait", v, false); }},
+        {"--devices", [&](const std::string& v) { options.devices = parse_count("--devices", v); }},
     };
     for (size_t i = 0; i < arguments.size(); ++i) {
         const std::string& argument = arguments[i];
@@ -117,8 +140,12 @@ Options parse_options(const std::vector<std::string>& arguments) {
             throw UsageError("--nats-prefix must be a subject without spaces, '*' or '>'");
     } else if (options.transport == "exec") {
         if (options.exec.empty()) throw UsageError("--transport exec needs --exec COMMAND");
+    } else if (options.transport == "pull") {
+        if (options.listen.empty()) throw UsageError("--transport pull needs --listen HOST:PORT");
+        if (options.token_query.empty())
+            throw UsageError("--transport pull needs --token-query SQL");
     } else {
-        throw UsageError("--transport must be http, nats or exec");
+        throw UsageError("--transport must be http, nats, exec or pull");
     }
     if (options.lease_seconds && options.send_timeout_seconds &&
         *options.lease_seconds <= *options.send_timeout_seconds)

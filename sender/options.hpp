@@ -27,6 +27,11 @@ struct Options {
     bool nats_create_stream = false;
     // exec
     std::string exec;
+    // pull
+    std::string listen;       // HOST:PORT the devices' requests come to
+    std::string token_query;  // SQL: $1 the token, returns the replica ids it may act for
+    double wait_seconds = 25;
+    int devices = 256;  // requests served at once, a thread each
 
     bool help = false;
 };

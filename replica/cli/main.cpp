@@ -18,6 +18,7 @@
 
 #include "cli/http_server.hpp"
 #include "cli/nats_consumer.hpp"
+#include "cli/pull_client.hpp"
 #include "cli/uploader.hpp"
 #include "lib/replica.hpp"
 #include "lib/up_route.hpp"
@@ -69,6 +70,8 @@ commands:
   serve --listen HOST:PORT [--up CONNINFO]   receive the sender's http transport
   nats --url URL [--prefix P] [--stream S] [--up CONNINFO]
                                              receive the sender's nats transport
+  pull --url BASE --token TOKEN [--up-via-pull | --up CONNINFO]
+                                             ask the sender's pull transport (behind NAT)
   apply FILE|-                               apply one message (also an exec transport command)
   show [--json]                              what it holds, and its local writes
   write TABLE JSON [--key COL,...]           queue a local row of a record or both table
@@ -106,6 +109,23 @@ version is redelivered later. Waits for the server and the stream when they are 
   --prefix PREFIX    subject prefix (default magic_sync)
   --stream NAME      bind to this stream (default: the stream that has the subject)
   --up CONNINFO      also send uploads, as for serve
+)"},
+    {"pull",
+     R"(usage: magic-sync-replica --id UUID --db FILE pull --url BASE --token TOKEN [--up-via-pull | --up CONNINFO] [--upload-every SECONDS] [--die-before-ack N]
+
+Asks the sender's pull transport (magic-sync-sender --transport pull), for a device the sender
+cannot reach: GET BASE/replicas/<id>/next (the sender answers when a message comes, or 204 after
+its wait: asked again at once), applies the message, then POST BASE/replicas/<id>/ack/<message-id>.
+A message not acknowledged (the program died, the ack was lost) comes again and is recognised as
+applied. One it cannot apply is not acknowledged: it is asked for again after a wait. Backs off
+(0.5 s doubling to 30 s) while the sender cannot be reached or answers an error. Stops on SIGTERM.
+
+  --url BASE          the sender's URL, e.g. https://sync.shop.example (TLS through its proxy)
+  --token TOKEN       this device's bearer token (the sender's --token-query maps it to its id)
+  --up-via-pull       also send uploads: POST BASE/replicas/<id>/up, after each applied message
+                      and every --upload-every seconds (default 1)
+  --up CONNINFO       or send them over libpq, as for serve
+  --die-before-ack N  test fault: after the Nth message applied, die (SIGKILL) before its ack
 )"},
     {"apply", R"(usage: magic-sync-replica --id UUID --db FILE apply FILE|-
 
@@ -221,7 +241,8 @@ int serve(Replica& replica, const Arguments& arguments) {
     auto [host, port] = parse_listen_address(arguments.required("listen"));
     std::unique_ptr<Uploader> uploader;
     if (auto up = arguments.flag("up")) {
-        uploader = std::make_unique<Uploader>(replica, *up, upload_every(arguments));
+        uploader = std::make_unique<Uploader>(replica, std::make_unique<PostgresUpRoute>(*up),
+                                              upload_every(arguments));
     }
     HttpServer server(host, port, kMaxMessageBytes, [&](const HttpRequest& request) {
         if (request.method == "GET") {
@@ -258,13 +279,43 @@ int nats(Replica& replica, const Arguments& arguments) {
     settings.stream = arguments.flag("stream").value_or("");
     std::unique_ptr<Uploader> uploader;
     if (auto up = arguments.flag("up")) {
-        uploader = std::make_unique<Uploader>(replica, *up, upload_every(arguments));
+        uploader = std::make_unique<Uploader>(replica, std::make_unique<PostgresUpRoute>(*up),
+                                              upload_every(arguments));
     }
     consume_nats(replica, settings, stop_requested, [&] {
         if (uploader) uploader->poke();
     });
     uploader.reset();
     nats_Close();
+    return kExitOk;
+}
+
+int pull(Replica& replica, const Arguments& arguments) {
+    arguments.positionals(0);
+    PullSettings settings;
+    settings.url = arguments.required("url");
+    while (!settings.url.empty() && settings.url.back() == '/') settings.url.pop_back();
+    settings.token = arguments.required("token");
+    if (auto count = arguments.flag("die-before-ack")) {
+        try {
+            settings.die_before_ack = std::stol(*count);
+        } catch (const std::exception&) {
+            throw UsageError("--die-before-ack wants a number, got " + *count);
+        }
+    }
+    std::unique_ptr<UpRoute> route;
+    if (arguments.has("up-via-pull")) route = std::make_unique<PullUpRoute>(settings);
+    if (auto up = arguments.flag("up")) {
+        if (route) throw UsageError("pull takes --up-via-pull or --up, not both");
+        route = std::make_unique<PostgresUpRoute>(*up);
+    }
+    std::unique_ptr<Uploader> uploader;
+    if (route)
+        uploader = std::make_unique<Uploader>(replica, std::move(route), upload_every(arguments));
+    log("replica " + replica.id() + " pulling from " + settings.url);
+    consume_pull(replica, settings, stop_requested, [&] {
+        if (uploader) uploader->poke();
+    });
     return kExitOk;
 }
 
@@ -521,6 +572,7 @@ int run(int argc, char** argv) {
         kOptions = {
             {"serve", {{"listen", "up", "upload-every"}, {}}},
             {"nats", {{"url", "prefix", "stream", "up", "upload-every"}, {}}},
+            {"pull", {{"url", "token", "up", "upload-every", "die-before-ack"}, {"up-via-pull"}}},
             {"apply", {{}, {}}},
             {"show", {{}, {"json"}}},
             {"write", {{"key"}, {}}},
@@ -531,9 +583,10 @@ int run(int argc, char** argv) {
     Arguments arguments(command, rest, flags, switches);
 
     Replica replica(*db, replica_id, options);
-    if (command == "serve" || command == "nats") install_stop_handlers();
+    if (command == "serve" || command == "nats" || command == "pull") install_stop_handlers();
     if (command == "serve") return serve(replica, arguments);
     if (command == "nats") return nats(replica, arguments);
+    if (command == "pull") return pull(replica, arguments);
     if (command == "apply") return apply(replica, arguments);
     if (command == "show") return show(replica, arguments);
     if (command == "write") return write(replica, arguments);

@@ -9,8 +9,9 @@ namespace {
 constexpr std::chrono::milliseconds kLongestBackoff{30000};
 }
 
-Uploader::Uploader(Replica& replica, const std::string& conninfo, std::chrono::milliseconds every)
-    : replica_(replica), route_(conninfo), every_(every), thread_([this] { loop(); }) {}
+Uploader::Uploader(Replica& replica, std::unique_ptr<UpRoute> route,
+                   std::chrono::milliseconds every)
+    : replica_(replica), route_(std::move(route)), every_(every), thread_([this] { loop(); }) {}
 
 Uploader::~Uploader() {
     {
@@ -41,7 +42,7 @@ void Uploader::loop() {
             poked_ = false;
         }
         try {
-            for (const std::string& id : send_uploads(replica_, route_)) {
+            for (const std::string& id : send_uploads(replica_, *route_)) {
                 std::cerr << "magic-sync-replica: sent upload " << id << std::endl;
             }
             if (failing) std::cerr << "magic-sync-replica: up route works again" << std::endl;

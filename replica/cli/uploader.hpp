@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -16,7 +17,7 @@ namespace magic_sync::replica {
 
 class Uploader {
   public:
-    Uploader(Replica& replica, const std::string& conninfo, std::chrono::milliseconds every);
+    Uploader(Replica& replica, std::unique_ptr<UpRoute> route, std::chrono::milliseconds every);
     ~Uploader();
     Uploader(const Uploader&) = delete;
     Uploader& operator=(const Uploader&) = delete;
@@ -27,7 +28,7 @@ class Uploader {
     void loop();
 
     Replica& replica_;
-    PostgresUpRoute route_;
+    std::unique_ptr<UpRoute> route_;
     std::chrono::milliseconds every_;
     std::mutex mutex_;
     std::condition_variable wake_;

@@ -55,7 +55,7 @@ std::string PostgresUpRoute::send(const std::string& replica_id, const std::stri
     throw UpRouteError("sync.receive failed: " + error);
 }
 
-std::vector<std::string> send_uploads(Replica& replica, PostgresUpRoute& route) {
+std::vector<std::string> send_uploads(Replica& replica, UpRoute& route) {
     std::vector<std::string> sent;
     while (std::optional<PreparedUpload> upload = replica.prepare_upload()) {
         if (route.send(replica.id(), upload->body) == "dropped")

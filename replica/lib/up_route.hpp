@@ -19,16 +19,25 @@ class UpRouteError : public std::runtime_error {
     explicit UpRouteError(const std::string& message) : std::runtime_error(message) {}
 };
 
-class PostgresUpRoute {
+// Where uploads go: sync.receive(replica, body) behind it, and its answer back.
+class UpRoute {
+  public:
+    virtual ~UpRoute() = default;
+    // The answer of sync.receive ('filed', 'answered again', 'kept' or 'dropped'); throws
+    // UpRouteError when the upload must go again.
+    virtual std::string send(const std::string& replica_id, const std::string& body) = 0;
+};
+
+class PostgresUpRoute : public UpRoute {
   public:
     explicit PostgresUpRoute(std::string conninfo);
-    ~PostgresUpRoute();
+    ~PostgresUpRoute() override;
     PostgresUpRoute(const PostgresUpRoute&) = delete;
     PostgresUpRoute& operator=(const PostgresUpRoute&) = delete;
 
     // SELECT sync.receive($1::uuid, $2::bytea): its answer ('filed', 'answered again', 'kept' or
     // 'dropped'). Connects (again) when needed.
-    std::string send(const std::string& replica_id, const std::string& body);
+    std::string send(const std::string& replica_id, const std::string& body) override;
 
   private:
     void connect();
@@ -40,6 +49,6 @@ class PostgresUpRoute {
 // Sends every upload the replica has to send, marking each sent once sync.receive took it.
 // Returns the ids sent; throws UpRouteError (after marking those that went) when one fails or is
 // dropped (the server does not know the replica: nothing of it was taken).
-std::vector<std::string> send_uploads(Replica& replica, PostgresUpRoute& route);
+std::vector<std::string> send_uploads(Replica& replica, UpRoute& route);
 
 }  // namespace magic_sync::replica

@@ -259,15 +259,93 @@ AS $$
             WHERE r.live AND o.sent_at IS NULL)
 $$;
 
+-- The pull transport (magic-sync-sender --transport pull): a device behind NAT asks for its
+-- replica's head message and acknowledges it, through the sender's HTTP server.
+-- pull_head leases the replica's head (its lowest unsent seq) for `lease` and returns it, when the
+-- replica is live. A pull lease names no session: it holds by its time alone (sync.lease_holds),
+-- because the device holds the message, not the database session that happened to serve it. So a
+-- device that asks again (its answer was lost, it restarted) gets the same head, through whichever
+-- sender and connection, and its lease is renewed. While the lease holds the head stays the head:
+-- the pass writes only full messages behind it and does not prune it when the replica confirms it
+-- (apply_confirmations), so its message_id stays valid until pull_ack. A head a push sender's
+-- session holds (sync.next) is not served: that sender is delivering it. The replica's backoff is
+-- not looked at: it is for failed pushes, and a device asks when it can.
+CREATE FUNCTION sync.pull_head(replica uuid, lease interval)
+RETURNS TABLE (seq bigint, message_id text, message bytea)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    head sync.outbox;
+BEGIN
+    IF lease IS NULL OR lease <= interval '0' THEN
+        RAISE EXCEPTION 'sync.pull_head needs a positive lease (got %)', lease
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    LOOP
+        SELECT o.* INTO head FROM sync.outbox o JOIN sync.replica r ON r.id = o.replica
+        WHERE o.replica = pull_head.replica AND o.sent_at IS NULL AND r.live
+        ORDER BY o.seq LIMIT 1;
+        IF NOT FOUND THEN
+            RETURN;
+        END IF;
+        -- Locked, it is still the head unless it was acknowledged meanwhile: then look again.
+        SELECT o.* INTO head FROM sync.outbox o
+        WHERE o.replica = head.replica AND o.seq = head.seq AND o.sent_at IS NULL
+        FOR UPDATE;
+        EXIT WHEN FOUND;
+    END LOOP;
+    IF head.lease_pid IS NOT NULL AND sync.lease_holds(head) THEN
+        RETURN;
+    END IF;
+    UPDATE sync.outbox o
+    SET lease_until = now() + lease, lease_pid = NULL, lease_backend_start = NULL,
+        tries = o.tries + 1
+    WHERE o.replica = head.replica AND o.seq = head.seq;
+    RETURN QUERY SELECT head.seq, head.gen || '.' || head.seq,
+                        coalesce(head.body, sync.message(head.replica, head.seq));
+END
+$$;
+
+-- The device took message `message_id`: recorded sent (sync.sent) when it names the replica's
+-- head, and then true. Anything else takes nothing and returns false: an ack that comes twice,
+-- or after its lease ran out and the relay provisioned the replica again (another generation), or
+-- that names a message that is not the head.
+CREATE FUNCTION sync.pull_ack(replica uuid, message_id text) RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    head record;
+BEGIN
+    -- Locked, so that two acks of one message at once take it once: the second finds it sent.
+    SELECT o.seq, o.gen INTO head FROM sync.outbox o
+    WHERE o.replica = pull_ack.replica AND o.sent_at IS NULL
+    ORDER BY o.seq LIMIT 1
+    FOR UPDATE;
+    IF NOT FOUND OR head.gen || '.' || head.seq IS DISTINCT FROM pull_ack.message_id THEN
+        RETURN false;
+    END IF;
+    PERFORM sync.sent(pull_ack.replica, head.seq);
+    RETURN true;
+END
+$$;
+
 REVOKE ALL ON FUNCTION sync.next(int, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.next(int, interval, uuid[], int) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.sent(uuid, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.sent(uuid[], bigint[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.failed(uuid, bigint, boolean, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.backlog() FROM PUBLIC;
+REVOKE ALL ON FUNCTION sync.pull_head(uuid, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION sync.pull_ack(uuid, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sync.next(int, interval) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.next(int, interval, uuid[], int) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.sent(uuid, bigint) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.sent(uuid[], bigint[]) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.failed(uuid, bigint, boolean, text) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.backlog() TO sync_sender;
+GRANT EXECUTE ON FUNCTION sync.pull_head(uuid, interval) TO sync_sender;
+GRANT EXECUTE ON FUNCTION sync.pull_ack(uuid, text) TO sync_sender;

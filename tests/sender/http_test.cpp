@@ -460,7 +460,14 @@ TEST(Sender, RefusesBadOptions) {
     std::string output;
     EXPECT_EQ(run(sender_binary() + " --db x --transport http"), 2);
     EXPECT_EQ(run(sender_binary() + " --db x --transport carrier-pigeon", &output), 2);
-    EXPECT_NE(output.find("--transport must be http, nats or exec"), std::string::npos) << output;
+    EXPECT_NE(output.find("--transport must be http, nats, exec or pull"), std::string::npos)
+        << output;
+    EXPECT_EQ(run(sender_binary() + " --db x --transport pull --token-query 'SELECT $1'", &output),
+              2);
+    EXPECT_NE(output.find("--transport pull needs --listen HOST:PORT"), std::string::npos)
+        << output;
+    EXPECT_EQ(run(sender_binary() + " --db x --transport pull --listen 127.0.0.1:1", &output), 2);
+    EXPECT_NE(output.find("--transport pull needs --token-query SQL"), std::string::npos) << output;
     EXPECT_EQ(
         run(sender_binary() + " --db x --transport exec --exec true --lease 1 --send-timeout 2",
             &output),

@@ -1,0 +1,86 @@
+-- The pull transport's functions (magic-sync-sender --transport pull): sync.pull_head leases a
+-- replica's head to the device that asks for it, sync.pull_ack records it sent only when it names
+-- the current head. Messages here carry their bytes in `body`.
+\set SHOW_CONTEXT never
+
+INSERT INTO sync.replica (id, gen) VALUES
+    ('00000000-0000-0000-0000-0000000000e1', 4),
+    ('00000000-0000-0000-0000-0000000000e2', 1),
+    ('00000000-0000-0000-0000-0000000000e3', 1);
+UPDATE sync.replica SET live = false WHERE id = '00000000-0000-0000-0000-0000000000e3';
+INSERT INTO sync.outbox (replica, seq, gen, kind, body)
+SELECT r, s, g, 'rows', convert_to(format('{"replica":"%s","seq":%s}', r, s), 'UTF8')
+FROM (VALUES ('00000000-0000-0000-0000-0000000000e1'::uuid, 4),
+             ('00000000-0000-0000-0000-0000000000e2'::uuid, 1),
+             ('00000000-0000-0000-0000-0000000000e3'::uuid, 1)) AS replicas(r, g),
+     generate_series(1, 3) AS s;
+
+-- The head, with the id <gen>.<seq>, leased by its time alone (no session named).
+SELECT seq, message_id, convert_from(message, 'UTF8') AS message
+FROM sync.pull_head('00000000-0000-0000-0000-0000000000e1', '1 minute');
+SELECT seq, tries, lease_until > now() AS leased, lease_pid IS NULL AS no_session
+FROM sync.outbox WHERE replica = '00000000-0000-0000-0000-0000000000e1' AND tries > 0;
+-- While its lease holds, push senders skip it, and the relay treats the replica as in flight.
+SELECT count(*) AS pushed FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-0000000000e1']::uuid[], 1);
+
+-- Asked again (the answer was lost): the same head, the lease renewed, one more try.
+UPDATE sync.outbox SET lease_until = now() + interval '1 second'
+WHERE replica = '00000000-0000-0000-0000-0000000000e1' AND seq = 1;
+SELECT seq, message_id FROM sync.pull_head('00000000-0000-0000-0000-0000000000e1', '1 minute');
+SELECT tries, lease_until > now() + interval '30 seconds' AS renewed
+FROM sync.outbox WHERE replica = '00000000-0000-0000-0000-0000000000e1' AND seq = 1;
+
+-- An ack of a message that is not the head takes nothing, nor does another generation's id.
+SELECT sync.pull_ack('00000000-0000-0000-0000-0000000000e1', '4.2') AS not_the_head,
+       sync.pull_ack('00000000-0000-0000-0000-0000000000e1', '3.1') AS other_generation,
+       sync.pull_ack('00000000-0000-0000-0000-0000000000e1', 'nonsense') AS nonsense,
+       sync.pull_ack('00000000-0000-0000-0000-0000000000e2', '4.1') AS other_replicas_id;
+SELECT replica, seq FROM sync.outbox WHERE sent_at IS NOT NULL;
+
+-- The head's ack takes it (sent, unleased, the backoff over); the next message is the head.
+UPDATE sync.replica SET backoff = '1 minute', backoff_until = now() + interval '1 minute',
+                        last_error = 'HTTP 503'
+WHERE id = '00000000-0000-0000-0000-0000000000e1';
+SELECT sync.pull_ack('00000000-0000-0000-0000-0000000000e1', '4.1') AS taken;
+SELECT seq, sent_at IS NOT NULL AS sent, lease_until IS NULL AS unleased
+FROM sync.outbox WHERE replica = '00000000-0000-0000-0000-0000000000e1' ORDER BY seq;
+SELECT backoff, backoff_until, last_error FROM sync.replica
+WHERE id = '00000000-0000-0000-0000-0000000000e1';
+-- Twice: the second takes nothing, not the new head either.
+SELECT sync.pull_ack('00000000-0000-0000-0000-0000000000e1', '4.1') AS again;
+SELECT count(*) AS sent FROM sync.outbox
+WHERE replica = '00000000-0000-0000-0000-0000000000e1' AND sent_at IS NOT NULL;
+SELECT seq, message_id FROM sync.pull_head('00000000-0000-0000-0000-0000000000e1', '1 minute');
+
+-- A head a push sender's live session holds is not served: that sender is delivering it.
+SELECT replica, seq FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-0000000000e2']::uuid[], 1);
+SELECT count(*) AS pulled FROM sync.pull_head('00000000-0000-0000-0000-0000000000e2', '1 minute');
+-- A replica not live gets nothing; nor does one with no outbox; a lease must be positive.
+SELECT count(*) AS not_live FROM sync.pull_head('00000000-0000-0000-0000-0000000000e3', '1 minute');
+SELECT count(*) AS unknown FROM sync.pull_head('00000000-0000-0000-0000-0000000000ff', '1 minute');
+SELECT * FROM sync.pull_head('00000000-0000-0000-0000-0000000000e1', '0 seconds');
+
+-- Only sync_sender may call them; they run as the extension's owner with a pinned search_path.
+SELECT p.oid::regprocedure AS routine, p.prosecdef AS security_definer, p.proconfig,
+       has_function_privilege('sync_sender', p.oid, 'EXECUTE') AS sender_can,
+       has_function_privilege('sync_receiver', p.oid, 'EXECUTE') AS receiver_can,
+       has_function_privilege('public', p.oid, 'EXECUTE') AS public_can
+FROM pg_proc p
+WHERE p.pronamespace = 'sync'::regnamespace AND p.proname IN ('pull_head', 'pull_ack')
+ORDER BY p.proname;
+CREATE ROLE pull_sender LOGIN IN ROLE sync_sender;
+-- A role without sync_sender (here the receiver's, which may use the schema) may not.
+CREATE ROLE pull_stranger LOGIN IN ROLE sync_receiver;
+SET ROLE pull_sender;
+SELECT seq, message_id FROM sync.pull_head('00000000-0000-0000-0000-0000000000e1', '1 minute');
+SELECT sync.pull_ack('00000000-0000-0000-0000-0000000000e1', '4.2') AS taken_as_sender;
+SET ROLE pull_stranger;
+SELECT * FROM sync.pull_head('00000000-0000-0000-0000-0000000000e1', '1 minute');
+SELECT sync.pull_ack('00000000-0000-0000-0000-0000000000e1', '4.3');
+RESET ROLE;
+SELECT count(*) AS sent_in_all FROM sync.outbox
+WHERE replica = '00000000-0000-0000-0000-0000000000e1' AND sent_at IS NOT NULL;
+DROP ROLE pull_sender;
+DROP ROLE pull_stranger;
+
+DELETE FROM sync.replica WHERE id::text LIKE '00000000-0000-0000-0000-0000000000e%';

@@ -1,0 +1,236 @@
+// The pull transport as a real process (magic-sync-sender --transport pull) asked over HTTP as a
+// device would: the head until acknowledged, acks that take only the head, long polls woken by
+// NOTIFY magic_sync, tokens, uploads to sync.receive, and which failures say "ask again".
+#include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <future>
+
+#include "pull_server.hpp"
+#include "sender/harness.hpp"
+
+namespace magic_sync::test::sender {
+namespace {
+
+using magic_sync::sender::pull_failure_status;
+
+// The devices' tokens: replica n's is "token-n", in a table the sender's role may read.
+constexpr const char* kTokenQuery = "SELECT replica FROM public.device_token WHERE token = $1";
+
+class PullSender {
+  public:
+    PullSender(const Outbox& outbox, const TempDir& dir, const std::string& wait_seconds,
+               const std::string& conninfo = "")
+        : port_(free_port()),
+          tokens_(outbox.sql(
+              "CREATE TABLE IF NOT EXISTS public.device_token (token text PRIMARY KEY, "
+              "replica uuid);"
+              "INSERT INTO public.device_token SELECT 'token-' || right(id::text, 1), id "
+              "FROM sync.replica ON CONFLICT DO NOTHING;"
+              "GRANT SELECT ON public.device_token TO PUBLIC")),
+          process_(argv(outbox, wait_seconds, conninfo), dir.path() + "/pull_sender.log") {
+        const bool up = eventually(
+            [&] { return client().Get("/replicas/" + replica_id(1) + "/next") != nullptr; }, 10s);
+        if (!up) throw std::runtime_error("the pull sender did not answer:\n" + process_.log());
+    }
+
+    httplib::Client client() const {
+        httplib::Client client("127.0.0.1", port_);
+        client.set_read_timeout(60, 0);
+        return client;
+    }
+    // A request as device `device` (0: no Authorization header).
+    httplib::Result get_next(int replica, int device) const {
+        return client().Get(("/replicas/" + replica_id(replica) + "/next").c_str(), auth(device));
+    }
+    httplib::Result ack(int replica, const std::string& message_id, int device) const {
+        return client().Post(("/replicas/" + replica_id(replica) + "/ack/" + message_id).c_str(),
+                             auth(device), "", "text/plain");
+    }
+    httplib::Result up(int replica, const std::string& body, int device) const {
+        return client().Post(("/replicas/" + replica_id(replica) + "/up").c_str(), auth(device),
+                             body, "application/json");
+    }
+    std::string log() const { return process_.log(); }
+
+  private:
+    static httplib::Headers auth(int device) {
+        if (device == 0) return {};
+        return {{"Authorization", "Bearer token-" + std::to_string(device)}};
+    }
+    std::vector<std::string> argv(const Outbox& outbox, const std::string& wait_seconds,
+                                  const std::string& conninfo) const {
+        return {sender_binary(),
+                "--db",
+                conninfo.empty() ? outbox.conninfo() : conninfo,
+                "--transport",
+                "pull",
+                "--listen",
+                "127.0.0.1:" + std::to_string(port_),
+                "--token-query",
+                kTokenQuery,
+                "--wait",
+                wait_seconds};
+    }
+
+    int port_;
+    std::string tokens_;  // made before the sender starts, which prepares the token query
+    Process process_;
+};
+
+long long unsent_of(const Outbox& outbox, int replica) {
+    return outbox.number("SELECT count(*) FROM sync.outbox WHERE sent_at IS NULL AND replica = '" +
+                         replica_id(replica) + "'");
+}
+
+TEST(PullSender, ServesTheHeadUntilAckedAndAnAckTakesOnlyTheHead) {
+    Outbox outbox("pull_head", 2, 3);
+    TempDir dir;
+    PullSender sender(outbox, dir, "1");
+
+    auto first = sender.get_next(1, 1);
+    ASSERT_TRUE(first) << sender.log();
+    EXPECT_EQ(first->status, 200);
+    EXPECT_EQ(first->get_header_value("message-id"), message_id(1));
+    EXPECT_EQ(first->body, message_body(1, 1));
+    // Asked again before the ack (the answer was lost): the same head.
+    auto again = sender.get_next(1, 1);
+    EXPECT_EQ(again->status, 200);
+    EXPECT_EQ(again->get_header_value("message-id"), message_id(1));
+
+    // An ack naming a message behind the head takes nothing.
+    EXPECT_EQ(sender.ack(1, message_id(2), 1)->status, 409);
+    EXPECT_EQ(unsent_of(outbox, 1), 3);
+    // The head's ack takes it; the same ack again takes nothing else.
+    auto taken = sender.ack(1, message_id(1), 1);
+    EXPECT_EQ(taken->status, 200);
+    EXPECT_EQ(taken->body, "taken " + message_id(1) + "\n");
+    auto twice = sender.ack(1, message_id(1), 1);
+    EXPECT_EQ(twice->status, 409);
+    EXPECT_EQ(twice->body,
+              message_id(1) + " is not the head of replica " + replica_id(1) + ": nothing taken\n");
+    EXPECT_EQ(unsent_of(outbox, 1), 2);
+
+    auto second = sender.get_next(1, 1);
+    EXPECT_EQ(second->status, 200);
+    EXPECT_EQ(second->get_header_value("message-id"), message_id(2));
+    EXPECT_EQ(second->body, message_body(1, 2));
+    // A stale ack (of the message before) and one of a message not served yet take nothing.
+    EXPECT_EQ(sender.ack(1, message_id(1), 1)->status, 409);
+    EXPECT_EQ(sender.ack(1, message_id(3), 1)->status, 409);
+    EXPECT_EQ(unsent_of(outbox, 1), 2);
+    EXPECT_EQ(sender.ack(1, message_id(2), 1)->status, 200);
+    EXPECT_EQ(sender.ack(1, message_id(3), 1)->status, 200);
+
+    // Nothing left: 204 once --wait has passed.
+    const auto asked = Clock::now();
+    auto none = sender.get_next(1, 1);
+    EXPECT_EQ(none->status, 204);
+    EXPECT_GE(Clock::now() - asked, 900ms);
+    EXPECT_EQ(unsent_of(outbox, 1), 0);
+    EXPECT_EQ(unsent_of(outbox, 2), 3) << "another replica's messages were taken";
+}
+
+TEST(PullSender, ADeviceActsOnlyForItsOwnReplica) {
+    Outbox outbox("pull_tokens", 2, 2);
+    TempDir dir;
+    PullSender sender(outbox, dir, "1");
+
+    // Device 1's token on replica 2: 403 on next, ack and up.
+    auto next = sender.get_next(2, 1);
+    EXPECT_EQ(next->status, 403);
+    EXPECT_EQ(next->body, "this token may not act for replica " + replica_id(2) + "\n");
+    EXPECT_EQ(sender.ack(2, message_id(1), 1)->status, 403);
+    EXPECT_EQ(sender.up(2, "{}", 1)->status, 403);
+    // No token, another scheme, an empty or unknown token.
+    auto missing = sender.get_next(2, 0);
+    EXPECT_EQ(missing->status, 401);
+    EXPECT_EQ(missing->body, "send Authorization: Bearer TOKEN\n");
+    EXPECT_EQ(sender.ack(2, message_id(1), 0)->status, 401);
+    EXPECT_EQ(sender.up(2, "{}", 0)->status, 401);
+    httplib::Client client = sender.client();
+    const std::string path = "/replicas/" + replica_id(2) + "/next";
+    EXPECT_EQ(client.Get(path.c_str(), {{"Authorization", "Basic dG9rZW4tMg=="}})->status, 401);
+    EXPECT_EQ(client.Get(path.c_str(), {{"Authorization", "Bearer "}})->status, 401);
+    EXPECT_EQ(client.Get(path.c_str(), {{"Authorization", "Bearer token-9"}})->status, 403);
+    EXPECT_EQ(
+        client.Get("/replicas/not-a-uuid/next", {{"Authorization", "Bearer token-2"}})->status,
+        404);
+    // Replica 2's outbox was not touched: nothing leased, nothing taken.
+    EXPECT_EQ(outbox.number("SELECT count(*) FROM sync.outbox WHERE replica = '" + replica_id(2) +
+                            "' AND (tries > 0 OR sent_at IS NOT NULL)"),
+              0);
+    // Its own token works.
+    auto own = sender.get_next(2, 2);
+    EXPECT_EQ(own->status, 200);
+    EXPECT_EQ(own->get_header_value("message-id"), message_id(1));
+}
+
+TEST(PullSender, AWaitingAskIsAnsweredByNotifyNotByPolling) {
+    Outbox outbox("pull_wake", 1, 0);
+    TempDir dir;
+    PullSender sender(outbox, dir, "20");
+
+    auto asked = std::async(std::launch::async, [&] { return sender.get_next(1, 1); });
+    std::this_thread::sleep_for(300ms);
+    // A message without a NOTIFY: the waiting ask does not look again by itself.
+    outbox.add(1, 1, 1, 1);
+    EXPECT_EQ(asked.wait_for(1500ms), std::future_status::timeout)
+        << "the ask was answered without a NOTIFY: it polls";
+    const auto notified = Clock::now();
+    outbox.sql("NOTIFY magic_sync");
+    ASSERT_EQ(asked.wait_for(5s), std::future_status::ready) << sender.log();
+    EXPECT_LT(Clock::now() - notified, 2s);
+    auto answer = asked.get();
+    EXPECT_EQ(answer->status, 200);
+    EXPECT_EQ(answer->get_header_value("message-id"), message_id(1));
+}
+
+TEST(PullSender, UploadsGoToSyncReceiveUnderThePathsReplica) {
+    Outbox outbox("pull_up", 1, 0);
+    outbox.sql(
+        "DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'pull_route') THEN "
+        "CREATE ROLE pull_route LOGIN IN ROLE sync_sender, sync_receiver; END IF; END $$");
+    TempDir dir;
+    {
+        // The sender's own role lacks sync_receiver: failing the same way again, 500.
+        PullSender sender(outbox, dir, "1");
+        auto refused = sender.up(1, "{}", 1);
+        EXPECT_EQ(refused->status, 500);
+        EXPECT_EQ(refused->body, "permission denied for function receive\n");
+    }
+    std::string conninfo = outbox.conninfo();
+    conninfo.replace(conninfo.find("user=magic_sender"), 17, "user=pull_route");
+    PullSender sender(outbox, dir, "1", conninfo);
+    auto filed = sender.up(1, "not an upload", 1);
+    EXPECT_EQ(filed->status, 200) << filed->body;
+    EXPECT_EQ(filed->body, "kept\n");
+    EXPECT_EQ(outbox.number("SELECT count(*) FROM sync.set_aside WHERE kind = 'upload' AND "
+                            "replica = '" +
+                            replica_id(1) + "'"),
+              1);
+}
+
+TEST(PullSender, RefusesATokenQueryThatDoesNotTakeTheToken) {
+    Outbox outbox("pull_bad_query", 1, 0);
+    std::string output;
+    EXPECT_EQ(run(sender_binary() + " --db '" + outbox.conninfo() +
+                      "' --transport pull --listen 127.0.0.1:" + std::to_string(free_port()) +
+                      " --token-query 'SELECT id FROM sync.replica'",
+                  &output),
+              1);
+    EXPECT_NE(output.find("--token-query must take the token as $1, and nothing else"),
+              std::string::npos)
+        << output;
+}
+
+TEST(PullSender, FailuresSayWhetherAskingAgainMayHelp) {
+    for (const char* again : {"08006", "40001", "40P01", "53300", "55000", "57P01"})
+        EXPECT_EQ(pull_failure_status(again, false), 503) << again;
+    for (const char* same : {"42501", "22P02", "23505", "XX000", "P0001", ""})
+        EXPECT_EQ(pull_failure_status(same, false), 500) << same;
+    EXPECT_EQ(pull_failure_status("", true), 503);
+}
+
+}  // namespace
+}  // namespace magic_sync::test::sender

@@ -1,0 +1,204 @@
+// The pull transport end to end, with every real part: PostgreSQL with magic_sync preloaded (the
+// relay worker), one magic-sync-sender --transport pull, and magic-sync-replica processes that
+// pull from it with their own tokens. Each replica is compared with the oracle (sync.expected:
+// what the declarations and the tables say it must hold), row by row.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <chrono>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "server/deployment.hpp"
+#include "server/holdings.hpp"
+#include "server/process.hpp"
+
+namespace magic_sync::test {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Registers hold the hash of their device's token; device n's token is "device-n".
+const char* const kShop = R"sql(
+    CREATE SCHEMA shop;
+    CREATE TABLE shop.stores (id int PRIMARY KEY, name text NOT NULL);
+    CREATE TABLE shop.registers (id uuid PRIMARY KEY, store_id int NOT NULL REFERENCES shop.stores,
+                                 active boolean NOT NULL DEFAULT true, token_hash text UNIQUE);
+    CREATE TABLE shop.products (id int PRIMARY KEY, name text NOT NULL, price numeric(10, 2) NOT NULL);
+    CREATE TABLE shop.prices (store_id int, product_id int, price numeric(10, 2) NOT NULL,
+                              PRIMARY KEY (store_id, product_id));
+    CREATE TABLE shop.sales (id uuid PRIMARY KEY, register_id uuid NOT NULL, product_id int NOT NULL,
+                             qty int NOT NULL);
+    SELECT sync.replicas('shop.registers', 'registers', live => 'active');
+    SELECT sync.catalog('shop.products');
+    SELECT sync.catalog('shop.prices', "to" => 'store_id = store_id');
+    SELECT sync.record('shop.sales');
+    INSERT INTO shop.stores VALUES (1, 'north'), (2, 'south');
+    INSERT INTO shop.products SELECT i, 'product ' || i, i FROM generate_series(1, 120) i;
+    INSERT INTO shop.prices SELECT s, p, p + s / 10.0 FROM generate_series(1, 2) s, generate_series(1, 40) p;
+)sql";
+
+size_t line_count(const std::string& text) {
+    return text.empty() ? 0 : std::count(text.begin(), text.end(), '\n') + 1;
+}
+
+const char* const kTokenQuery =
+    "SELECT id FROM shop.registers WHERE token_hash = encode(sha256(convert_to($1, 'UTF8')), "
+    "'hex')";
+
+class Pull : public ::testing::Test {
+  protected:
+    void SetUp() override {
+        deployment_ = std::make_unique<Deployment>(
+            "pull",
+            std::vector<std::string>{"magic_sync.idle = 100", "magic_sync.rows_per_message = 50"},
+            "shop", kShop);
+        port_ = free_port();
+    }
+    void TearDown() override {
+        replicas_.clear();
+        deployment_.reset();
+    }
+
+    Connection& db() { return deployment_->db(); }
+    std::string url() const { return "http://127.0.0.1:" + std::to_string(port_); }
+
+    void add_registers(int first, int last) {
+        db().query(
+            "INSERT INTO shop.registers (id, store_id, token_hash) SELECT "
+            "('00000000-0000-0000-0000-' || lpad(n::text, 12, '0'))::uuid, 1 + n % 2, "
+            "encode(sha256(convert_to('device-' || n, 'UTF8')), 'hex') "
+            "FROM generate_series($1::int, $2::int) n",
+            {std::to_string(first), std::to_string(last)});
+        for (int n = first; n <= last; ++n) replicas_[n] = deployment_->replica(replica_id(n));
+    }
+
+    void start_sender() {
+        deployment_->sender() = std::make_unique<Process>(
+            std::vector<std::string>{deployment_->bin() + "/magic-sync-sender", "--db",
+                                     deployment_->conninfo(), "--transport", "pull", "--listen",
+                                     "127.0.0.1:" + std::to_string(port_), "--token-query",
+                                     kTokenQuery, "--wait", "5"},
+            deployment_->directory() + "/sender.log");
+    }
+
+    // The replica's process pulling with its device's token; `options` after the usual ones.
+    void start_replica(int n, const std::vector<std::string>& options = {}) {
+        ReplicaProcess& replica = replicas_[n];
+        std::vector<std::string> arguments = deployment_->replica_program(replica);
+        for (const std::string& argument : {std::string("pull"), std::string("--url"), url(),
+                                            std::string("--token"), "device-" + std::to_string(n)})
+            arguments.push_back(argument);
+        arguments.insert(arguments.end(), options.begin(), options.end());
+        replica.process = std::make_unique<Process>(
+            arguments, deployment_->directory() + "/" + replica.id + ".log");
+    }
+
+    std::string expected(const ReplicaProcess& replica) {
+        return db().value(kExpectedHoldings, {replica.id});
+    }
+
+    // Every replica holds exactly what the oracle says, and nothing is left unsent.
+    void converge(const std::string& scenario, std::chrono::seconds limit = 120s) {
+        std::cerr << "converging: " << scenario << std::endl;
+        const bool converged = eventually(
+            [&] {
+                if (db().value("SELECT count(*) FROM sync.note") != "0") return false;
+                if (db().value("SELECT count(*) FROM sync.outbox WHERE sent_at IS NULL") != "0")
+                    return false;
+                for (auto& [n, replica] : replicas_)
+                    if (deployment_->held(replica) != expected(replica)) return false;
+                return true;
+            },
+            limit);
+        if (converged) return;
+        std::string report = "not converged: " + scenario + "\n";
+        for (auto& [n, replica] : replicas_) {
+            const std::string held = deployment_->held(replica);
+            if (held == expected(replica)) continue;
+            report += "replica " + replica.id + " holds " + std::to_string(held.size()) +
+                      " bytes of lines, expected " + std::to_string(expected(replica).size()) +
+                      "\n" + (replica.process ? replica.process->log() : "") + "\n";
+            break;
+        }
+        FAIL() << report << "sender log:\n" << deployment_->sender()->log();
+    }
+
+    std::string head_of(int n) {
+        return db().value(
+            "SELECT gen || '.' || seq FROM sync.outbox WHERE replica = $1::uuid AND sent_at IS "
+            "NULL ORDER BY seq LIMIT 1",
+            {replica_id(n)});
+    }
+
+    std::unique_ptr<Deployment> deployment_;
+    int port_ = 0;
+    std::map<int, ReplicaProcess> replicas_;
+};
+
+TEST_F(Pull, AHundredReplicasPullingFromOneSenderHoldWhatTheTablesSay) {
+    add_registers(1, 100);
+    start_sender();
+    for (int n = 1; n <= 100; ++n) start_replica(n);
+    converge("provisioning 100 replicas by pull");
+    // 120 products and 40 prices of its store, in messages of at most 50 rows: several each.
+    EXPECT_EQ(line_count(expected(replicas_[7])), 160u);
+    EXPECT_GE(std::stoi(db().value("SELECT min(next_seq) FROM sync.replica")), 4);
+
+    db().query("UPDATE shop.products SET price = price * 2 WHERE id <= 60");
+    db().query("DELETE FROM shop.products WHERE id = 120");
+    db().query("INSERT INTO shop.prices VALUES (2, 41, 5.55)");
+    converge("catalog and store changes by pull");
+}
+
+TEST_F(Pull, AReplicaKilledAfterApplyingBeforeItsAckGetsTheSameHeadAgain) {
+    add_registers(1, 2);
+    start_sender();
+    start_replica(2);
+    start_replica(1, {"--die-before-ack", "2", "--up-via-pull", "--upload-every", "0.2"});
+    ASSERT_TRUE(eventually([&] { return !replicas_[1].process->running(); }, 60s))
+        << replicas_[1].process->log();
+    const std::string log = replicas_[1].process->log();
+    const std::string marker = "test fault: dying before acknowledging message ";
+    const size_t at = log.find(marker);
+    ASSERT_NE(at, std::string::npos) << log;
+    const std::string unacked =
+        log.substr(at + marker.size(), log.find('\n', at) - at - marker.size());
+    // Applied (the replica's file is at its seq) and not acknowledged: still the head.
+    EXPECT_EQ(head_of(1), unacked);
+    const std::string seq = unacked.substr(unacked.find('.') + 1);
+    std::string holds;
+    ASSERT_EQ(run(deployment_->replica_cli(replicas_[1]) + " show --json", &holds), 0);
+    EXPECT_NE(holds.find("\"applied\":" + seq + ","), std::string::npos) << holds;
+
+    // Restarted (without the fault): the same head again, recognised as applied, acknowledged.
+    replicas_[1].process.reset();
+    start_replica(1, {"--up-via-pull", "--upload-every", "0.2"});
+    converge("the killed replica restarted", 60s);
+    EXPECT_NE(replicas_[1].process->log().find("message " + unacked + ": already applied"),
+              std::string::npos)
+        << replicas_[1].process->log();
+
+    // Its uploads go through the sender too, filed under the replica the path names.
+    const std::string sale = "10000000-0000-0000-0000-000000000001";
+    std::string output;
+    ASSERT_EQ(run(deployment_->replica_cli(replicas_[1]) + " write shop.sales '{\"id\":\"" + sale +
+                      "\",\"register_id\":\"" + replica_id(1) + "\",\"product_id\":3,\"qty\":2}'",
+                  &output),
+              0)
+        << output;
+    ASSERT_TRUE(eventually(
+        [&] {
+            return db().value("SELECT count(*) FROM shop.sales WHERE id = $1::uuid", {sale}) == "1";
+        },
+        30s))
+        << replicas_[1].process->log();
+    converge("an upload by pull", 60s);
+}
+
+}  // namespace
+}  // namespace magic_sync::test
