@@ -52,6 +52,9 @@ pull (devices behind NAT ask this sender over HTTP; put TLS in front with a reve
   GET  /replicas/{id}/next               the head message (header message-id), the same until
                                          acknowledged; 204 when none came within --wait
   POST /replicas/{id}/ack/{message-id}   200 taken; 409 not the head: nothing taken
+  POST /replicas/{id}/refused/{message-id}
+                                         the device cannot take it (body: why): recorded as
+                                         a refusal, it stays the head; 409 not the head
   POST /replicas/{id}/up                 the body to sync.receive; 200 with its answer
   401 without a bearer token, 403 for a replica the token may not act for, 503 when asking
   again may help, 500 when it would fail the same way. The --db role needs sync_sender,

@@ -45,8 +45,10 @@ struct Statement {
 constexpr Statement kHead{"magic_sync_pull_head",
                           "SELECT message_id, message FROM sync.pull_head($1::uuid, $2::interval)"};
 constexpr Statement kAck{"magic_sync_pull_ack", "SELECT sync.pull_ack($1::uuid, $2::text)"};
+constexpr Statement kRefused{"magic_sync_pull_refused",
+                             "SELECT sync.pull_refused($1::uuid, $2::text, $3::text)"};
 constexpr Statement kReceive{"magic_sync_pull_receive", "SELECT sync.receive($1::uuid, $2::bytea)"};
-constexpr Statement kStatements[] = {kHead, kAck, kReceive};
+constexpr Statement kStatements[] = {kHead, kAck, kRefused, kReceive};
 
 std::string first_line(const char* text) {
     std::string line = text == nullptr ? "" : text;
@@ -59,6 +61,14 @@ std::string lowercase(std::string text) {
     std::transform(text.begin(), text.end(), text.begin(),
                    [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
     return text;
+}
+
+// A device's words for the log and sync.replica.last_error: printable ASCII, at most 1,000
+// characters (anything else would be refused as text by the database, or garble a log line).
+std::string printable(const std::string& text, const char* if_empty) {
+    std::string kept;
+    for (const char c : text.substr(0, 1000)) kept += c >= 0x20 && c <= 0x7e ? c : '?';
+    return kept.empty() ? if_empty : kept;
 }
 
 bool is_uuid(const std::string& text) {
@@ -396,6 +406,24 @@ struct PullServer::Serving {
         });
     }
 
+    // The device cannot take the message (the body says why): recorded as a refusal, the message
+    // stays the head.
+    void refused(const httplib::Request& request, httplib::Response& response) {
+        handle(request, response, [&](const std::string& replica) {
+            const std::string message_id = request.matches[2];
+            const std::string why = printable(request.body, "refused by the device");
+            Result recorded = pool.borrow()->execute(
+                kRefused.name, {replica.c_str(), message_id.c_str(), why.c_str()},
+                {0, 0, static_cast<int>(why.size())}, {0, 0, 0}, 0);
+            if (std::string(PQgetvalue(recorded.get(), 0, 0)) == "t")
+                answer(response, 200, "refusal of " + message_id + " recorded");
+            else
+                answer(
+                    response, 409,
+                    message_id + " is not the head of replica " + replica + ": nothing recorded");
+        });
+    }
+
     void up(const httplib::Request& request, httplib::Response& response) {
         handle(request, response, [&](const std::string& replica) {
             Result filed =
@@ -456,6 +484,10 @@ PullServer::PullServer(const Options& options) {
     server.Post(R"(/replicas/([^/]+)/ack/([^/]+))",
                 [&serving](const httplib::Request& request, httplib::Response& response) {
                     serving.ack(request, response);
+                });
+    server.Post(R"(/replicas/([^/]+)/refused/([^/]+))",
+                [&serving](const httplib::Request& request, httplib::Response& response) {
+                    serving.refused(request, response);
                 });
     server.Post(R"(/replicas/([^/]+)/up)",
                 [&serving](const httplib::Request& request, httplib::Response& response) {

@@ -52,6 +52,17 @@ SELECT count(*) AS sent FROM sync.outbox
 WHERE replica = '00000000-0000-0000-0000-0000000000e1' AND sent_at IS NOT NULL;
 SELECT seq, message_id FROM sync.pull_head('00000000-0000-0000-0000-0000000000e1', '1 minute');
 
+-- A device that cannot take its head says so: recorded as a refusal (as sync.failed records a
+-- push transport's), the lease ends and the message stays the head; a refusal naming anything
+-- else records nothing.
+SELECT sync.pull_refused('00000000-0000-0000-0000-0000000000e1', '4.3', 'malformed: not a message') AS refused_behind;
+SELECT sync.pull_refused('00000000-0000-0000-0000-0000000000e1', '4.2', 'unknown version: protocol 9') AS refused;
+SELECT refusals, last_error, backoff IS NOT NULL AS backing_off FROM sync.replica
+WHERE id = '00000000-0000-0000-0000-0000000000e1';
+SELECT seq, sent_at IS NOT NULL AS sent, lease_until IS NULL AS unleased
+FROM sync.outbox WHERE replica = '00000000-0000-0000-0000-0000000000e1' ORDER BY seq;
+SELECT seq, message_id FROM sync.pull_head('00000000-0000-0000-0000-0000000000e1', '1 minute');
+
 -- A head a push sender's live session holds is not served: that sender is delivering it.
 SELECT replica, seq FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-0000000000e2']::uuid[], 1);
 SELECT count(*) AS pulled FROM sync.pull_head('00000000-0000-0000-0000-0000000000e2', '1 minute');
@@ -66,7 +77,7 @@ SELECT p.oid::regprocedure AS routine, p.prosecdef AS security_definer, p.procon
        has_function_privilege('sync_receiver', p.oid, 'EXECUTE') AS receiver_can,
        has_function_privilege('public', p.oid, 'EXECUTE') AS public_can
 FROM pg_proc p
-WHERE p.pronamespace = 'sync'::regnamespace AND p.proname IN ('pull_head', 'pull_ack')
+WHERE p.pronamespace = 'sync'::regnamespace AND p.proname IN ('pull_head', 'pull_ack', 'pull_refused')
 ORDER BY p.proname;
 CREATE ROLE pull_sender LOGIN IN ROLE sync_sender;
 -- A role without sync_sender (here the receiver's, which may use the schema) may not.
@@ -77,6 +88,7 @@ SELECT sync.pull_ack('00000000-0000-0000-0000-0000000000e1', '4.2') AS taken_as_
 SET ROLE pull_stranger;
 SELECT * FROM sync.pull_head('00000000-0000-0000-0000-0000000000e1', '1 minute');
 SELECT sync.pull_ack('00000000-0000-0000-0000-0000000000e1', '4.3');
+SELECT sync.pull_refused('00000000-0000-0000-0000-0000000000e1', '4.3', 'no');
 RESET ROLE;
 SELECT count(*) AS sent_in_all FROM sync.outbox
 WHERE replica = '00000000-0000-0000-0000-0000000000e1' AND sent_at IS NOT NULL;

@@ -117,7 +117,8 @@ Asks the sender's pull transport (magic-sync-sender --transport pull), for a dev
 cannot reach: GET BASE/replicas/<id>/next (the sender answers when a message comes, or 204 after
 its wait: asked again at once), applies the message, then POST BASE/replicas/<id>/ack/<message-id>.
 A message not acknowledged (the program died, the ack was lost) comes again and is recognised as
-applied. One it cannot apply is not acknowledged: it is asked for again after a wait. Backs off
+applied. One it cannot apply is not acknowledged: POST BASE/replicas/<id>/refused/<message-id>
+records why on the server, and it is asked for again after a wait. Backs off
 (0.5 s doubling to 30 s) while the sender cannot be reached or answers an error. Stops on SIGTERM.
 
   --url BASE          the sender's URL, e.g. https://sync.shop.example (TLS through its proxy)

@@ -166,8 +166,16 @@ void consume_pull(Replica& replica, const PullSettings& settings, const std::ato
         if (result.outcome == Outcome::kApplied) applied();
         if (!result.taken()) {
             // Never acknowledged, so never lost: it stays the head (an unknown protocol version
-            // applies after an upgrade). Asked again after a wait.
+            // applies after an upgrade). The refusal is recorded on the server (the operator sees
+            // it as a push transport's), and the head asked for again after a wait.
             failed("message " + next.message_id + " refused: " + result.detail);
+            try {
+                const std::string why =
+                    std::string(outcome_name(result.outcome)) + ": " + result.detail;
+                request(settings, base + "/refused/" + next.message_id, &why, kNeverStop);
+            } catch (const Unanswered& error) {
+                log("refusal of " + next.message_id + " not recorded: " + error.what());
+            }
             continue;
         }
         if (settings.die_before_ack && ++taken == *settings.die_before_ack) {

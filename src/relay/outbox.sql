@@ -67,6 +67,13 @@ RETURN o.sent_at IS NULL AND coalesce(o.lease_until > now(), false)
 -- Finds each replica's head message without walking what was sent and is not confirmed yet.
 CREATE INDEX outbox_unsent ON sync.outbox (replica, seq) WHERE sent_at IS NULL;
 
+-- A message's id, as senders send it (header message-id) and the pull transport's devices name it:
+-- the replica's generation and the message's seq.
+CREATE FUNCTION sync.message_id(gen int, seq bigint) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+SET search_path = pg_catalog, pg_temp
+AS $$ SELECT gen || '.' || seq $$;
+
 -- Leases the head message (lowest unsent seq) of up to `n` live replicas that are not in backoff
 -- and whose head's lease does not hold (sync.lease_holds), oldest first, to this session: the
 -- lease holds for `lease` and ends at once with the session. A replica whose head is leased or
@@ -140,7 +147,7 @@ BEGIN
         FROM chosen
         WHERE o.replica = chosen.replica AND o.seq = chosen.seq
     )
-    SELECT following.replica, following.seq, following.gen || '.' || following.seq,
+    SELECT following.replica, following.seq, sync.message_id(following.gen, following.seq),
            coalesce(following.body, sync.message(following.replica, following.seq))
     FROM chosen
     CROSS JOIN LATERAL (
@@ -303,8 +310,28 @@ BEGIN
     SET lease_until = now() + lease, lease_pid = NULL, lease_backend_start = NULL,
         tries = o.tries + 1
     WHERE o.replica = head.replica AND o.seq = head.seq;
-    RETURN QUERY SELECT head.seq, head.gen || '.' || head.seq,
+    RETURN QUERY SELECT head.seq, sync.message_id(head.gen, head.seq),
                         coalesce(head.body, sync.message(head.replica, head.seq));
+END
+$$;
+
+-- The seq of the replica's head when `message_id` names it, locked (two devices' or two requests'
+-- answers about one message at once: the second finds it sent); NULL otherwise.
+CREATE FUNCTION sync.pull_named_head(replica uuid, message_id text) RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    head record;
+BEGIN
+    SELECT o.seq, o.gen INTO head FROM sync.outbox o
+    WHERE o.replica = pull_named_head.replica AND o.sent_at IS NULL
+    ORDER BY o.seq LIMIT 1
+    FOR UPDATE;
+    IF NOT FOUND OR sync.message_id(head.gen, head.seq) IS DISTINCT FROM pull_named_head.message_id THEN
+        RETURN NULL;
+    END IF;
+    RETURN head.seq;
 END
 $$;
 
@@ -318,17 +345,33 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    head record;
+    seq bigint := sync.pull_named_head(pull_ack.replica, pull_ack.message_id);
 BEGIN
-    -- Locked, so that two acks of one message at once take it once: the second finds it sent.
-    SELECT o.seq, o.gen INTO head FROM sync.outbox o
-    WHERE o.replica = pull_ack.replica AND o.sent_at IS NULL
-    ORDER BY o.seq LIMIT 1
-    FOR UPDATE;
-    IF NOT FOUND OR head.gen || '.' || head.seq IS DISTINCT FROM pull_ack.message_id THEN
+    IF seq IS NULL THEN
         RETURN false;
     END IF;
-    PERFORM sync.sent(pull_ack.replica, head.seq);
+    PERFORM sync.sent(pull_ack.replica, seq);
+    RETURN true;
+END
+$$;
+
+-- The device could not take message `message_id` (it can never apply it, or speaks another
+-- protocol version): recorded as a push sender's refusal is (sync.failed with retry false: the
+-- replica's refusals and last error, the operator's alarm), when it names the replica's head, and
+-- then true; anything else records nothing and returns false. The message stays the head: the
+-- device asks for it again when it may take it (after an upgrade), and nothing behind it is lost.
+CREATE FUNCTION sync.pull_refused(replica uuid, message_id text, error text) RETURNS boolean
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    seq bigint := sync.pull_named_head(pull_refused.replica, pull_refused.message_id);
+BEGIN
+    IF seq IS NULL THEN
+        RETURN false;
+    END IF;
+    PERFORM sync.failed(pull_refused.replica, seq, false, pull_refused.error);
     RETURN true;
 END
 $$;
@@ -341,6 +384,7 @@ REVOKE ALL ON FUNCTION sync.failed(uuid, bigint, boolean, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.backlog() FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.pull_head(uuid, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.pull_ack(uuid, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION sync.pull_refused(uuid, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sync.next(int, interval) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.next(int, interval, uuid[], int) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.sent(uuid, bigint) TO sync_sender;
@@ -349,3 +393,4 @@ GRANT EXECUTE ON FUNCTION sync.failed(uuid, bigint, boolean, text) TO sync_sende
 GRANT EXECUTE ON FUNCTION sync.backlog() TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.pull_head(uuid, interval) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.pull_ack(uuid, text) TO sync_sender;
+GRANT EXECUTE ON FUNCTION sync.pull_refused(uuid, text, text) TO sync_sender;

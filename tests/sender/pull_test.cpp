@@ -47,6 +47,12 @@ class PullSender {
         return client().Post(("/replicas/" + replica_id(replica) + "/ack/" + message_id).c_str(),
                              auth(device), "", "text/plain");
     }
+    httplib::Result refused(int replica, const std::string& message_id, const std::string& why,
+                            int device) const {
+        return client().Post(
+            ("/replicas/" + replica_id(replica) + "/refused/" + message_id).c_str(), auth(device),
+            why, "text/plain");
+    }
     httplib::Result up(int replica, const std::string& body, int device) const {
         return client().Post(("/replicas/" + replica_id(replica) + "/up").c_str(), auth(device),
                              body, "application/json");
@@ -131,6 +137,37 @@ TEST(PullSender, ServesTheHeadUntilAckedAndAnAckTakesOnlyTheHead) {
     EXPECT_EQ(unsent_of(outbox, 2), 3) << "another replica's messages were taken";
 }
 
+// A device that cannot take its head says so: recorded as a push transport's refusal is (the
+// replica's refusals and last error), the message stays the head; a refusal that names anything
+// but the head records nothing.
+TEST(PullSender, ARefusalIsRecordedAndTheHeadStays) {
+    Outbox outbox("pull_refused", 1, 2);
+    TempDir dir;
+    PullSender sender(outbox, dir, "1");
+    const auto refusals = [&] {
+        return outbox.sql("SELECT refusals || ' ' || coalesce(last_error, '-') FROM sync.replica");
+    };
+
+    ASSERT_EQ(sender.get_next(1, 1)->status, 200) << sender.log();
+    auto behind = sender.refused(1, message_id(2), "malformed: not a message", 1);
+    EXPECT_EQ(behind->status, 409);
+    EXPECT_EQ(behind->body, message_id(2) + " is not the head of replica " + replica_id(1) +
+                                ": nothing recorded\n");
+    EXPECT_EQ(refusals(), "0 -");
+
+    auto recorded = sender.refused(1, message_id(1), "unknown version: protocol 9\x01", 1);
+    EXPECT_EQ(recorded->status, 200);
+    EXPECT_EQ(recorded->body, "refusal of " + message_id(1) + " recorded\n");
+    EXPECT_EQ(refusals(), "1 unknown version: protocol 9?");
+    EXPECT_EQ(unsent_of(outbox, 1), 2);
+    auto again = sender.get_next(1, 1);
+    EXPECT_EQ(again->status, 200);
+    EXPECT_EQ(again->get_header_value("message-id"), message_id(1));
+    // Taken after all (the device was upgraded): its ack ends the refusals' backoff.
+    EXPECT_EQ(sender.ack(1, message_id(1), 1)->status, 200);
+    EXPECT_EQ(unsent_of(outbox, 1), 1);
+}
+
 TEST(PullSender, ADeviceActsOnlyForItsOwnReplica) {
     Outbox outbox("pull_tokens", 2, 2);
     TempDir dir;
@@ -141,6 +178,7 @@ TEST(PullSender, ADeviceActsOnlyForItsOwnReplica) {
     EXPECT_EQ(next->status, 403);
     EXPECT_EQ(next->body, "this token may not act for replica " + replica_id(2) + "\n");
     EXPECT_EQ(sender.ack(2, message_id(1), 1)->status, 403);
+    EXPECT_EQ(sender.refused(2, message_id(1), "no", 1)->status, 403);
     EXPECT_EQ(sender.up(2, "{}", 1)->status, 403);
     // No token, another scheme, an empty or unknown token.
     auto missing = sender.get_next(2, 0);

@@ -200,5 +200,37 @@ TEST_F(Pull, AReplicaKilledAfterApplyingBeforeItsAckGetsTheSameHeadAgain) {
     converge("an upload by pull", 60s);
 }
 
+// A message the device can never apply is refused, and the refusal is recorded on the server as a
+// push transport's is: the operator sees it in sync.replica (and the alarm on refusals), and the
+// message stays the head.
+TEST_F(Pull, AMessageTheDeviceCannotApplyIsRecordedAsRefused) {
+    add_registers(1, 1);
+    start_sender();
+    start_replica(1);
+    converge("one replica by pull");
+    const std::string seq = db().value(
+        "WITH bogus AS (INSERT INTO sync.outbox (replica, seq, gen, kind, body) "
+        "SELECT id, next_seq, gen, 'rows', '\\x00'::bytea FROM sync.replica WHERE id = $1::uuid "
+        "RETURNING seq) "
+        "UPDATE sync.replica r SET next_seq = r.next_seq + 1 FROM bogus WHERE r.id = $1::uuid "
+        "RETURNING bogus.seq",
+        {replica_id(1)});
+    db().query("NOTIFY magic_sync");
+    ASSERT_TRUE(eventually(
+        [&] {
+            return db().value("SELECT refusals > 0 FROM sync.replica WHERE id = $1::uuid",
+                              {replica_id(1)}) == "t";
+        },
+        30s))
+        << replicas_[1].process->log();
+    EXPECT_EQ(
+        db().value("SELECT split_part(last_error, ':', 1) FROM sync.replica WHERE id = $1::uuid",
+                   {replica_id(1)}),
+        "malformed");
+    EXPECT_EQ(head_of(1),
+              db().value("SELECT gen || '.' || $1 FROM sync.replica WHERE id = $2::uuid",
+                         {seq, replica_id(1)}));
+}
+
 }  // namespace
 }  // namespace magic_sync::test
