@@ -4,8 +4,9 @@
 // transaction's other keys (pending.hpp): one note per synced table is written when the
 // transaction commits. A TRUNCATE notes the whole table at once.
 //
-// No transition tables (PostgreSQL copies every changed row into them, before any function
-// runs: that alone cost 3-4 % of a single-row write) and no note per statement.
+// No transition tables (PostgreSQL would copy every changed row into them) and no note per
+// statement: a transaction pays for one note per table however many statements it runs. What a
+// row trigger and a note row cost is in bench/README.md ("Capture").
 //
 // A statement trigger on INSERT / UPDATE / DELETE is one made by an earlier release (release
 // 0.1.0's, met between an update of the library and ALTER EXTENSION magic_sync UPDATE, which
