@@ -32,9 +32,11 @@ namespace {
 
 // The key columns of the trigger's relation, by the names the trigger was given.
 struct KeyColumns {
-    int count = 0;
-    AttrNumber* attributes = nullptr;
-    char** names = nullptr;
+    Oid relation;
+    Oid trigger;
+    int count;
+    AttrNumber* attributes;
+    char** names;
 };
 
 void refuse_trigger(const TriggerData* data) {
@@ -45,12 +47,22 @@ void refuse_trigger(const TriggerData* data) {
                             "sync.both(); they install the capture triggers.")));
 }
 
-void find_key_columns(KeyColumns* key, const TriggerData* data) {
+// The key columns, found once per query and trigger rather than once per row: kept in the
+// function's fn_extra, which lives as long as the query's trigger state (a partition has its own).
+const KeyColumns* key_columns(FunctionCallInfo fcinfo, const TriggerData* data) {
     const Trigger* trigger = data->tg_trigger;
+    const Oid relation = RelationGetRelid(data->tg_relation);
+    auto* key = static_cast<KeyColumns*>(fcinfo->flinfo->fn_extra);
+    if (key != nullptr && key->relation == relation && key->trigger == trigger->tgoid) return key;
+    MemoryContext memory = fcinfo->flinfo->fn_mcxt;
+    key = static_cast<KeyColumns*>(MemoryContextAllocZero(memory, sizeof(KeyColumns)));
     TupleDesc descriptor = RelationGetDescr(data->tg_relation);
+    key->relation = relation;
+    key->trigger = trigger->tgoid;
     key->count = trigger->tgnargs - 1;
     key->names = trigger->tgargs + 1;
-    key->attributes = static_cast<AttrNumber*>(palloc(sizeof(AttrNumber) * key->count));
+    key->attributes =
+        static_cast<AttrNumber*>(MemoryContextAlloc(memory, sizeof(AttrNumber) * key->count));
     for (int i = 0; i < key->count; ++i) {
         key->attributes[i] = InvalidAttrNumber;
         for (int a = 0; a < descriptor->natts; ++a) {
@@ -60,6 +72,8 @@ void find_key_columns(KeyColumns* key, const TriggerData* data) {
         }
         if (key->attributes[i] == InvalidAttrNumber) refuse_trigger(data);
     }
+    fcinfo->flinfo->fn_extra = key;
+    return key;
 }
 
 // Whether two versions of a row hold the same value in column `a` (0-based), as stored. Both
@@ -95,20 +109,19 @@ bool same_key(const KeyColumns* key, TupleTableSlot* old_row, TupleTableSlot* ne
 
 // Notes the key(s) of the row a row firing changed.
 void note_row(FunctionCallInfo fcinfo, const TriggerData* data, int32 codec) {
-    KeyColumns key;
-    find_key_columns(&key, data);
+    const KeyColumns* key = key_columns(fcinfo, data);
     TupleDesc descriptor = RelationGetDescr(data->tg_relation);
     const Oid function = fcinfo->flinfo->fn_oid;
     TupleTableSlot* row = data->tg_trigslot;
     if (TRIGGER_FIRED_BY_UPDATE(data->tg_event)) {
         TupleTableSlot* new_row = data->tg_newslot;
         if (same_row(row, new_row, descriptor)) return;
-        magic_sync::capture::note_key(function, codec, new_row, descriptor, key.attributes,
-                                      key.names, key.count);
-        if (same_key(&key, row, new_row, descriptor)) return;
+        magic_sync::capture::note_key(function, codec, new_row, descriptor, key->attributes,
+                                      key->names, key->count);
+        if (same_key(key, row, new_row, descriptor)) return;
     }
-    magic_sync::capture::note_key(function, codec, row, descriptor, key.attributes, key.names,
-                                  key.count);
+    magic_sync::capture::note_key(function, codec, row, descriptor, key->attributes, key->names,
+                                  key->count);
 }
 
 // C-style on purpose: it runs inside pg::guard(), where no C++ object may live.
