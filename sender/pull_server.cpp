@@ -476,23 +476,16 @@ PullServer::PullServer(const Options& options) {
         int yes = 1;
         setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
     });
-    Serving& serving = *serving_;
-    server.Get(R"(/replicas/([^/]+)/next)",
-               [&serving](const httplib::Request& request, httplib::Response& response) {
-                   serving.next(request, response);
-               });
-    server.Post(R"(/replicas/([^/]+)/ack/([^/]+))",
-                [&serving](const httplib::Request& request, httplib::Response& response) {
-                    serving.ack(request, response);
-                });
-    server.Post(R"(/replicas/([^/]+)/refused/([^/]+))",
-                [&serving](const httplib::Request& request, httplib::Response& response) {
-                    serving.refused(request, response);
-                });
-    server.Post(R"(/replicas/([^/]+)/up)",
-                [&serving](const httplib::Request& request, httplib::Response& response) {
-                    serving.up(request, response);
-                });
+    using Handler = void (Serving::*)(const httplib::Request&, httplib::Response&);
+    const auto to = [&serving = *serving_](Handler handler) {
+        return [&serving, handler](const httplib::Request& request, httplib::Response& response) {
+            (serving.*handler)(request, response);
+        };
+    };
+    server.Get(R"(/replicas/([^/]+)/next)", to(&Serving::next));
+    server.Post(R"(/replicas/([^/]+)/ack/([^/]+))", to(&Serving::ack));
+    server.Post(R"(/replicas/([^/]+)/refused/([^/]+))", to(&Serving::refused));
+    server.Post(R"(/replicas/([^/]+)/up)", to(&Serving::up));
     const auto [host, port] = listen_address(options.listen);
     if (!server.bind_to_port(host, port))
         throw std::runtime_error("--listen " + options.listen +
