@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
 # ALTER EXTENSION magic_sync UPDATE from each release: 0.1.0 as it was released (built from the
-# repository's history, commit 56f535c) is installed into a copy of this machine's PostgreSQL,
-# filled with declarations, rows, planned messages, a filed upload and a kept one; then this
-# build is installed over it, the server restarts, and the extension is updated. After it:
+# repository's history by scripts/build-release.sh) is installed into a copy of this machine's
+# PostgreSQL, filled with declarations, rows, planned messages, a filed upload and a kept one;
+# then this build is installed over it, the server restarts, and the extension is updated. After it:
 # the schema is the one a fresh install makes, object by object; every replica converges on what
 # the oracle (sync.expected) says it must hold; the kept row is still kept with its reason, and
 # the filed upload sent again is answered, not filed twice.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
-release=56f535c
 
-# A clone without that history (shallow, or an export) cannot build the release: skipped, saying so.
-git -C "$repo" cat-file -e "$release^{commit}" 2>/dev/null ||
-    { echo "commit $release (release 0.1.0) is not in this clone: clone with its history to run it"; exit 77; }
+# Release 0.1.0's extension, built from the history (scripts/build-release.sh, which `make test`
+# runs beside the other builds; here it only finds the tree built). A clone without that history
+# (shallow, or an export) cannot build it: skipped, saying so.
+release_tree=$(scripts/build-release.sh 0.1.0) || exit $?
 
 work=$(mktemp -d /tmp/magic_sync_upgrade.XXXXXX)
 chmod 755 "$work" # the server runs as postgres from the copy of PostgreSQL in it
@@ -36,15 +36,8 @@ export PATH="$work/pg/usr/lib/postgresql/15/bin:$PATH"
     { echo "the copy of PostgreSQL is not the one found: $(pg_config --bindir)"; exit 1; }
 rm -f "$(pg_config --sharedir)"/extension/magic_sync* "$(pg_config --pkglibdir)"/magic_sync.so
 
-# MAGIC_SYNC_RELEASE_TREE: a tree of the release already built there (to run this again quickly).
-release_tree=${MAGIC_SYNC_RELEASE_TREE:-$work/release}
-if [ -z "${MAGIC_SYNC_RELEASE_TREE:-}" ]; then
-    echo "building release 0.1.0 ($release)"
-    mkdir "$release_tree"
-    git -C "$repo" archive "$release" | tar -x -C "$release_tree"
-fi
-make -C "$release_tree" -s -j2 all install >"$work/release-build.log" 2>&1 ||
-    { tail -30 "$work/release-build.log"; exit 1; }
+make -C "$release_tree" -s install >"$work/release-install.log" 2>&1 ||
+    { tail -30 "$work/release-install.log"; exit 1; }
 
 . scripts/cluster.sh
 cluster_start
