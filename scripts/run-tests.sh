@@ -1,7 +1,17 @@
 #!/usr/bin/env bash
-# Runs every test runner of magic_sync and ends with one line: "N passed, N failed".
-# Expects the extension to be installed (make install) and the programs built (make all).
-# PostgreSQL runs as an unprivileged user in a temporary directory that is always removed.
+# Runs every test of magic_sync and ends with one line: "N passed, N failed".
+# Expects the extension to be installed (make install) and what the tests run built
+# (make test-builds). PostgreSQL runs as an unprivileged user in temporary directories that are
+# always removed.
+#
+# The tests are jobs that share nothing (each has its own cluster, directory and ports), run
+# MAGIC_SYNC_TEST_JOBS at a time (default: twice the cores, as most of them wait on servers and
+# processes), the longest first. A job's line says how long it took; a failed job's log follows it.
+#
+#   MAGIC_SYNC_TESTS=regress,isolation   only these groups (format, schedules, regress,
+#                                        isolation, server, sanitizers, fuzz, shell, sim)
+#   MAGIC_SYNC_TEST_JOBS=1               one job at a time
+#   KEEP_TEST_OUTPUT=1                   keep the logs and the regress outputs
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -12,7 +22,13 @@ pg_regress="$pgxs_dir/test/regress/pg_regress"
 pg_isolation_regress="$pgxs_dir/test/isolation/pg_isolation_regress"
 
 work=$(mktemp -d /tmp/magic_sync_test.XXXXXX)
-cleanup() { [ -n "${KEEP_TEST_OUTPUT:-}" ] && { echo "test output kept in $work"; return; }; rm -rf "$work"; }
+cleanup() {
+    local pids
+    pids=$(jobs -p)
+    [ -n "$pids" ] && kill $pids 2>/dev/null
+    [ -n "${KEEP_TEST_OUTPUT:-}" ] && { echo "test output kept in $work"; return; }
+    rm -rf "$work"
+}
 trap cleanup EXIT
 chmod 755 "$work"
 
@@ -22,156 +38,248 @@ as_pg() {
 }
 [ "$(id -u)" -eq 0 ] && chown postgres: "$work"
 
-passed=0
-failed=0
-skipped=()
-failures=()
-record() { # name outcome(0 ok)
-    if [ "$2" -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); failures+=("$1"); fi
-}
-
-section() { printf '\n== %s ==\n' "$1"; }
-
-# MAGIC_SYNC_TESTS=regress,isolation runs only those runners (format, schedules, gtest, regress,
-# isolation, shell, sim); unset, all of them.
 wanted() { [ -z "${MAGIC_SYNC_TESTS:-}" ] || [[ ",$MAGIC_SYNC_TESTS," == *",$1,"* ]]; }
 
-# Counts "... ok" / "... FAILED" lines of a pg_regress-style log.
-count_regress() { # label logfile status outputdir
-    local ok bad
-    ok=$(grep -cE '\.\.\. ok' "$2")
-    bad=$(grep -cE '\.\.\. (FAILED|failed)' "$2")
-    passed=$((passed + ok))
-    failed=$((failed + bad))
-    if [ "$bad" -gt 0 ] || { [ "$3" -ne 0 ] && [ "$ok" -eq 0 ]; }; then
-        [ "$bad" -eq 0 ] && failed=$((failed + 1))
-        failures+=("$1")
-        [ -f "$4/regression.diffs" ] && head -c 20000 "$4/regression.diffs"
-    fi
+# ---- The jobs ------------------------------------------------------------------------------
+# A job is a name, a weight (its seconds on this 2-core machine, for the order: the longest start
+# first), a kind that says how its outcome is counted, and a command. Its output goes to
+# $work/<name>.log; it ends by writing its counts, "passed failed", to $work/<name>.counts.
+job_names=()
+declare -A job_weight=() job_kind=() job_command=()
+add_job() { # name weight kind command...
+    job_names+=("$1")
+    job_weight[$1]=$2
+    job_kind[$1]=$3
+    job_command[$1]=$(printf '%q ' "${@:4}")
 }
 
+# Kinds. Each runs the command and writes "passed failed" for the summary.
+#   one:     the command is one test (exit 0 passes, 77 is skipped with its last line as reason)
+#   gtest:   a GoogleTest binary: its own counts; a crash without counts is one failure
+#   sanitized: a gtest run under the sanitizers: also fails on a sanitizer's report
+#   regress: pg_regress: its "... ok" and "... FAILED" lines
+run_kind() { # kind name command...
+    local kind=$1 name=$2 log=$work/$2.log status
+    shift 2
+    "$@" >"$log" 2>&1
+    status=$?
+    case $kind in
+    one)
+        if [ $status -eq 77 ]; then echo "skip" >"$work/$name.counts"
+        elif [ $status -eq 0 ]; then echo "1 0" >"$work/$name.counts"
+        else echo "0 1" >"$work/$name.counts"; fi ;;
+    gtest | sanitized)
+        if [ "$kind" = sanitized ] &&
+            grep -qE '^(==[0-9]+==ERROR|.*runtime error:|SUMMARY: (Address|Leak|UndefinedBehavior)Sanitizer)' "$log"; then
+            status=1
+            echo "(a sanitizer reported an error)" >>"$log"
+        fi
+        local ok bad
+        ok=$(sed -nE 's/^\[  PASSED  \] ([0-9]+) tests?.*/\1/p' "$log" | tail -1)
+        bad=$(sed -nE 's/^\[  FAILED  \] ([0-9]+) tests?, listed below.*/\1/p' "$log" | tail -1)
+        # A run that failed without a count of failures (a crash, a sanitizer) is one failure.
+        [ $status -ne 0 ] && [ -z "$bad" ] && bad=1
+        echo "${ok:-0} ${bad:-0}" >"$work/$name.counts" ;;
+    regress)
+        local ok bad
+        ok=$(grep -cE '\.\.\. ok' "$log")
+        bad=$(grep -cE '\.\.\. (FAILED|failed)' "$log")
+        # pg_regress that failed before any test ran is one failure.
+        [ $status -ne 0 ] && [ "$bad" -eq 0 ] && bad=1
+        echo "$ok $bad" >"$work/$name.counts" ;;
+    esac
+    return $status
+}
+
+# ---- format and schedules ------------------------------------------------------------------
 if wanted format; then
-section "format"
-make -s format-check
-record format-check $?
+    add_job format-check 2 one make -s format-check
 fi
 
+check_schedules() {
+    # Every regress and isolation test must be in its schedule, or it would silently never run.
+    local status=0 f name
+    for f in sql/*.sql; do
+        name=$(basename "$f" .sql)
+        grep -qwE "^test:.*\b$name\b" tests/schedule || { echo "sql/$name.sql is not in tests/schedule"; status=1; }
+    done
+    for f in tests/isolation/specs/*.spec; do
+        name=$(basename "$f" .spec)
+        grep -qwE "^test:.*\b$name\b" tests/isolation/schedule ||
+            { echo "$f is not in tests/isolation/schedule"; status=1; }
+    done
+    [ $status -eq 0 ] && echo "every test is in its schedule"
+    return $status
+}
 if wanted schedules; then
-section "schedules"
-# Every regress and isolation test must be in its schedule, or it would silently never run.
-schedule_ok=0
-for f in sql/*.sql; do
-    name=$(basename "$f" .sql)
-    grep -qwE "^test:.*\b$name\b" tests/schedule || { echo "sql/$name.sql is not in tests/schedule"; schedule_ok=1; }
-done
-for f in tests/isolation/specs/*.spec; do
-    name=$(basename "$f" .spec)
-    grep -qwE "^test:.*\b$name\b" tests/isolation/schedule ||
-        { echo "$f is not in tests/isolation/schedule"; schedule_ok=1; }
-done
-[ $schedule_ok -eq 0 ] && echo "every test is in its schedule"
-record schedules $schedule_ok
+    add_job schedules 1 one check_schedules
 fi
 
-if wanted gtest; then
-section "GoogleTest"
-for binary in build/tests/*_tests; do
-    name=$(basename "$binary")
-    if "$binary" --gtest_brief=1 >"$work/$name.log" 2>&1; then status=0; else status=1; fi
-    tail -n 30 "$work/$name.log"
-    gtest_passed=$(sed -nE 's/^\[  PASSED  \] ([0-9]+) tests?.*/\1/p' "$work/$name.log" | tail -1)
-    gtest_failed=$(sed -nE 's/^\[  FAILED  \] ([0-9]+) tests?, listed below.*/\1/p' "$work/$name.log" | tail -1)
-    passed=$((passed + ${gtest_passed:-0}))
-    failed=$((failed + ${gtest_failed:-0}))
-    # A binary that failed without a count (a crash) still counts as one failure.
-    if [ $status -ne 0 ] && [ -z "${gtest_failed:-}" ]; then failed=$((failed + 1)); fi
-    [ $status -ne 0 ] && failures+=("$name")
-done
-fi
-
+# ---- pg_regress and pg_isolation_regress, each in its own temporary instance ----------------
 temp_config="$work/temp.conf"
 cat >"$temp_config" <<CONF
 shared_preload_libraries = 'magic_sync'
 max_worker_processes = 16
 CONF
 
+run_regress() { # program dir schedule-dir dbname
+    local program=$1 dir=$work/$2 dbname=$4
+    mkdir -p "$dir"
+    cp -r $3 "$dir/"
+    [ "$(id -u)" -eq 0 ] && chown -R postgres: "$dir"
+    as_pg "$program" --bindir="$bindir" --temp-instance="$dir/instance" \
+        --temp-config="$temp_config" --inputdir="$dir" --outputdir="$dir" \
+        --schedule="$dir/schedule" --dbname="$dbname"
+    local status=$?
+    [ -f "$dir/regression.diffs" ] && head -c 20000 "$dir/regression.diffs"
+    return $status
+}
 if wanted regress; then
-section "regress (pg_regress)"
-mkdir -p "$work/regress"
-cp -r sql expected tests/schedule "$work/regress/"
-[ "$(id -u)" -eq 0 ] && chown -R postgres: "$work"
-as_pg "$pg_regress" --bindir="$bindir" --temp-instance="$work/regress/instance" \
-    --temp-config="$temp_config" --inputdir="$work/regress" --outputdir="$work/regress" \
-    --schedule="$work/regress/schedule" --dbname=regression >"$work/regress.log" 2>&1
-status=$?
-grep -E '^(test|     |ok|not ok| *[0-9]+ of|=+|.*tests passed)' "$work/regress.log" | grep -vE '^=+$' | head -100
-count_regress regress "$work/regress.log" $status "$work/regress"
+    add_job regress 25 regress run_regress "$pg_regress" regress "sql expected tests/schedule" regression
 fi
-
 if wanted isolation; then
-section "isolation (pg_isolation_regress)"
-mkdir -p "$work/isolation"
-cp -r tests/isolation/specs tests/isolation/expected tests/isolation/schedule "$work/isolation/"
-[ "$(id -u)" -eq 0 ] && chown -R postgres: "$work"
-as_pg "$pg_isolation_regress" --bindir="$bindir" --temp-instance="$work/isolation/instance" \
-    --temp-config="$temp_config" --inputdir="$work/isolation" --outputdir="$work/isolation" \
-    --schedule="$work/isolation/schedule" --dbname=isolation_regression >"$work/isolation.log" 2>&1
-status=$?
-grep -E '(\.\.\. |tests? (passed|failed))' "$work/isolation.log" | head -100
-count_regress isolation "$work/isolation.log" $status "$work/isolation"
+    add_job isolation 8 regress run_regress "$pg_isolation_regress" isolation \
+        "tests/isolation/specs tests/isolation/expected tests/isolation/schedule" isolation_regression
 fi
 
+# ---- the server tests: a job per test, each with its own cluster ----------------------------
+# Their weights: seconds each took here, for the order (the rest take a few).
+declare -A server_weight=(
+    [Repair.DriftOfEverySizeInAHundredThousandRows]=120
+    [Fault.EveryReplicaConvergesAfterEachFaultUnderLoad]=65
+    [Worker.WaitsForItsDatabaseWithoutCrashLooping]=17
+    [Repair.DriftFoundAndRepairedByRange]=13
+    [Worker.WaitsForItsRoleAndTheTemporaryPrivilege]=12
+    [Worker.ALauncherStartedAgainLeavesOneRelay]=12
+    [Pull.AHundredReplicasPullingFromOneSenderHoldWhatTheTablesSay]=11
+)
+if wanted server; then
+    for test in $(build/tests/server_tests --gtest_list_tests |
+                  awk '/^[A-Za-z]/ {suite = $1} /^  / {print suite $1}'); do
+        add_job "server:$test" "${server_weight[$test]:-5}" gtest \
+            build/tests/server_tests --gtest_brief=1 --gtest_filter="$test"
+    done
+fi
+
+# ---- the unit, replica and sender tests, under the sanitizers; the replica's under valgrind --
+# Leaks are errors; so is any undefined behaviour (the build also has -fno-sanitize-recover=all).
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+if wanted sanitizers; then
+    add_job sanitized:unit 3 sanitized build/asan/tests/unit_tests --gtest_brief=1
+    add_job sanitized:replica 12 sanitized build/asan/tests/replica_tests --gtest_brief=1
+    # The sender tests mostly wait on their sinks: three shards side by side. The tests start
+    # build/asan/bin/magic-sync-sender (the replica's CLI tests find theirs beside the binary).
+    for shard in 0 1 2; do
+        add_job "sanitized:sender-$shard" 30 sanitized env GTEST_TOTAL_SHARDS=3 GTEST_SHARD_INDEX=$shard \
+            MAGIC_SYNC_SENDER=build/asan/bin/magic-sync-sender build/asan/tests/sender_tests --gtest_brief=1
+    done
+    # valgrind: the replica library tests (SQLite only, no processes) of the unsanitized build.
+    add_job valgrind:replica 25 sanitized valgrind --error-exitcode=1 --leak-check=full --quiet \
+        build/tests/replica_tests --gtest_brief=1 --gtest_filter='ReplicaTest.*'
+fi
+
+# ---- the bounded fuzz run: each libFuzzer target for FUZZ_SECONDS (30) from the seed corpus ----
+# (scripts/fuzz.sh; a crash, hang, leak or broken property fails it; `make fuzz` runs longer).
+if wanted fuzz; then
+    for target in decode canonical upload; do
+        add_job "fuzz:$target" "${FUZZ_SECONDS:-30}" one \
+            scripts/fuzz.sh --seconds "${FUZZ_SECONDS:-30}" --jobs 1 "$target"
+    done
+fi
+
+# ---- the shell tests: real clusters and processes ------------------------------------------
+declare -A shell_weight=([upgrade]=30 [demo]=9 [protocol_barrier]=8)
 if wanted shell; then
-section "shell tests (real clusters and processes)"
-for test in tests/shell/*.sh; do
-    name=$(basename "$test" .sh)
-    "$test" >"$work/$name.log" 2>&1
-    outcome=$?
-    if [ $outcome -eq 0 ]; then
-        echo "$name ... ok"
-        record "$name" 0
-    elif [ $outcome -eq 77 ]; then
-        # A test that cannot run here says why in its last line (exit 77, as automake's).
+    for test in tests/shell/*.sh; do
+        name=$(basename "$test" .sh)
+        add_job "shell:$name" "${shell_weight[$name]:-3}" one "$test"
+    done
+fi
+
+# ---- the seeded whole-system simulation (tests/sim): each seed of a fixed set is one test -----
+# Together they take every kind of step, partitioned and not, replicas declared before and after
+# the tables. `make sim SEED=n` replays one.
+sim_seeds="1 3 6 13 25 146"
+sim_take_every_kind() {
+    # A new kind of step, or a change that moves the seeds' choices, must not leave a kind untried.
+    local untried
+    untried=$(comm -13 <(for seed in $sim_seeds; do build/tests/sim --seed "$seed" --print; done |
+                         sed -nE 's/^  \[[0-9]+\] ([a-z_]+).*/\1/p' | sort -u) \
+                       <(build/tests/sim --list-kinds | awk '{print $1}' | sort) | tr '\n' ' ')
+    if [ -z "$untried" ]; then
+        echo "sim seeds $sim_seeds take every kind of step"
+    else
+        echo "sim seeds $sim_seeds never take: $untried (choose seeds that do)"
+        return 1
+    fi
+}
+if wanted sim; then
+    add_job sim:seeds_take_every_kind 1 one sim_take_every_kind
+    for seed in $sim_seeds; do
+        add_job "sim:seed $seed" 8 one build/tests/sim --seed "$seed"
+    done
+fi
+
+# ---- the scheduler ---------------------------------------------------------------------------
+max_jobs=${MAGIC_SYNC_TEST_JOBS:-$(($(nproc) * 2))}
+mapfile -t order < <(for name in "${job_names[@]}"; do echo "${job_weight[$name]} $name"; done |
+                     sort -s -k1,1nr | cut -d' ' -f2-)
+echo "running ${#order[@]} test jobs, $max_jobs at a time"
+
+passed=0
+failed=0
+failures=()
+skipped=()
+declare -A started_at=() pid_job=() took=()
+run_started=$SECONDS
+now_ms() { date +%s%3N; }
+
+finish() { # name status
+    local name=$1 status=$2 counts seconds
+    seconds=$(printf '%d.%d' $((took[$name] / 1000)) $((took[$name] % 1000 / 100)))
+    read -r counts <"$work/$name.counts" 2>/dev/null || counts="0 1"
+    if [ "$counts" = skip ]; then
         echo "$name ... SKIPPED: $(tail -n 1 "$work/$name.log")"
         skipped+=("$name")
-    else
-        echo "$name ... FAILED"
-        tail -n 40 "$work/$name.log"
-        record "$name" 1
+        return
     fi
-done
-fi
+    local ok=${counts% *} bad=${counts#* }
+    passed=$((passed + ok))
+    failed=$((failed + bad))
+    if [ "$status" -eq 0 ] && [ "$bad" -eq 0 ]; then
+        echo "$name ... ok (${seconds} s$( [ "${job_kind[$name]}" = one ] || echo ", $ok passed"))"
+    else
+        echo "$name ... FAILED (${seconds} s)"
+        failures+=("$name")
+        tail -n 60 "$work/$name.log"
+    fi
+}
 
-# The seeded whole-system simulation (tests/sim, issue 19): each seed of this fixed set, run with
-# every kind of step, counts as one test. Together they cover every kind of step, partitioned
-# and not, replicas declared before and after the tables. `make sim SEED=n` replays one.
-sim_seeds="1 3 6 13 25 146"
-if wanted sim; then
-section "simulation (build/tests/sim)"
-# A new kind of step, or a change that moves the seeds' choices, must not leave a kind untried.
-untried=$(comm -13 <(for seed in $sim_seeds; do build/tests/sim --seed "$seed" --print; done |
-                     sed -nE 's/^  \[[0-9]+\] ([a-z_]+).*/\1/p' | sort -u) \
-                   <(build/tests/sim --list-kinds | awk '{print $1}' | sort) | tr '\n' ' ')
-if [ -z "$untried" ]; then
-    echo "sim seeds $sim_seeds take every kind of step ... ok"
-    record sim_seeds_take_every_kind 0
-else
-    echo "sim seeds $sim_seeds never take: $untried ... FAILED (choose seeds that do)"
-    record sim_seeds_take_every_kind 1
-fi
-for seed in $sim_seeds; do
-    if build/tests/sim --seed "$seed" >"$work/sim_$seed.log" 2>&1; then
-        echo "sim seed $seed ... ok ($(sed -nE 's/^seed [0-9]+: passed, (.*)$/\1/p' "$work/sim_$seed.log"))"
-        record "sim_seed_$seed" 0
-    else
-        echo "sim seed $seed ... FAILED"
-        head -c 30000 "$work/sim_$seed.log"
-        record "sim_seed_$seed" 1
-    fi
+next=0
+running=0
+while [ $next -lt ${#order[@]} ] || [ $running -gt 0 ]; do
+    while [ $running -lt "$max_jobs" ] && [ $next -lt ${#order[@]} ]; do
+        name=${order[$next]}
+        next=$((next + 1))
+        started_at[$name]=$(now_ms)
+        eval "run_kind ${job_kind[$name]} $(printf '%q' "$name") ${job_command[$name]}" &
+        pid_job[$!]=$name
+        running=$((running + 1))
+    done
+    wait -n -p done_pid
+    status=$?
+    name=${pid_job[$done_pid]}
+    unset "pid_job[$done_pid]"
+    running=$((running - 1))
+    took[$name]=$(($(now_ms) - started_at[$name]))
+    finish "$name" "$status"
 done
-fi
 
 echo
+echo "the slowest jobs: $(for name in "${!took[@]}"; do echo "${took[$name]} $name"; done |
+                        sort -rn | head -5 | awk '{t = $1; $1 = ""; printf "%s%s (%.0f s)", sep, substr($0, 2), t / 1000; sep = ", "}')"
+echo "the tests ran in $((SECONDS - run_started)) s"
 if [ ${#failures[@]} -gt 0 ]; then echo "failed: ${failures[*]}"; fi
 if [ ${#skipped[@]} -gt 0 ]; then
     echo "skipped (could not run here; see above): ${skipped[*]}"
