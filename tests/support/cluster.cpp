@@ -85,11 +85,16 @@ Cluster::Cluster(const std::vector<std::string>& settings) {
     run("chmod 755 " + directory_);
     if (geteuid() == 0) run("chown postgres: " + directory_);
     port_ = free_port();
-    if (run(as_postgres(bindir_ + "/initdb -D " + directory_ +
-                        "/data -U postgres -A trust --no-sync"),
-            &output) != 0) {
+    // make test runs initdb once and names the result in MAGIC_SYNC_TEST_PGDATA: a copy of it
+    // is the same fresh cluster at a tenth of initdb's cost.
+    const char* initialized = std::getenv("MAGIC_SYNC_TEST_PGDATA");
+    std::string make_data =
+        initialized != nullptr && *initialized != '\0'
+            ? "cp -a " + shell_quote(initialized) + " " + directory_ + "/data"
+            : bindir_ + "/initdb -D " + directory_ + "/data -U postgres -A trust --no-sync";
+    if (run(as_postgres(make_data), &output) != 0) {
         run("rm -rf " + directory_);
-        throw std::runtime_error("initdb failed: " + output);
+        throw std::runtime_error("cannot make the cluster's data directory: " + output);
     }
     std::ofstream conf(directory_ + "/data/postgresql.conf", std::ios::app);
     conf << "listen_addresses = '127.0.0.1'\n"
