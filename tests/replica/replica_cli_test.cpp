@@ -122,7 +122,7 @@ TEST_F(CliTest, CommandsWorkAndExplainThemselves) {
 // Sends until answered 200 (the server may still be starting).
 int post_until_answered(int port, const std::string& body) {
     std::optional<int> status;
-    wait_until([&] { return (status = http_post(port, body)).has_value(); });
+    eventually([&] { return (status = http_post(port, body)).has_value(); });
     return status.value_or(-1);
 }
 
@@ -221,7 +221,7 @@ TEST_F(CliTest, KillMinusNineMidStreamLosesNothing) {
         int kill_after = acknowledged + 10 + static_cast<int>(random() % 30);
         auto pause = std::chrono::microseconds(random() % 3000);
         std::thread killer([&] {
-            wait_until([&] { return acknowledged >= kill_after; });
+            eventually([&] { return acknowledged >= kill_after; });
             std::this_thread::sleep_for(pause);
             server->kill9();
         });

@@ -47,7 +47,7 @@ class NatsServer {
           process_({"/usr/sbin/nats-server", "-js", "-a", "127.0.0.1", "-p", std::to_string(port_),
                     "-sd", dir.file("jetstream")},
                    dir.file("nats-server.log")) {
-        bool up = wait_until([&] {
+        bool up = eventually([&] {
             natsConnection* connection = nullptr;
             bool ok = natsConnection_ConnectTo(&connection, url().c_str()) == NATS_OK;
             natsConnection_Destroy(connection);
@@ -137,7 +137,7 @@ TEST(NatsTest, AppliesInOrderAcksAfterCommitAndSurvivesKill) {
                                      "nats",           "--url", server.url()};
     {
         Process replica(args, dir.file("replica.log"));
-        ASSERT_TRUE(wait_until([&] { return applied_seq(db) >= 10; })) << replica.log();
+        ASSERT_TRUE(eventually([&] { return applied_seq(db) >= 10; })) << replica.log();
         replica.kill9();
     }
     // What was applied before the kill is whole: rows and seq together.
@@ -149,7 +149,7 @@ TEST(NatsTest, AppliesInOrderAcksAfterCommitAndSurvivesKill) {
     }
 
     Process replica(args, dir.file("replica.log"));
-    ASSERT_TRUE(wait_until([&] { return applied_seq(db) == kMessages; })) << replica.log();
+    ASSERT_TRUE(eventually([&] { return applied_seq(db) == kMessages; })) << replica.log();
     {
         Replica state(db, kReplicaId);
         std::set<std::string> keys;
@@ -159,7 +159,7 @@ TEST(NatsTest, AppliesInOrderAcksAfterCommitAndSurvivesKill) {
         EXPECT_EQ(state.holdings().at(0).through, kMessages);
     }
     // Everything acknowledged (the garbage terminated), one at a time.
-    bool settled = wait_until([&] {
+    bool settled = eventually([&] {
         jsConsumerInfo* info = publisher.consumer("magic_sync_" + kReplicaId);
         bool done = info && info->NumAckPending == 0 && info->NumPending == 0;
         jsConsumerInfo_Destroy(info);

@@ -114,13 +114,11 @@ TEST(UpRouteTest, UploadsReachSyncReceiveAndFailuresAreRetriedUnderTheSameId) {
     Process serve({replica_binary(), "--id", kReplicaId, "--db", db, "serve", "--listen",
                    "127.0.0.1:" + std::to_string(port), "--up", conninfo, "--upload-every", "0.2"},
                   dir.file("serve.log"));
-    ASSERT_TRUE(wait_until([&] {
+    ASSERT_TRUE(eventually([&] {
         return serve.log().find("cannot upload, will retry") != std::string::npos;
     })) << serve.log();
     cluster.sql("shop", "DELETE FROM public.receive_fails");
-    ASSERT_TRUE(wait_until([&] { return received_count() == "2"; }, std::chrono::seconds(20),
-                           std::chrono::milliseconds(200)))
-        << serve.log();
+    ASSERT_TRUE(eventually([&] { return received_count() == "2"; })) << serve.log();
     protocol::Upload resent = protocol::decode_upload(
         cluster.sql("shop", "SELECT body FROM public.received ORDER BY at DESC LIMIT 1"));
     EXPECT_EQ(resent.id, pending_id);
@@ -136,9 +134,7 @@ TEST(UpRouteTest, UploadsReachSyncReceiveAndFailuresAreRetriedUnderTheSameId) {
                                             {row("shop.products", R"({"id":1})", R"({"id":1})")})},
                                      {"*"})),
         200);
-    ASSERT_TRUE(wait_until([&] { return received_count() == "4"; }, std::chrono::seconds(20),
-                           std::chrono::milliseconds(200)))
-        << serve.log();
+    ASSERT_TRUE(eventually([&] { return received_count() == "4"; })) << serve.log();
     std::vector<protocol::Upload> resends;
     std::stringstream bodies(
         cluster.sql("shop", "SELECT body FROM public.received ORDER BY at OFFSET 2"));

@@ -26,6 +26,7 @@
 
 #include "protocol/canonical.hpp"
 #include "protocol/messages.hpp"
+#include "support/eventually.hpp"
 
 namespace magic_sync::replica::test {
 
@@ -139,16 +140,7 @@ inline void write_file(const std::string& path, const std::string& content) {
     file << content;
 }
 
-inline bool wait_until(const std::function<bool()>& condition,
-                       std::chrono::milliseconds timeout = std::chrono::seconds(20),
-                       std::chrono::milliseconds every = std::chrono::milliseconds(20)) {
-    auto until = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < until) {
-        if (condition()) return true;
-        std::this_thread::sleep_for(every);
-    }
-    return condition();
-}
+using magic_sync::test::eventually;
 
 // build/tests/replica_tests → build/bin/magic-sync-replica
 inline std::string replica_binary() {

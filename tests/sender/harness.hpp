@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "support/cluster.hpp"
+#include "support/eventually.hpp"
 
 namespace magic_sync::test::sender {
 
@@ -234,17 +235,6 @@ class SenderProcess : public Process {
         return argv;
     }
 };
-
-// Waits until `done()` or `limit`; returns done().
-template <typename Predicate>
-bool eventually(Predicate done, std::chrono::milliseconds limit) {
-    const auto until = Clock::now() + limit;
-    while (!done()) {
-        if (Clock::now() >= until) return done();
-        std::this_thread::sleep_for(20ms);
-    }
-    return true;
-}
 
 // "done: N sent" / "stopped: N sent" from a sender's log.
 inline long long sent_count(const std::string& log) {

@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include "support/eventually.hpp"
+
 namespace magic_sync::test {
 
 class Connection {
@@ -89,17 +91,6 @@ inline bool await_notify(PGconn* connection, std::chrono::milliseconds timeout) 
                      static_cast<long>(left.count() % 1000000)};
         select(socket + 1, &readable, nullptr, nullptr, &wait);
     }
-}
-
-// Polls `condition` until it holds or `timeout` passes; returns whether it held.
-template <typename Condition>
-bool eventually(Condition condition, std::chrono::milliseconds timeout = std::chrono::seconds(20)) {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-        if (condition()) return true;
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return condition();
 }
 
 }  // namespace magic_sync::test

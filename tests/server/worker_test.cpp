@@ -93,7 +93,11 @@ TEST(Worker, ACommitWakesIt) {
     Shop shop({"magic_sync.idle = '10s'"});
     Connection db(shop.cluster.conninfo("shop"));
     ASSERT_TRUE(eventually([&] { return deliveries(db).empty() && !shop.holder().empty(); }));
-    std::this_thread::sleep_for(500ms);  // let it settle into its ten-second wait
+    // It settles into its ten-second wait on its latch (wait_event "Extension").
+    ASSERT_TRUE(eventually([&] {
+        return db.value("SELECT wait_event FROM pg_stat_activity"
+                        " WHERE backend_type = 'magic_sync relay'") == "Extension";
+    })) << shop.cluster.log();
     auto start = std::chrono::steady_clock::now();
     db.query("INSERT INTO products VALUES (1, 'tea')");
     ASSERT_TRUE(eventually([&] { return deliveries(db) == "1:1"; }, 3s)) << shop.cluster.log();
