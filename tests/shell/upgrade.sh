@@ -116,15 +116,21 @@ refused=$(sql "SELECT sync.receive('00000000-0000-0000-0000-0000000000a1', conve
 HINT:  Run ALTER EXTENSION magic_sync UPDATE, then send the upload again." ] ||
     { echo "an upload between the restart and the update: '$refused'"; exit 1; }
 
+# The update and what it did to the table dropped under 0.1.0, read in its own transaction: the
+# relay's next pass takes sync.dropped_codec as soon as the update commits.
 updated=$(psql -X -q -At -v ON_ERROR_STOP=1 -d postgres 2>&1 <<'SQL'
+BEGIN;
 ALTER EXTENSION magic_sync UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'magic_sync';
+SELECT (SELECT string_agg(table_name, ',') FROM sync.dropped_codec) || ' '
+       || (SELECT count(*) FROM sync.codec WHERE table_name = 'shop.flyers');
+COMMIT;
 SQL
 ) || { echo "ALTER EXTENSION magic_sync UPDATE failed:"; echo "$updated"; exit 1; }
+ended=$(sed -n 2p <<<"$updated")
+updated=$(sed -n 1p <<<"$updated")
 [ "$updated" = 0.2.0 ] || { echo "after the update: '$updated'"; exit 1; }
 echo "updated to 0.2.0"
-ended=$(sql "SELECT (SELECT string_agg(table_name, ',') FROM sync.dropped_codec) || ' '
-                    || (SELECT count(*) FROM sync.codec WHERE table_name = 'shop.flyers')")
 [ "$ended" = "shop.flyers 0" ] || { echo "the table dropped under 0.1.0, after the update: '$ended'"; exit 1; }
 
 status=0
