@@ -95,8 +95,9 @@ TEST(Worker, ACommitWakesIt) {
     ASSERT_TRUE(eventually([&] { return deliveries(db).empty() && !shop.holder().empty(); }));
     // It settles into its ten-second wait on its latch (wait_event "Extension").
     ASSERT_TRUE(eventually([&] {
-        return db.value("SELECT wait_event FROM pg_stat_activity"
-                        " WHERE backend_type = 'magic_sync relay'") == "Extension";
+        return db.value(
+                   "SELECT wait_event FROM pg_stat_activity"
+                   " WHERE backend_type = 'magic_sync relay'") == "Extension";
     })) << shop.cluster.log();
     auto start = std::chrono::steady_clock::now();
     db.query("INSERT INTO products VALUES (1, 'tea')");
