@@ -10,6 +10,9 @@ cd "$(dirname "$0")/.."
 # Each release and the commit it was made from.
 declare -A commits=([0.1.0]=56f535c)
 
+case "${1:-}" in
+    -h | --help) sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
 version=${1:?usage: scripts/build-release.sh VERSION}
 commit=${commits[$version]:-}
 [ -n "$commit" ] || { echo "build-release: no release $version (known: ${!commits[*]})" >&2; exit 2; }

@@ -13,6 +13,11 @@
 #   MAGIC_SYNC_TEST_JOBS=1               one job at a time
 #   KEEP_TEST_OUTPUT=1                   keep the logs and the regress outputs
 set -uo pipefail
+case "${1:-}" in
+    -h | --help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    "") ;;
+    *) echo "run-tests: no arguments are taken (see --help)" >&2; exit 2 ;;
+esac
 
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
