@@ -12,6 +12,7 @@ extern "C" {
 }
 
 #include <cstring>
+#include <list>
 #include <unordered_map>
 
 namespace magic_sync::pg {
@@ -34,20 +35,9 @@ Oid type_oid(Param::Type type) {
     return TEXTOID;
 }
 
-// Plans kept for the backend's life, by statement text and parameter types.
-std::unordered_map<std::string, SPIPlanPtr>& kept_plans() {
-    static std::unordered_map<std::string, SPIPlanPtr> plans;
-    return plans;
-}
-
-SPIPlanPtr plan_for(const std::string& sql, const std::vector<Param>& params) {
-    std::string key = sql;
-    for (const Param& param : params)
-        key += static_cast<char>('0' + static_cast<int>(param.type()));
-    auto& plans = kept_plans();
-    auto found = plans.find(key);
-    if (found != plans.end()) return found->second;
-    SPIPlanPtr plan = guard([&] {
+// A statement's plan, kept in CacheMemoryContext (SPI_keepplan) until it is freed.
+SPIPlanPtr prepare(const std::string& sql, const std::vector<Param>& params) {
+    return guard([&]() noexcept {
         Oid types[FUNC_MAX_ARGS];
         for (size_t i = 0; i < params.size(); ++i) types[i] = type_oid(params[i].type());
         SPIPlanPtr prepared = SPI_prepare(sql.c_str(), static_cast<int>(params.size()), types);
@@ -57,8 +47,75 @@ SPIPlanPtr plan_for(const std::string& sql, const std::vector<Param>& params) {
         SPI_keepplan(prepared);
         return prepared;
     });
-    plans.emplace(std::move(key), plan);
-    return plan;
+}
+
+// The plans of a backend, by statement text and parameter types: every fixed statement's for the
+// backend's life, the kBuiltPlansKept most recently used built statements'. A built plan that is
+// running (a statement that runs another through a function or a trigger) is not freed under it.
+class Plans {
+  public:
+    // A plan in use: a built one is not freed until release().
+    struct InUse {
+        SPIPlanPtr plan;
+        int* running;  // of a built plan; none for a fixed one
+    };
+
+    InUse use(const Sql& sql, const std::vector<Param>& params) {
+        std::string key = sql.text();
+        for (const Param& param : params)
+            key += static_cast<char>('0' + static_cast<int>(param.type()));
+        if (sql.fixed()) {
+            auto found = fixed_.find(key);
+            if (found != fixed_.end()) return {found->second, nullptr};
+            SPIPlanPtr plan = prepare(sql.text(), params);
+            fixed_.emplace(std::move(key), plan);
+            return {plan, nullptr};
+        }
+        auto found = built_.find(key);
+        if (found != built_.end()) {
+            recent_.splice(recent_.begin(), recent_, found->second);
+            ++recent_.front().running;
+        } else {
+            SPIPlanPtr plan = prepare(sql.text(), params);
+            auto inserted = built_.emplace(std::move(key), recent_.end()).first;
+            recent_.push_front({plan, 1, &inserted->first});
+            inserted->second = recent_.begin();
+            drop_least_recent();
+        }
+        return {recent_.front().plan, &recent_.front().running};
+    }
+
+    static void release(const InUse& use) {
+        if (use.running != nullptr) --*use.running;
+    }
+
+  private:
+    struct Built {
+        SPIPlanPtr plan;
+        int running;
+        const std::string* key;  // its key in built_
+    };
+
+    void drop_least_recent() {
+        auto candidate = recent_.end();
+        while (built_.size() > kBuiltPlansKept && candidate != recent_.begin()) {
+            --candidate;
+            if (candidate->running > 0) continue;
+            SPIPlanPtr plan = candidate->plan;
+            built_.erase(built_.find(*candidate->key));
+            candidate = recent_.erase(candidate);
+            guard([plan]() noexcept { SPI_freeplan(plan); });
+        }
+    }
+
+    std::unordered_map<std::string, SPIPlanPtr> fixed_;
+    std::list<Built> recent_;  // most recently used first
+    std::unordered_map<std::string, std::list<Built>::iterator> built_;
+};
+
+Plans& plans() {
+    static Plans kept;
+    return kept;
 }
 
 Datum datum_of(const Param& param) {
@@ -68,7 +125,7 @@ Datum datum_of(const Param& param) {
         case Param::Type::kBoolean:
             return BoolGetDatum(param.integer() != 0);
         case Param::Type::kUuid:
-            return guard([&] {
+            return guard([&]() noexcept {
                 return DirectFunctionCall1(uuid_in, CStringGetDatum(param.text().c_str()));
             });
         case Param::Type::kText:
@@ -76,34 +133,43 @@ Datum datum_of(const Param& param) {
             break;
     }
     // text and bytea are both a varlena of the bytes.
-    return guard([&] {
+    return guard([&]() noexcept {
         return PointerGetDatum(
             cstring_to_text_with_len(param.text().data(), static_cast<int>(param.text().size())));
     });
 }
 
-// Runs a kept plan; the result is in SPI_tuptable. Returns SPI_processed.
-uint64_t run(const std::string& sql, const std::vector<Param>& params, bool read_only) {
+// Runs a statement; the result is in SPI_tuptable. Returns SPI_processed.
+uint64_t run(const Sql& sql, const std::vector<Param>& params, bool read_only) {
     if (params.size() > FUNC_MAX_ARGS) throw Error("magic_sync: too many parameters");
-    SPIPlanPtr plan = plan_for(sql, params);
     Datum values[FUNC_MAX_ARGS];
     char nulls[FUNC_MAX_ARGS];
     for (size_t i = 0; i < params.size(); ++i) {
         nulls[i] = params[i].is_null() ? 'n' : ' ';
         values[i] = params[i].is_null() ? Datum(0) : datum_of(params[i]);
     }
-    return guard([&] {
-        int result = SPI_execute_plan(plan, values, nulls, read_only, 0);
-        if (result < 0)
-            elog(ERROR, "magic_sync: statement failed: %s", SPI_result_code_string(result));
-        return static_cast<uint64_t>(SPI_processed);
-    });
+    const Plans::InUse plan = plans().use(sql, params);
+    uint64_t processed = 0;
+    try {
+        processed = guard([&]() noexcept {
+            int result = SPI_execute_plan(plan.plan, values, nulls, read_only, 0);
+            if (result < 0)
+                elog(ERROR, "magic_sync: statement failed: %s", SPI_result_code_string(result));
+            return static_cast<uint64_t>(SPI_processed);
+        });
+    } catch (...) {
+        Plans::release(plan);
+        throw;
+    }
+    Plans::release(plan);
+    return processed;
 }
 
 // A result cell: booleans and integers from the datum, any other type by its output function.
 Value cell(HeapTuple tuple, TupleDesc descriptor, int column) {
     bool is_null = false;
-    Datum datum = guard([&] { return SPI_getbinval(tuple, descriptor, column, &is_null); });
+    Datum datum =
+        guard([&]() noexcept { return SPI_getbinval(tuple, descriptor, column, &is_null); });
     if (is_null) return std::nullopt;
     switch (SPI_gettypeid(descriptor, column)) {
         case BOOLOID:
@@ -117,7 +183,7 @@ Value cell(HeapTuple tuple, TupleDesc descriptor, int column) {
         default:
             break;
     }
-    char* text = guard([&] { return SPI_getvalue(tuple, descriptor, column); });
+    char* text = guard([&]() noexcept { return SPI_getvalue(tuple, descriptor, column); });
     std::string value(text);
     pfree(text);
     return value;
@@ -147,7 +213,7 @@ int64_t Value::integer() const {
 }
 
 Spi::Spi() {
-    guard([] {
+    guard([]() noexcept {
         if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "magic_sync: SPI_connect failed");
     });
     connected_ = true;
@@ -156,14 +222,14 @@ Spi::Spi() {
 void Spi::finish() {
     if (!connected_) return;
     connected_ = false;
-    guard([] { SPI_finish(); });
+    guard([]() noexcept { SPI_finish(); });
 }
 
-uint64_t Spi::execute(const std::string& sql, const std::vector<Param>& params) {
+uint64_t Spi::execute(const Sql& sql, const std::vector<Param>& params) {
     return run(sql, params, false);
 }
 
-std::vector<Row> Spi::query(const std::string& sql, const std::vector<Param>& params) {
+std::vector<Row> Spi::query(const Sql& sql, const std::vector<Param>& params) {
     uint64_t count = run(sql, params, false);
     std::vector<Row> rows;
     if (SPI_tuptable == nullptr) return rows;
@@ -179,38 +245,38 @@ std::vector<Row> Spi::query(const std::string& sql, const std::vector<Param>& pa
     return rows;
 }
 
-Value Spi::scalar(const std::string& sql, const std::vector<Param>& params) {
+Value Spi::scalar(const Sql& sql, const std::vector<Param>& params) {
     auto rows = query(sql, params);
     if (rows.empty() || rows.front().empty()) return std::nullopt;
     return rows.front().front();
 }
 
-bool Spi::flag(const std::string& sql, const std::vector<Param>& params) {
+bool Spi::flag(const Sql& sql, const std::vector<Param>& params) {
     if (run(sql, params, false) == 0 || SPI_tuptable == nullptr) return false;
     TupleDesc descriptor = SPI_tuptable->tupdesc;
     if (descriptor->natts != 1 || SPI_gettypeid(descriptor, 1) != BOOLOID)
-        throw Error("magic_sync: Spi::flag needs one boolean column: " + sql);
+        throw Error("magic_sync: Spi::flag needs one boolean column: " + sql.text());
     bool is_null = false;
-    Datum value =
-        guard([&] { return SPI_getbinval(SPI_tuptable->vals[0], descriptor, 1, &is_null); });
+    Datum value = guard(
+        [&]() noexcept { return SPI_getbinval(SPI_tuptable->vals[0], descriptor, 1, &is_null); });
     return !is_null && DatumGetBool(value);
 }
 
 void subtransaction(const std::function<void()>& work) {
     MemoryContext caller_context = CurrentMemoryContext;
     ResourceOwner caller_owner = CurrentResourceOwner;
-    guard([] { BeginInternalSubTransaction(nullptr); });
+    guard([]() noexcept { BeginInternalSubTransaction(nullptr); });
     try {
         work();
     } catch (...) {
-        guard([&] {
+        guard([&]() noexcept {
             RollbackAndReleaseCurrentSubTransaction();
             MemoryContextSwitchTo(caller_context);
             CurrentResourceOwner = caller_owner;
         });
         throw;
     }
-    guard([&] {
+    guard([&]() noexcept {
         ReleaseCurrentSubTransaction();
         MemoryContextSwitchTo(caller_context);
         CurrentResourceOwner = caller_owner;
@@ -218,13 +284,13 @@ void subtransaction(const std::function<void()>& work) {
 }
 
 std::string quote_identifier(const std::string& name) {
-    return guard([&] { return ::quote_identifier(name.c_str()); });
+    return guard([&]() noexcept { return ::quote_identifier(name.c_str()); });
 }
 
 std::string quote_literal(const std::string& text) {
-    char* quoted = guard([&] { return quote_literal_cstr(text.c_str()); });
+    char* quoted = guard([&]() noexcept { return quote_literal_cstr(text.c_str()); });
     std::string result(quoted);
-    guard([&] { pfree(quoted); });
+    guard([&]() noexcept { pfree(quoted); });
     return result;
 }
 

@@ -1,6 +1,8 @@
 // SQL through SPI, from C++: every call guarded, so a PostgreSQL error arrives as pg::PgError.
-// Statements are planned once per backend and kept (keyed by their text), because the relay runs
-// the same few dozen statements on every pass.
+// A statement written in the code (a string literal) is planned once per backend and kept, keyed
+// by its text: the relay runs the same few dozen on every pass. A statement built at run time
+// (filing's insert for an upload's columns, a hook's call) is kept among the most recently used
+// few only: one plan per upload shape, kept forever, grew a filing backend without bound.
 //
 // A parameter is bound with its own type (text, bigint, boolean, bytea, uuid): an integer or a
 // flag reaches the statement as itself, not as text it casts. A result cell is NULL or its text
@@ -86,6 +88,26 @@ class Param {
     int64_t integer_ = 0;
 };
 
+// A statement's text, and whether it is fixed (written in the code: a string literal, or a
+// constant the code holds) or built at run time (a std::string). Never pass the c_str() of a built
+// statement: it would be kept as if fixed.
+class Sql {
+  public:
+    Sql(const char* fixed) : text_(fixed), fixed_(true) {}
+    Sql(std::string built) : text_(std::move(built)), fixed_(false) {}
+
+    const std::string& text() const { return text_; }
+    bool fixed() const { return fixed_; }
+
+  private:
+    std::string text_;
+    bool fixed_;
+};
+
+// How many plans of statements built at run time a backend keeps, the least recently used
+// dropped first.
+constexpr size_t kBuiltPlansKept = 64;
+
 // A session with SPI: connects on construction; finish() disconnects. When an exception leaves
 // the scope without finish(), the transaction's abort cleans up the connection.
 class Spi {
@@ -96,14 +118,14 @@ class Spi {
     void finish();
 
     // Runs a statement; returns the number of rows it processed.
-    uint64_t execute(const std::string& sql, const std::vector<Param>& params = {});
+    uint64_t execute(const Sql& sql, const std::vector<Param>& params = {});
     // Runs a query; returns its rows.
-    std::vector<Row> query(const std::string& sql, const std::vector<Param>& params = {});
+    std::vector<Row> query(const Sql& sql, const std::vector<Param>& params = {});
     // The single value of a query that returns one row and one column (NULL: no row).
-    Value scalar(const std::string& sql, const std::vector<Param>& params = {});
+    Value scalar(const Sql& sql, const std::vector<Param>& params = {});
     // The boolean of a query that returns one row and one boolean column (false: no row, or
     // NULL).
-    bool flag(const std::string& sql, const std::vector<Param>& params = {});
+    bool flag(const Sql& sql, const std::vector<Param>& params = {});
 
   private:
     bool connected_ = false;
