@@ -12,6 +12,10 @@ CREATE FUNCTION selftest.guarded_error_escapes() RETURNS text
     AS 'magic_sync', 'magic_sync_selftest_guarded_error_escapes' LANGUAGE C;
 CREATE FUNCTION selftest.read_cell(query text, as_type text) RETURNS text
     AS 'magic_sync', 'magic_sync_selftest_read_cell' LANGUAGE C STRICT;
+CREATE FUNCTION selftest.error_objects(statement text) RETURNS text
+    AS 'magic_sync', 'magic_sync_selftest_error_objects' LANGUAGE C STRICT;
+CREATE FUNCTION selftest.run(statement text) RETURNS void
+    AS 'magic_sync', 'magic_sync_selftest_run' LANGUAGE C STRICT;
 
 -- A magic_sync::Error becomes an ERROR with its message, SQLSTATE, detail and hint...
 SELECT selftest.throw('the C++ side says no');
@@ -57,6 +61,33 @@ SELECT selftest.read_cell('SELECT true', 'flag') AS t,
 SELECT selftest.read_cell('SELECT ''t''::text', 'flag');
 SELECT selftest.read_cell('SELECT 42::numeric', 'integer');
 SELECT selftest.read_cell('SELECT NULL::bigint', 'integer');
+
+-- A PostgreSQL error caught in C++ names the objects it is about: a unique violation its table
+-- and constraint, a foreign key violation its own, a NOT NULL violation its column, a domain's
+-- check its type.
+CREATE TABLE selftest.parent (id int CONSTRAINT parent_key PRIMARY KEY);
+CREATE TABLE selftest.child (id int PRIMARY KEY,
+                             parent int NOT NULL CONSTRAINT child_parent REFERENCES selftest.parent);
+CREATE DOMAIN selftest.positive AS int CHECK (VALUE > 0);
+INSERT INTO selftest.parent VALUES (1);
+SELECT selftest.error_objects('INSERT INTO selftest.parent VALUES (1)') AS unique_violation;
+SELECT selftest.error_objects('INSERT INTO selftest.child VALUES (1, 2)') AS foreign_key_violation;
+SELECT selftest.error_objects('INSERT INTO selftest.child VALUES (1, NULL)') AS not_null_violation;
+SELECT selftest.error_objects('SELECT (-1)::selftest.positive') AS domain_check;
+SELECT selftest.error_objects('SELECT 1') AS none;
+-- Not caught, the error reaches the client with the objects it names, as PostgreSQL raised it.
+DO $$
+DECLARE
+    schema_name text;
+    table_name text;
+    constraint_name text;
+BEGIN
+    PERFORM selftest.run('INSERT INTO selftest.child VALUES (1, 2)');
+EXCEPTION WHEN foreign_key_violation THEN
+    GET STACKED DIAGNOSTICS schema_name = SCHEMA_NAME, table_name = TABLE_NAME,
+                            constraint_name = CONSTRAINT_NAME;
+    RAISE NOTICE 'schema %, table %, constraint %', schema_name, table_name, constraint_name;
+END $$;
 
 DROP SCHEMA selftest CASCADE;
 

@@ -37,16 +37,18 @@ MAGIC_SYNC_FUNCTION(magic_sync_selftest_bad_alloc) { throw std::bad_alloc(); }
 MAGIC_SYNC_FUNCTION(magic_sync_selftest_guarded_error) {
     int destroyed = 0;
     std::string outcome;
+    sigjmp_buf* const error_stack = PG_exception_stack;
     try {
         Counted outer(destroyed);
         {
             Counted middle(destroyed);
             Counted inner(destroyed);
-            magic_sync::pg::guard([] { raise_division_by_zero(); });
+            magic_sync::pg::guard([]() noexcept { raise_division_by_zero(); });
         }
     } catch (const magic_sync::pg::PgError& e) {
         outcome = std::string("caught ") + unpack_sql_state(e.sqlstate()) + ": " + e.what() + " (" +
-                  e.detail() + "), destructors run: " + std::to_string(destroyed);
+                  e.detail() + "), destructors run: " + std::to_string(destroyed) +
+                  ", error stack restored: " + (PG_exception_stack == error_stack ? "yes" : "no");
     }
     return magic_sync::pg::text_datum(outcome);
 }
@@ -54,7 +56,7 @@ MAGIC_SYNC_FUNCTION(magic_sync_selftest_guarded_error) {
 MAGIC_SYNC_FUNCTION(magic_sync_selftest_guarded_error_escapes) {
     int destroyed = 0;
     Counted held(destroyed);
-    magic_sync::pg::guard([] { raise_division_by_zero(); });
+    magic_sync::pg::guard([]() noexcept { raise_division_by_zero(); });
     return magic_sync::pg::text_datum("not reached");
 }
 
@@ -74,4 +76,31 @@ MAGIC_SYNC_FUNCTION(magic_sync_selftest_read_cell) {
         throw magic_sync::Error("read as 'flag' or 'integer', not " + as);
     spi.finish();
     return magic_sync::pg::text_datum(read);
+}
+
+// Runs `statement` through SPI, in a subtransaction, and says what objects the PostgreSQL error it
+// raises names, as C++ sees them on the PgError.
+MAGIC_SYNC_FUNCTION(magic_sync_selftest_error_objects) {
+    const std::string statement = magic_sync::pg::text_arg(fcinfo, 0);
+    magic_sync::pg::Spi spi;
+    std::string named = "no error";
+    try {
+        magic_sync::pg::subtransaction([&] { spi.execute(statement); });
+    } catch (const magic_sync::pg::PgError& e) {
+        const magic_sync::pg::ErrorObjects& objects = e.objects();
+        named = "schema: " + objects.schema + ", table: " + objects.table +
+                ", column: " + objects.column + ", datatype: " + objects.datatype +
+                ", constraint: " + objects.constraint;
+    }
+    spi.finish();
+    return magic_sync::pg::text_datum(named);
+}
+
+// Runs `statement` through SPI; its error escapes through the bridge to the caller.
+MAGIC_SYNC_FUNCTION(magic_sync_selftest_run) {
+    const std::string statement = magic_sync::pg::text_arg(fcinfo, 0);
+    magic_sync::pg::Spi spi;
+    spi.execute(statement);
+    spi.finish();
+    PG_RETURN_VOID();
 }
