@@ -12,6 +12,10 @@ CREATE FUNCTION selftest.guarded_error_escapes() RETURNS text
     AS 'magic_sync', 'magic_sync_selftest_guarded_error_escapes' LANGUAGE C;
 CREATE FUNCTION selftest.read_cell(query text, as_type text) RETURNS text
     AS 'magic_sync', 'magic_sync_selftest_read_cell' LANGUAGE C STRICT;
+CREATE FUNCTION selftest.read_column(query text, name text) RETURNS text
+    AS 'magic_sync', 'magic_sync_selftest_read_column' LANGUAGE C STRICT;
+CREATE FUNCTION selftest.bound(kind text) RETURNS text
+    AS 'magic_sync', 'magic_sync_selftest_bound' LANGUAGE C STRICT;
 CREATE FUNCTION selftest.error_objects(statement text) RETURNS text
     AS 'magic_sync', 'magic_sync_selftest_error_objects' LANGUAGE C STRICT;
 CREATE FUNCTION selftest.run(statement text) RETURNS void
@@ -61,6 +65,26 @@ SELECT selftest.read_cell('SELECT true', 'flag') AS t,
 SELECT selftest.read_cell('SELECT ''t''::text', 'flag');
 SELECT selftest.read_cell('SELECT 42::numeric', 'integer');
 SELECT selftest.read_cell('SELECT NULL::bigint', 'integer');
+
+-- A bytea cell is its bytes, a text[] or integer array cell its elements.
+SELECT selftest.read_cell($$SELECT '\x00ff0a'::bytea$$, 'bytes') AS bytea,
+       selftest.read_cell($$SELECT ''::bytea$$, 'bytes') AS empty_bytea,
+       selftest.read_cell($$SELECT ARRAY['a', NULL, 'b,c', '{', '', '"']$$, 'elements') AS text_array,
+       selftest.read_cell($$SELECT '{}'::text[]$$, 'elements') AS empty_array,
+       selftest.read_cell($$SELECT ARRAY[9223372036854775807, -1]$$, 'integers') AS bigint_array,
+       selftest.read_cell($$SELECT '{{1,2},{3,4}}'::int[]$$, 'integers') AS int_array;
+SELECT selftest.read_cell($$SELECT 'abc'::text$$, 'bytes');
+SELECT selftest.read_cell($$SELECT NULL::bytea$$, 'bytes');
+SELECT selftest.read_cell($$SELECT ARRAY[1, NULL]::bigint[]$$, 'integers');
+
+-- A row finds a cell by its column's name; a name the result does not have is an error.
+SELECT selftest.read_column('SELECT 1 AS a, 2 AS b, NULL AS c', 'b') AS b,
+       selftest.read_column('SELECT 1 AS a, 2 AS b, NULL AS c', 'c') AS c;
+SELECT selftest.read_column('SELECT 1 AS a, 2 AS b', 'B');
+
+-- A parameter is bound with its own type: jsonb, text[], bigint[], bytea.
+SELECT selftest.bound('jsonb') AS jsonb, selftest.bound('text[]') AS text_array,
+       selftest.bound('bigint[]') AS bigint_array, selftest.bound('bytea') AS bytea;
 
 -- A PostgreSQL error caught in C++ names the objects it is about: a unique violation its table
 -- and constraint, a foreign key violation its own, a NOT NULL violation its column, a domain's

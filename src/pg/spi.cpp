@@ -6,8 +6,11 @@ extern "C" {
 #include "access/xact.h"
 #include "catalog/pg_type.h"
 #include "executor/spi.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/hsearch.h"
+#include "utils/jsonb.h"
+#include "utils/lsyscache.h"
 #include "utils/resowner.h"
 }
 
@@ -29,6 +32,12 @@ Oid type_oid(Param::Type type) {
             return BYTEAOID;
         case Param::Type::kUuid:
             return UUIDOID;
+        case Param::Type::kJsonb:
+            return JSONBOID;
+        case Param::Type::kTextArray:
+            return TEXTARRAYOID;
+        case Param::Type::kBigintArray:
+            return INT8ARRAYOID;
         case Param::Type::kText:
             break;
     }
@@ -128,6 +137,31 @@ Datum datum_of(const Param& param) {
             return guard([&]() noexcept {
                 return DirectFunctionCall1(uuid_in, CStringGetDatum(param.text().c_str()));
             });
+        case Param::Type::kJsonb:
+            return guard([&]() noexcept {
+                return DirectFunctionCall1(jsonb_in, CStringGetDatum(param.text().c_str()));
+            });
+        case Param::Type::kTextArray:
+            return guard([&]() noexcept {
+                const std::vector<std::string>& texts = param.texts();
+                Datum* elements = static_cast<Datum*>(palloc(sizeof(Datum) * (texts.size() + 1)));
+                for (size_t i = 0; i < texts.size(); ++i)
+                    elements[i] = PointerGetDatum(cstring_to_text_with_len(
+                        texts[i].data(), static_cast<int>(texts[i].size())));
+                return PointerGetDatum(construct_array(elements, static_cast<int>(texts.size()),
+                                                       TEXTOID, -1, false, TYPALIGN_INT));
+            });
+        case Param::Type::kBigintArray:
+            return guard([&]() noexcept {
+                const std::vector<int64_t>& integers = param.integers();
+                Datum* elements =
+                    static_cast<Datum*>(palloc(sizeof(Datum) * (integers.size() + 1)));
+                for (size_t i = 0; i < integers.size(); ++i)
+                    elements[i] = Int64GetDatum(integers[i]);
+                return PointerGetDatum(construct_array(elements, static_cast<int>(integers.size()),
+                                                       INT8OID, sizeof(int64), FLOAT8PASSBYVAL,
+                                                       TYPALIGN_DOUBLE));
+            });
         case Param::Type::kText:
         case Param::Type::kBytea:
             break;
@@ -165,13 +199,73 @@ uint64_t run(const Sql& sql, const std::vector<Param>& params, bool read_only) {
     return processed;
 }
 
-// A result cell: booleans and integers from the datum, any other type by its output function.
+// The text output of `datum`, of type `type`.
+std::string output_of(Datum datum, Oid type) {
+    char* text = guard([&]() noexcept {
+        Oid output = InvalidOid;
+        bool is_varlena = false;
+        getTypeOutputInfo(type, &output, &is_varlena);
+        return OidOutputFunctionCall(output, datum);
+    });
+    std::string value(text);
+    guard([&]() noexcept { pfree(text); });
+    return value;
+}
+
+// The elements of the array `datum`, of element type `element` (text or an integer type).
+void deconstruct(Datum datum, Oid element, Datum** elements, bool** nulls, int* count) {
+    guard([&]() noexcept {
+        int16 length = 0;
+        bool by_value = false;
+        char align = 0;
+        get_typlenbyvalalign(element, &length, &by_value, &align);
+        deconstruct_array(DatumGetArrayTypeP(datum), element, length, by_value, align, elements,
+                          nulls, count);
+    });
+}
+
+Value text_array_cell(Datum datum) {
+    Datum* elements = nullptr;
+    bool* nulls = nullptr;
+    int count = 0;
+    deconstruct(datum, TEXTOID, &elements, &nulls, &count);
+    std::vector<std::optional<std::string>> texts;
+    texts.reserve(count);
+    for (int i = 0; i < count; ++i) {
+        if (nulls[i]) {
+            texts.emplace_back(std::nullopt);
+            continue;
+        }
+        auto* text = reinterpret_cast<struct varlena*>(DatumGetPointer(elements[i]));
+        texts.emplace_back(std::string(VARDATA_ANY(text), VARSIZE_ANY_EXHDR(text)));
+    }
+    return Value::text_array(output_of(datum, TEXTARRAYOID), std::move(texts));
+}
+
+Value integer_array_cell(Datum datum, Oid array_type, Oid element) {
+    Datum* elements = nullptr;
+    bool* nulls = nullptr;
+    int count = 0;
+    deconstruct(datum, element, &elements, &nulls, &count);
+    std::vector<int64_t> integers;
+    integers.reserve(count);
+    for (int i = 0; i < count; ++i) {
+        if (nulls[i]) throw Error("magic_sync: an integer array read as integers holds a NULL");
+        integers.push_back(element == INT8OID ? DatumGetInt64(elements[i])
+                                              : DatumGetInt32(elements[i]));
+    }
+    return Value::integer_array(output_of(datum, array_type), std::move(integers));
+}
+
+// A result cell: booleans, integers, bytea and arrays of text or integers from the datum, any
+// other type by its output function.
 Value cell(HeapTuple tuple, TupleDesc descriptor, int column) {
     bool is_null = false;
     Datum datum =
         guard([&]() noexcept { return SPI_getbinval(tuple, descriptor, column, &is_null); });
     if (is_null) return std::nullopt;
-    switch (SPI_gettypeid(descriptor, column)) {
+    const Oid type = SPI_gettypeid(descriptor, column);
+    switch (type) {
         case BOOLOID:
             return Value::boolean(DatumGetBool(datum));
         case INT8OID:
@@ -180,13 +274,28 @@ Value cell(HeapTuple tuple, TupleDesc descriptor, int column) {
             return Value::integer(DatumGetInt32(datum));
         case INT2OID:
             return Value::integer(DatumGetInt16(datum));
+        case BYTEAOID: {
+            auto* bytes = guard([&]() noexcept { return DatumGetByteaPP(datum); });
+            return Value::bytea(std::string(VARDATA_ANY(bytes), VARSIZE_ANY_EXHDR(bytes)));
+        }
+        case TEXTARRAYOID:
+            return text_array_cell(datum);
+        case INT8ARRAYOID:
+            return integer_array_cell(datum, type, INT8OID);
+        case INT4ARRAYOID:
+            return integer_array_cell(datum, type, INT4OID);
         default:
-            break;
+            return output_of(datum, type);
     }
-    char* text = guard([&]() noexcept { return SPI_getvalue(tuple, descriptor, column); });
-    std::string value(text);
-    pfree(text);
-    return value;
+}
+
+// The names of a result's columns.
+Row::Names names_of(TupleDesc descriptor) {
+    auto names = std::make_shared<std::vector<std::string>>();
+    names->reserve(descriptor->natts);
+    for (int c = 0; c < descriptor->natts; ++c)
+        names->push_back(NameStr(TupleDescAttr(descriptor, c)->attname));
+    return names;
 }
 
 }  // namespace
@@ -212,6 +321,34 @@ int64_t Value::integer() const {
     return integer_or(0);
 }
 
+const std::string& Value::bytes() const {
+    if (!has_value()) throw Error("magic_sync: a result cell read as bytea is NULL");
+    expect(Type::kBytea, "bytea");
+    return **this;
+}
+
+const std::vector<std::optional<std::string>>& Value::elements() const {
+    expect(Type::kTextArray, "text[]");
+    return elements_;
+}
+
+const std::vector<int64_t>& Value::integers() const {
+    expect(Type::kIntegerArray, "an integer array");
+    return integers_;
+}
+
+const Value& Row::operator[](std::string_view name) const {
+    if (names_) {
+        for (size_t c = 0; c < names_->size(); ++c)
+            if ((*names_)[c] == name) return at(c);
+    }
+    std::string names;
+    if (names_)
+        for (const std::string& column : *names_) names += (names.empty() ? "" : ", ") + column;
+    throw Error("magic_sync: the result has no column " + std::string(name) + " (it has " +
+                (names.empty() ? std::string("none") : names) + ")");
+}
+
 Spi::Spi() {
     guard([]() noexcept {
         if (SPI_connect() != SPI_OK_CONNECT) elog(ERROR, "magic_sync: SPI_connect failed");
@@ -235,12 +372,13 @@ std::vector<Row> Spi::query(const Sql& sql, const std::vector<Param>& params) {
     if (SPI_tuptable == nullptr) return rows;
     rows.reserve(count);
     TupleDesc descriptor = SPI_tuptable->tupdesc;
+    const Row::Names names = names_of(descriptor);
     for (uint64_t r = 0; r < count; ++r) {
         HeapTuple tuple = SPI_tuptable->vals[r];
-        Row row;
-        row.reserve(descriptor->natts);
-        for (int c = 1; c <= descriptor->natts; ++c) row.push_back(cell(tuple, descriptor, c));
-        rows.push_back(std::move(row));
+        std::vector<Value> cells;
+        cells.reserve(descriptor->natts);
+        for (int c = 1; c <= descriptor->natts; ++c) cells.push_back(cell(tuple, descriptor, c));
+        rows.emplace_back(std::move(cells), names);
     }
     return rows;
 }
