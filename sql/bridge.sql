@@ -16,6 +16,8 @@ CREATE FUNCTION selftest.read_column(query text, name text) RETURNS text
     AS 'magic_sync', 'magic_sync_selftest_read_column' LANGUAGE C STRICT;
 CREATE FUNCTION selftest.bound(kind text) RETURNS text
     AS 'magic_sync', 'magic_sync_selftest_bound' LANGUAGE C STRICT;
+CREATE FUNCTION selftest.throw_inside_pg_try() RETURNS text
+    AS 'magic_sync', 'magic_sync_selftest_throw_inside_pg_try' LANGUAGE C;
 CREATE FUNCTION selftest.error_objects(statement text) RETURNS text
     AS 'magic_sync', 'magic_sync_selftest_error_objects' LANGUAGE C STRICT;
 CREATE FUNCTION selftest.run(statement text) RETURNS void
@@ -47,6 +49,13 @@ SELECT selftest.throw_std('a logic error');
 SELECT selftest.bad_alloc();
 SELECT selftest.guarded_error_escapes();
 \set VERBOSITY default
+
+-- A C++ exception thrown out of a PG_TRY block (which guard() refuses at compile time) still
+-- reaches the client as an ERROR, and the next error finds the error stack it should: the body's
+-- bridge put PG_exception_stack back.
+SELECT selftest.throw_inside_pg_try();
+SELECT 1 / 0 AS next_error;
+SELECT 1 AS still_here;
 
 -- A transaction aborted by a bridged error rolls back as usual and the session is usable.
 BEGIN;

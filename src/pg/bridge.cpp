@@ -53,6 +53,10 @@ void throw_caught_error(MemoryContext caller_context) {
 }
 
 Datum run_body(Body body, FunctionCallInfo fcinfo, Failure& failure) noexcept {
+    // What the error stacks were when the body began: an exception leaves every frame the body
+    // made, so none of them can be the target of the error raised next.
+    sigjmp_buf* const exception_stack = PG_exception_stack;
+    ErrorContextCallback* const context_stack = error_context_stack;
     try {
         return body(fcinfo);
     } catch (const PgError& e) {
@@ -68,6 +72,8 @@ Datum run_body(Body body, FunctionCallInfo fcinfo, Failure& failure) noexcept {
     } catch (...) {
         fill(failure, ERRCODE_INTERNAL_ERROR, "unknown C++ exception", nullptr, nullptr, nullptr);
     }
+    PG_exception_stack = exception_stack;
+    error_context_stack = context_stack;
     return Datum(0);
 }
 

@@ -128,7 +128,8 @@ struct Failure {
 
 using Body = Datum (*)(FunctionCallInfo);
 
-// Runs `body`; on an exception fills `failure` and returns 0. Never lets an exception out.
+// Runs `body`; on an exception fills `failure`, puts PostgreSQL's error stacks back as they were
+// when the body began, and returns 0. Never lets an exception out.
 Datum run_body(Body body, FunctionCallInfo fcinfo, Failure& failure) noexcept;
 
 // Raises `failure` with ereport(ERROR). Called from a frame with no C++ objects.

@@ -123,6 +123,17 @@ MAGIC_SYNC_FUNCTION(magic_sync_selftest_bound) {
     return magic_sync::pg::text_datum(bound.value_or("NULL"));
 }
 
+// Throws a C++ exception out of a PG_TRY block, as guard() no longer lets a call do: the body's
+// bridge puts PG_exception_stack back, so the ERROR it raises does not jump into the dead frame.
+MAGIC_SYNC_FUNCTION(magic_sync_selftest_throw_inside_pg_try) {
+    PG_TRY();
+    { throw magic_sync::Error("thrown inside PG_TRY", ERRCODE_DATA_EXCEPTION); }
+    PG_CATCH();
+    { PG_RE_THROW(); }
+    PG_END_TRY();
+    return magic_sync::pg::text_datum("not reached");
+}
+
 // Runs `statement` through SPI, in a subtransaction, and says what objects the PostgreSQL error it
 // raises names, as C++ sees them on the PgError.
 MAGIC_SYNC_FUNCTION(magic_sync_selftest_error_objects) {
