@@ -12,6 +12,16 @@ CREATE FUNCTION selftest.guarded_error_escapes() RETURNS text
     AS 'magic_sync', 'magic_sync_selftest_guarded_error_escapes' LANGUAGE C;
 CREATE FUNCTION selftest.read_cell(query text, as_type text) RETURNS text
     AS 'magic_sync', 'magic_sync_selftest_read_cell' LANGUAGE C STRICT;
+CREATE FUNCTION selftest.read_column(query text, name text) RETURNS text
+    AS 'magic_sync', 'magic_sync_selftest_read_column' LANGUAGE C STRICT;
+CREATE FUNCTION selftest.bound(kind text) RETURNS text
+    AS 'magic_sync', 'magic_sync_selftest_bound' LANGUAGE C STRICT;
+CREATE FUNCTION selftest.throw_inside_pg_try() RETURNS text
+    AS 'magic_sync', 'magic_sync_selftest_throw_inside_pg_try' LANGUAGE C;
+CREATE FUNCTION selftest.error_objects(statement text) RETURNS text
+    AS 'magic_sync', 'magic_sync_selftest_error_objects' LANGUAGE C STRICT;
+CREATE FUNCTION selftest.run(statement text) RETURNS void
+    AS 'magic_sync', 'magic_sync_selftest_run' LANGUAGE C STRICT;
 
 -- A magic_sync::Error becomes an ERROR with its message, SQLSTATE, detail and hint...
 SELECT selftest.throw('the C++ side says no');
@@ -40,6 +50,13 @@ SELECT selftest.bad_alloc();
 SELECT selftest.guarded_error_escapes();
 \set VERBOSITY default
 
+-- A C++ exception thrown out of a PG_TRY block (which guard() refuses at compile time) still
+-- reaches the client as an ERROR, and the next error finds the error stack it should: the body's
+-- bridge put PG_exception_stack back.
+SELECT selftest.throw_inside_pg_try();
+SELECT 1 / 0 AS next_error;
+SELECT 1 AS still_here;
+
 -- A transaction aborted by a bridged error rolls back as usual and the session is usable.
 BEGIN;
 CREATE TABLE selftest.kept (x int);
@@ -57,6 +74,53 @@ SELECT selftest.read_cell('SELECT true', 'flag') AS t,
 SELECT selftest.read_cell('SELECT ''t''::text', 'flag');
 SELECT selftest.read_cell('SELECT 42::numeric', 'integer');
 SELECT selftest.read_cell('SELECT NULL::bigint', 'integer');
+
+-- A bytea cell is its bytes, a text[] or integer array cell its elements.
+SELECT selftest.read_cell($$SELECT '\x00ff0a'::bytea$$, 'bytes') AS bytea,
+       selftest.read_cell($$SELECT ''::bytea$$, 'bytes') AS empty_bytea,
+       selftest.read_cell($$SELECT ARRAY['a', NULL, 'b,c', '{', '', '"']$$, 'elements') AS text_array,
+       selftest.read_cell($$SELECT '{}'::text[]$$, 'elements') AS empty_array,
+       selftest.read_cell($$SELECT ARRAY[9223372036854775807, -1]$$, 'integers') AS bigint_array,
+       selftest.read_cell($$SELECT '{{1,2},{3,4}}'::int[]$$, 'integers') AS int_array;
+SELECT selftest.read_cell($$SELECT 'abc'::text$$, 'bytes');
+SELECT selftest.read_cell($$SELECT NULL::bytea$$, 'bytes');
+SELECT selftest.read_cell($$SELECT ARRAY[1, NULL]::bigint[]$$, 'integers');
+
+-- A row finds a cell by its column's name; a name the result does not have is an error.
+SELECT selftest.read_column('SELECT 1 AS a, 2 AS b, NULL AS c', 'b') AS b,
+       selftest.read_column('SELECT 1 AS a, 2 AS b, NULL AS c', 'c') AS c;
+SELECT selftest.read_column('SELECT 1 AS a, 2 AS b', 'B');
+
+-- A parameter is bound with its own type: jsonb, text[], bigint[], bytea.
+SELECT selftest.bound('jsonb') AS jsonb, selftest.bound('text[]') AS text_array,
+       selftest.bound('bigint[]') AS bigint_array, selftest.bound('bytea') AS bytea;
+
+-- A PostgreSQL error caught in C++ names the objects it is about: a unique violation its table
+-- and constraint, a foreign key violation its own, a NOT NULL violation its column, a domain's
+-- check its type.
+CREATE TABLE selftest.parent (id int CONSTRAINT parent_key PRIMARY KEY);
+CREATE TABLE selftest.child (id int PRIMARY KEY,
+                             parent int NOT NULL CONSTRAINT child_parent REFERENCES selftest.parent);
+CREATE DOMAIN selftest.positive AS int CHECK (VALUE > 0);
+INSERT INTO selftest.parent VALUES (1);
+SELECT selftest.error_objects('INSERT INTO selftest.parent VALUES (1)') AS unique_violation;
+SELECT selftest.error_objects('INSERT INTO selftest.child VALUES (1, 2)') AS foreign_key_violation;
+SELECT selftest.error_objects('INSERT INTO selftest.child VALUES (1, NULL)') AS not_null_violation;
+SELECT selftest.error_objects('SELECT (-1)::selftest.positive') AS domain_check;
+SELECT selftest.error_objects('SELECT 1') AS none;
+-- Not caught, the error reaches the client with the objects it names, as PostgreSQL raised it.
+DO $$
+DECLARE
+    schema_name text;
+    table_name text;
+    constraint_name text;
+BEGIN
+    PERFORM selftest.run('INSERT INTO selftest.child VALUES (1, 2)');
+EXCEPTION WHEN foreign_key_violation THEN
+    GET STACKED DIAGNOSTICS schema_name = SCHEMA_NAME, table_name = TABLE_NAME,
+                            constraint_name = CONSTRAINT_NAME;
+    RAISE NOTICE 'schema %, table %, constraint %', schema_name, table_name, constraint_name;
+END $$;
 
 DROP SCHEMA selftest CASCADE;
 

@@ -183,10 +183,11 @@ void note_keys(FunctionCallInfo fcinfo) {
 }  // namespace magic_sync::capture
 
 MAGIC_SYNC_FUNCTION(magic_sync_note_keys_from) {
-    return magic_sync::pg::guard([&] { return magic_sync::capture::note_keys_from(fcinfo); });
+    return magic_sync::pg::guard(
+        [&]() noexcept { return magic_sync::capture::note_keys_from(fcinfo); });
 }
 
 MAGIC_SYNC_FUNCTION(magic_sync_note_keys) {
-    magic_sync::pg::guard([&] { magic_sync::capture::note_keys(fcinfo); });
+    magic_sync::pg::guard([&]() noexcept { magic_sync::capture::note_keys(fcinfo); });
     return static_cast<Datum>(0);
 }

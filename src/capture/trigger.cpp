@@ -150,6 +150,6 @@ void capture(FunctionCallInfo fcinfo) {
 }  // namespace
 
 MAGIC_SYNC_FUNCTION(magic_sync_capture) {
-    magic_sync::pg::guard([&] { capture(fcinfo); });
+    magic_sync::pg::guard([&]() noexcept { capture(fcinfo); });
     return PointerGetDatum(nullptr);
 }

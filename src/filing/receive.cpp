@@ -95,10 +95,7 @@ struct Known {
 std::map<std::string, Codec> load_codecs(Spi& spi, const std::vector<protocol::UpRow>& rows,
                                          const std::string& known) {
     std::set<std::string> tables;
-    std::string list;
-    for (const auto& row : rows)
-        if (tables.insert(row.table).second)
-            list += (list.empty() ? "" : ",") + json_string(row.table);
+    for (const auto& row : rows) tables.insert(row.table);
     std::map<std::string, Codec> codecs;
     std::vector<pg::Row> found;
     pg::as_extension_owner([&] {
@@ -106,8 +103,8 @@ std::map<std::string, Codec> load_codecs(Spi& spi, const std::vector<protocol::U
             R"sql(
             SELECT table_name, relation, kind, column_name, is_key, may_file, is_stamp,
             is_required, audience, replicas, goes_down
-            FROM sync.receive_codecs(ARRAY(SELECT jsonb_array_elements_text($1::jsonb))))sql",
-            {"[" + list + "]"});
+            FROM sync.receive_codecs($1::text[]))sql",
+            {Param::text_array({tables.begin(), tables.end()})});
     });
     if (found.empty()) return codecs;
     std::vector<Member> known_members;
@@ -120,21 +117,21 @@ std::map<std::string, Codec> load_codecs(Spi& spi, const std::vector<protocol::U
     }
     known_members = members_of(canonical_known);
     for (const auto& row : found) {
-        Codec& codec = codecs[row[0].value()];
-        codec.table = row[0].value();
-        codec.relation = row[1].value();
-        codec.kind = row[2].value();
-        codec.audience = row[8];
-        codec.replicas = row[9].value_or("");
-        codec.goes_down = row[10].flag_or(false);
+        Codec& codec = codecs[row["table_name"].value()];
+        codec.table = row["table_name"].value();
+        codec.relation = row["relation"].value();
+        codec.kind = row["kind"].value();
+        codec.audience = row["audience"];
+        codec.replicas = row["replicas"].value_or("");
+        codec.goes_down = row["goes_down"].flag_or(false);
         Column column;
-        column.raw = row[3].value();
+        column.raw = row["column_name"].value();
         column.name = pg::quote_identifier(column.raw);
-        column.json_name = json_string(row[3].value());
-        column.key = row[4].flag_or(false);
-        column.may_file = row[5].flag_or(false);
-        column.stamp = row[6].flag_or(false);
-        column.required = row[7].flag_or(false);
+        column.json_name = json_string(column.raw);
+        column.key = row["is_key"].flag_or(false);
+        column.may_file = row["may_file"].flag_or(false);
+        column.stamp = row["is_stamp"].flag_or(false);
+        column.required = row["is_required"].flag_or(false);
         if (column.stamp) {
             std::string value(member(known_members, column.json_name).value_or("null"));
             codec.stamps += (codec.stamps.empty() ? "{" : ",") + column.json_name + ":" + value;
@@ -215,7 +212,7 @@ std::string insert_statement(const Codec& codec, const Shape& shape) {
     if (codec.audience) {
         mine = "EXISTS (SELECT FROM jsonb_populate_record(NULL::" + codec.replicas +
                ", $3::jsonb) r WHERE " + *codec.audience + ")";
-        returning = " RETURNING " + mine;
+        returning = " RETURNING " + mine + " AS replicas_own";
     }
     return "INSERT INTO " + codec.relation + " AS t (" + columns + ") SELECT " + values +
            " FROM jsonb_populate_recordset(NULL::" + codec.relation +
@@ -320,16 +317,18 @@ void file_run(Spi& spi, const Run& run, const std::vector<protocol::UpRow>& rows
     auto file = [&](const std::string& json_rows, size_t count) {
         pg::subtransaction([&] {
             if (!run.codec->audience) {
-                spi.execute(statement, {json_rows, run.codec->stamps});
+                spi.execute(statement, {Param::jsonb(json_rows), Param::jsonb(run.codec->stamps)});
                 return;
             }
             // Each row changed or inserted is the replica's; a row of another replica's (not
             // changed: none returned for it) or one moved out of its rows keeps the lot.
             const std::vector<pg::Row> written =
-                spi.query(statement, {json_rows, run.codec->stamps, known.replica_row});
+                spi.query(statement, {Param::jsonb(json_rows), Param::jsonb(run.codec->stamps),
+                                      Param::jsonb(known.replica_row)});
             const bool all_changed = run.shape.update.empty() || written.size() == count;
-            if (!all_changed || std::any_of(written.begin(), written.end(),
-                                            [](const pg::Row& r) { return !r[0].flag_or(false); }))
+            if (!all_changed || std::any_of(written.begin(), written.end(), [](const pg::Row& r) {
+                    return !r["replicas_own"].flag_or(false);
+                }))
                 throw NotItsRow();
         });
     };
@@ -467,8 +466,8 @@ void finish_upload(Spi& spi, const std::string& replica, const std::string& id,
             R"sql(
             SELECT sync.upload_end($1::uuid, $2::uuid, $3::jsonb, $4::bigint, $5::jsonb,
             $6::jsonb, $7::boolean, $8::name, $9::bigint))sql",
-            {Param::uuid(replica), Param::uuid(id), kept, applied, untaken, holds, answered, role,
-             change});
+            {Param::uuid(replica), Param::uuid(id), Param::jsonb(kept), applied,
+             Param::jsonb(untaken), Param::jsonb(holds), answered, role, change});
     });
     // The relay moves the answer and applies the confirmation as soon as this commits.
     pg::wake_relay_at_commit();
@@ -552,21 +551,22 @@ Known known_replica(Spi& spi, const std::string& replica) {
                        {Param::uuid(replica)})
                     .at(0);
     });
-    const Value& known_function = setup[0];
-    const Value& filing_function = setup[1];
+    const Value& known_function = setup["known"];
+    const Value& filing_function = setup["filing"];
     Value known;
     if (known_function)
         known =
             spi.scalar("SELECT " + *known_function + "($1::uuid)::text", {Param::uuid(replica)});
-    else if (setup[2].flag_or(false))
+    else if (setup["live"].flag_or(false))
         known = "{}";
     if (!known)
         return {std::nullopt,
                 known_function ? *known_function + "() does not know"
                                : std::string("is not a live replica"),
                 std::nullopt, std::nullopt};
-    if (filing_function) spi.execute("SELECT " + *filing_function + "($1::jsonb)", {*known});
-    return {known, "", setup[3], setup[4]};
+    if (filing_function)
+        spi.execute("SELECT " + *filing_function + "($1::jsonb)", {Param::jsonb(known)});
+    return {known, "", setup["replica_row"], setup["change"]};
 }
 
 protocol::Limits upload_limits() {
@@ -633,8 +633,9 @@ std::string receive(Spi& spi, const std::string& replica, const std::string& mes
         kept = kept_json(file_rows(spi, upload.rows, known, echoes));
         if (!echoes.empty())
             pg::as_extension_owner([&] {
-                spi.execute("SELECT sync.upload_echoes($1::uuid, $2::uuid, $3::jsonb)",
-                            {Param::uuid(replica), Param::uuid(upload.id), echoes + "]"});
+                spi.execute(
+                    "SELECT sync.upload_echoes($1::uuid, $2::uuid, $3::jsonb)",
+                    {Param::uuid(replica), Param::uuid(upload.id), Param::jsonb(echoes + "]")});
             });
         status = "filed";
     }
@@ -688,15 +689,6 @@ Refiled kept_again(const std::string& id, const std::string& reason, bool waits,
 // A cancel or a shutdown ends the retry; any other error is the item's reason.
 bool ends_the_retry(int sqlstate) {
     return ERRCODE_TO_CATEGORY(sqlstate) == ERRCODE_OPERATOR_INTERVENTION;
-}
-
-std::string bytes_of_hex(const std::string& hex) {
-    auto nibble = [](char c) { return c <= '9' ? c - '0' : c - 'a' + 10; };
-    std::string bytes;
-    bytes.reserve(hex.size() / 2);
-    for (size_t at = 0; at + 1 < hex.size(); at += 2)
-        bytes += static_cast<char>(nibble(hex[at]) << 4 | nibble(hex[at + 1]));
-    return bytes;
 }
 
 // A message kept whole is decoded again under today's limits and, when it decodes, filed under its
@@ -790,7 +782,7 @@ void refile_group(Spi& spi, const std::vector<KeptItem>& items, size_t begin, si
             if (first.filed_as)
                 spi.execute("SELECT set_config('role', $1, true)", {first.filed_as});
             spi.execute("SELECT set_config(key, value, true) FROM jsonb_each_text($1::jsonb)",
-                        {first.settings});
+                        {Param::jsonb(first.settings)});
             known = known_replica(spi, first.replica);
         });
     } catch (const Error& e) {
@@ -834,18 +826,19 @@ std::string refiled_json(const std::vector<Refiled>& refiled) {
     return out + "]";
 }
 
-// The kept uploads `ids` (a bigint[] literal), filed again; returns what became of each.
-std::string refile(Spi& spi, const std::string& ids) {
+// The kept uploads `ids`, filed again; returns what became of each.
+std::string refile(Spi& spi, const std::vector<int64_t>& ids) {
     std::vector<KeptItem> items;
     for (const pg::Row& row : spi.query(R"sql(
-                   SELECT s.id, s.replica, s.table_name IS NULL, encode(s.body, 'hex'),
-                   s.filed_as, coalesce(s.settings, '{}')::text
+                   SELECT s.id, s.replica, s.table_name IS NULL AS whole,
+                   coalesce(s.body, '') AS body, s.filed_as,
+                   coalesce(s.settings, '{}')::text AS settings
                    FROM unnest($1::bigint[]) AS i(id) JOIN sync.set_aside s ON s.id = i.id
                    WHERE s.kind = 'upload' AND s.replica IS NOT NULL
                    ORDER BY s.replica, s.filed_as, s.settings::text, s.id)sql",
-                                        {ids})) {
-        items.push_back({row[0].value(), row[1].value(), row[2].flag_or(false),
-                         bytes_of_hex(row[3].value_or("")), row[4], row[5].value()});
+                                        {Param::bigint_array(ids)})) {
+        items.push_back({row["id"].value(), row["replica"].value(), row["whole"].flag_or(false),
+                         row["body"].bytes(), row["filed_as"], row["settings"].value()});
     }
     std::vector<Refiled> out;
     for (size_t begin = 0; begin < items.size();) {
@@ -888,11 +881,9 @@ MAGIC_SYNC_FUNCTION(magic_sync_receive) {
 // sync.refile(ids bigint[]) → jsonb: the kept uploads `ids`, filed again (set_aside.sql), as
 // [{"id", "filed", "answered", "key", "reason", "waits"}, ...].
 MAGIC_SYNC_FUNCTION(magic_sync_refile) {
-    std::string ids = "{";
-    for (int64_t id : magic_sync::pg::int64_array_arg(fcinfo, 0))
-        ids += (ids.size() > 1 ? "," : "") + std::to_string(id);
+    const std::vector<int64_t> ids = magic_sync::pg::int64_array_arg(fcinfo, 0);
     magic_sync::pg::Spi spi;
-    std::string refiled = magic_sync::filing::refile(spi, ids + "}");
+    std::string refiled = magic_sync::filing::refile(spi, ids);
     spi.finish();
     return magic_sync::pg::jsonb_datum(refiled);
 }

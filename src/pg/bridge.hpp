@@ -9,7 +9,8 @@
 //      caller's memory context, copies the error, clears the error state and throws pg::PgError,
 //      so C++ destructors run as the exception unwinds.
 // A lambda given to guard() must hold no object with a destructor: it is the one C++ frame a
-// longjmp may cross.
+// longjmp may cross. It must be noexcept too (a compile error otherwise): a C++ exception leaving
+// it would skip PG_END_TRY and leave PG_exception_stack pointing into a frame that is gone.
 #pragma once
 
 extern "C" {
@@ -50,20 +51,33 @@ class Error : public std::runtime_error {
 
 namespace pg {
 
+// The objects a PostgreSQL error names (empty when it names none): a unique or foreign key
+// violation names its constraint and table, a NOT NULL violation its column, a bad input its type.
+struct ErrorObjects {
+    std::string schema;
+    std::string table;
+    std::string column;
+    std::string datatype;
+    std::string constraint;
+};
+
 // A PostgreSQL error caught by guard(), carried through C++ as an exception. It keeps a copy of
 // what the client needs (the ErrorData itself is freed at once: its memory context may not
 // outlive the unwinding).
 class PgError : public Error {
   public:
     PgError(const std::string& message, int sqlstate, std::string detail, std::string hint,
-            std::string context)
+            std::string context, ErrorObjects objects)
         : Error(message, sqlstate, std::move(detail), std::move(hint)),
-          context_(std::move(context)) {}
+          context_(std::move(context)),
+          objects_(std::move(objects)) {}
 
     const std::string& context() const { return context_; }
+    const ErrorObjects& objects() const { return objects_; }
 
   private:
     std::string context_;
+    ErrorObjects objects_;
 };
 
 // Throws the PostgreSQL error that is being handled in a PG_CATCH block as a PgError, after
@@ -74,6 +88,9 @@ class PgError : public Error {
 template <typename Call>
 auto guard(Call&& call) -> decltype(call()) {
     using Result = decltype(call());
+    static_assert(noexcept(call()),
+                  "a guarded call is noexcept: a C++ exception leaving PG_TRY would leave "
+                  "PG_exception_stack pointing at a dead frame");
     static_assert(std::is_void_v<Result> || std::is_trivially_destructible_v<Result>,
                   "a guarded call returns a plain value: a longjmp cannot run destructors");
     if constexpr (std::is_void_v<Result>) {
@@ -88,7 +105,7 @@ auto guard(Call&& call) -> decltype(call()) {
     } else {
         // The result lives outside the frame that calls sigsetjmp, so a longjmp cannot clobber it.
         Result result{};
-        guard([&] { result = call(); });
+        guard([&]() noexcept { result = call(); });
         return result;
     }
 }
@@ -101,11 +118,18 @@ struct Failure {
     char detail[2048];
     char hint[1024];
     char context[1024];
+    // What the error names (ErrorObjects), each an identifier.
+    char schema[NAMEDATALEN];
+    char table[NAMEDATALEN];
+    char column[NAMEDATALEN];
+    char datatype[NAMEDATALEN];
+    char constraint[NAMEDATALEN];
 };
 
 using Body = Datum (*)(FunctionCallInfo);
 
-// Runs `body`; on an exception fills `failure` and returns 0. Never lets an exception out.
+// Runs `body`; on an exception fills `failure`, puts PostgreSQL's error stacks back as they were
+// when the body began, and returns 0. Never lets an exception out.
 Datum run_body(Body body, FunctionCallInfo fcinfo, Failure& failure) noexcept;
 
 // Raises `failure` with ereport(ERROR). Called from a frame with no C++ objects.

@@ -45,7 +45,7 @@ MAGIC_SYNC_FUNCTION(magic_sync_wake) {
 // the extension's SQL reads them through here, never through current_setting().
 MAGIC_SYNC_FUNCTION(magic_sync_setting) {
     const std::string name = "magic_sync." + magic_sync::pg::text_arg(fcinfo, 0);
-    const char* value =
-        magic_sync::pg::guard([&] { return GetConfigOptionByName(name.c_str(), nullptr, false); });
+    const char* value = magic_sync::pg::guard(
+        [&]() noexcept { return GetConfigOptionByName(name.c_str(), nullptr, false); });
     return magic_sync::pg::text_datum(value);
 }

@@ -39,7 +39,7 @@ using Members = std::vector<std::pair<std::string, std::string>>;  // key, canon
 
 std::string owned(char* text) {
     std::string result(text);
-    guard([&] { pfree(text); });
+    guard([&]() noexcept { pfree(text); });
     return result;
 }
 
@@ -72,7 +72,8 @@ std::string object_text(Members members) {
 }
 
 std::string numeric_text(Datum value) {
-    return owned(guard([&] { return DatumGetCString(DirectFunctionCall1(numeric_out, value)); }));
+    return owned(
+        guard([&]() noexcept { return DatumGetCString(DirectFunctionCall1(numeric_out, value)); }));
 }
 
 struct Frame {
@@ -88,11 +89,11 @@ class Walker {
     explicit Walker(const protocol::Limits& limits) : limits_(limits) {}
 
     std::string walk(Jsonb* jsonb) {
-        JsonbIterator* iterator = guard([&] { return JsonbIteratorInit(&jsonb->root); });
+        JsonbIterator* iterator = guard([&]() noexcept { return JsonbIteratorInit(&jsonb->root); });
         JsonbValue value;
         for (;;) {
             JsonbIteratorToken token =
-                guard([&] { return JsonbIteratorNext(&iterator, &value, false); });
+                guard([&]() noexcept { return JsonbIteratorNext(&iterator, &value, false); });
             switch (token) {
                 case WJB_DONE:
                     return std::move(result_);
@@ -191,12 +192,12 @@ std::string number_of(std::string text, bool is_json_number, const protocol::Lim
 
 // to_jsonb writes a float with its output function and keeps that text as a numeric.
 std::string float_value(double value, Datum datum, Oid type, const protocol::Limits& limits) {
-    std::string text = owned(guard([&] {
+    std::string text = owned(guard([&]() noexcept {
         return DatumGetCString(
             DirectFunctionCall1(type == FLOAT4OID ? float4out : float8out, datum));
     }));
     if (std::isnan(value) || std::isinf(value)) return number_of(text, false, limits);
-    Datum numeric = guard([&] {
+    Datum numeric = guard([&]() noexcept {
         return DirectFunctionCall3(numeric_in, CStringGetDatum(text.c_str()),
                                    ObjectIdGetDatum(InvalidOid), Int32GetDatum(-1));
     });
@@ -225,14 +226,14 @@ std::string column_value(Datum value, Oid type, const protocol::Limits& limits) 
         case TEXTOID:
         case VARCHAROID:
         case BPCHAROID: {
-            auto* text = guard([&] { return PG_DETOAST_DATUM_PACKED(value); });
+            auto* text = guard([&]() noexcept { return PG_DETOAST_DATUM_PACKED(value); });
             return quoted(std::string_view(VARDATA_ANY(text), VARSIZE_ANY_EXHDR(text)), limits);
         }
         case UUIDOID:
         case DATEOID:
         case TIMESTAMPOID:
         case TIMESTAMPTZOID: {
-            return quoted(owned(guard([&] {
+            return quoted(owned(guard([&]() noexcept {
                               return type == UUIDOID
                                          ? DatumGetCString(DirectFunctionCall1(uuid_out, value))
                                          : JsonEncodeDateTime(nullptr, value, type, nullptr);
@@ -261,7 +262,8 @@ std::string encode_columns(HeapTupleData& tuple, TupleDesc descriptor,
         std::string name = NameStr(attribute->attname);
         if (std::find(hidden.begin(), hidden.end(), name) != hidden.end()) continue;
         bool is_null = false;
-        Datum value = guard([&] { return heap_getattr(&tuple, i + 1, descriptor, &is_null); });
+        Datum value =
+            guard([&]() noexcept { return heap_getattr(&tuple, i + 1, descriptor, &is_null); });
         members.emplace_back(std::move(name),
                              is_null ? "null" : column_value(value, attribute->atttypid, limits));
     }
@@ -278,7 +280,7 @@ std::optional<std::string> jsonb_canonical_arg(FunctionCallInfo fcinfo, int n,
 }
 
 std::optional<std::string> jsonb_canonical(Datum value, const protocol::Limits& limits) {
-    Jsonb* jsonb = guard([&] { return DatumGetJsonbP(value); });
+    Jsonb* jsonb = guard([&]() noexcept { return DatumGetJsonbP(value); });
     try {
         return Walker(limits).walk(jsonb);
     } catch (const Undecided&) {
@@ -289,8 +291,8 @@ std::optional<std::string> jsonb_canonical(Datum value, const protocol::Limits& 
 std::optional<std::string> row_canonical_arg(FunctionCallInfo fcinfo, int n,
                                              const std::vector<std::string>& hidden,
                                              const protocol::Limits& limits) {
-    HeapTupleHeader header = guard([&] { return PG_GETARG_HEAPTUPLEHEADER(n); });
-    TupleDesc descriptor = guard([&] {
+    HeapTupleHeader header = guard([&]() noexcept { return PG_GETARG_HEAPTUPLEHEADER(n); });
+    TupleDesc descriptor = guard([&]() noexcept {
         return lookup_rowtype_tupdesc(HeapTupleHeaderGetTypeId(header),
                                       HeapTupleHeaderGetTypMod(header));
     });
@@ -304,10 +306,10 @@ std::optional<std::string> row_canonical_arg(FunctionCallInfo fcinfo, int n,
         text = encode_columns(tuple, descriptor, hidden, limits);
     } catch (const Undecided&) {
     } catch (...) {
-        guard([&] { ReleaseTupleDesc(descriptor); });
+        guard([&]() noexcept { ReleaseTupleDesc(descriptor); });
         throw;
     }
-    guard([&] { ReleaseTupleDesc(descriptor); });
+    guard([&]() noexcept { ReleaseTupleDesc(descriptor); });
     return text;
 }
 

@@ -13,16 +13,16 @@ extern "C" {
 namespace magic_sync::pg {
 
 int open_settings_level() {
-    return guard([] { return NewGUCNestLevel(); });
+    return guard([]() noexcept { return NewGUCNestLevel(); });
 }
 
 // As index builds do for the functions they call: an abort-style pop restores prior values.
 void undo_settings(int level) {
-    guard([&] { AtEOXact_GUC(false, level); });
+    guard([&]() noexcept { AtEOXact_GUC(false, level); });
 }
 
 void as_extension_owner(const std::function<void()>& work) {
-    const Oid owner = guard([] {
+    const Oid owner = guard([]() noexcept {
         HeapTuple tuple = SearchSysCache1(NAMESPACEOID, get_namespace_oid("sync", false));
         if (!HeapTupleIsValid(tuple)) elog(ERROR, "schema sync has no catalog row");
         Oid nspowner = ((Form_pg_namespace)GETSTRUCT(tuple))->nspowner;
@@ -43,7 +43,7 @@ void as_extension_owner(const std::function<void()>& work) {
 }
 
 void log_line(const std::string& line) {
-    guard([&] { ereport(LOG, (errmsg_internal("%s", line.c_str()))); });
+    guard([&]() noexcept { ereport(LOG, (errmsg_internal("%s", line.c_str()))); });
 }
 
 }  // namespace magic_sync::pg

@@ -18,25 +18,27 @@ bool arg_is_null(FunctionCallInfo fcinfo, int n) { return PG_ARGISNULL(n); }
 Datum null_result(FunctionCallInfo fcinfo) { PG_RETURN_NULL(); }
 
 std::string text_arg(FunctionCallInfo fcinfo, int n) {
-    struct varlena* value = guard([&] { return PG_DETOAST_DATUM_PACKED(PG_GETARG_DATUM(n)); });
+    struct varlena* value =
+        guard([&]() noexcept { return PG_DETOAST_DATUM_PACKED(PG_GETARG_DATUM(n)); });
     return std::string(VARDATA_ANY(value), VARSIZE_ANY_EXHDR(value));
 }
 
 std::string jsonb_text_arg(FunctionCallInfo fcinfo, int n) {
-    char* text = guard([&] {
+    char* text = guard([&]() noexcept {
         Jsonb* jsonb = PG_GETARG_JSONB_P(n);
         return JsonbToCString(nullptr, &jsonb->root, VARSIZE(jsonb));
     });
     std::string result(text);
-    guard([&] { pfree(text); });
+    guard([&]() noexcept { pfree(text); });
     return result;
 }
 
 int64_t int64_arg(FunctionCallInfo fcinfo, int n) { return PG_GETARG_INT64(n); }
 
 std::string uuid_arg(FunctionCallInfo fcinfo, int n) {
-    char* text =
-        guard([&] { return DatumGetCString(DirectFunctionCall1(uuid_out, PG_GETARG_DATUM(n))); });
+    char* text = guard([&]() noexcept {
+        return DatumGetCString(DirectFunctionCall1(uuid_out, PG_GETARG_DATUM(n)));
+    });
     return std::string(text);
 }
 
@@ -44,7 +46,7 @@ std::vector<std::optional<std::string>> text_array_arg(FunctionCallInfo fcinfo, 
     Datum* elements = nullptr;
     bool* nulls = nullptr;
     int count = 0;
-    guard([&] {
+    guard([&]() noexcept {
         ArrayType* array = PG_GETARG_ARRAYTYPE_P(n);
         deconstruct_array(array, TEXTOID, -1, false, TYPALIGN_INT, &elements, &nulls, &count);
     });
@@ -65,7 +67,7 @@ std::vector<int64_t> int64_array_arg(FunctionCallInfo fcinfo, int n) {
     Datum* elements = nullptr;
     bool* nulls = nullptr;
     int count = 0;
-    guard([&] {
+    guard([&]() noexcept {
         ArrayType* array = PG_GETARG_ARRAYTYPE_P(n);
         deconstruct_array(array, INT8OID, sizeof(int64), FLOAT8PASSBYVAL, TYPALIGN_DOUBLE,
                           &elements, &nulls, &count);
@@ -81,18 +83,19 @@ std::vector<int64_t> int64_array_arg(FunctionCallInfo fcinfo, int n) {
 }
 
 Datum text_datum(std::string_view value) {
-    return guard([&] {
+    return guard([&]() noexcept {
         return PointerGetDatum(
             cstring_to_text_with_len(value.data(), static_cast<int>(value.size())));
     });
 }
 
 Datum jsonb_datum(const std::string& json) {
-    return guard([&] { return DirectFunctionCall1(jsonb_in, CStringGetDatum(json.c_str())); });
+    return guard(
+        [&]() noexcept { return DirectFunctionCall1(jsonb_in, CStringGetDatum(json.c_str())); });
 }
 
 Datum bytea_datum(std::string_view bytes) {
-    return guard([&] {
+    return guard([&]() noexcept {
         auto* result = static_cast<bytea*>(palloc(VARHDRSZ + bytes.size()));
         SET_VARSIZE(result, VARHDRSZ + bytes.size());
         memcpy(VARDATA(result), bytes.data(), bytes.size());
@@ -101,7 +104,7 @@ Datum bytea_datum(std::string_view bytes) {
 }
 
 Datum int64_record(FunctionCallInfo fcinfo, const std::vector<int64_t>& fields) {
-    return guard([&] {
+    return guard([&]() noexcept {
         TupleDesc descriptor;
         if (get_call_result_type(fcinfo, nullptr, &descriptor) != TYPEFUNC_COMPOSITE)
             elog(ERROR, "magic_sync: function returning a record called in a wrong context");

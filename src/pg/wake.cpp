@@ -93,7 +93,7 @@ void wake_relay_at_commit() { wake_at_commit = true; }
 
 void register_relay_latch() {
     if (shared == nullptr || registered) return;
-    guard([] {
+    guard([]() noexcept {
         SpinLockAcquire(&shared->mutex);
         Slot* free_slot = nullptr;
         for (Slot& slot : shared->slots)

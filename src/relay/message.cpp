@@ -13,49 +13,52 @@ namespace {
 
 namespace protocol = magic_sync::protocol;
 
-std::vector<std::string> column_of(const std::vector<magic_sync::pg::Row>& rows) {
-    std::vector<std::string> values;
-    for (const auto& row : rows) values.push_back(row[0].value_or(""));
-    return values;
+// A text[] cell's elements (none is NULL: the outbox's arrays hold names).
+std::vector<std::string> elements_of(const magic_sync::pg::Value& cell) {
+    std::vector<std::string> elements;
+    for (const auto& element : cell.elements()) elements.push_back(element.value_or(""));
+    return elements;
 }
 
 std::string assemble(magic_sync::pg::Spi& spi, const std::string& replica, int64_t seq) {
     const std::vector<magic_sync::pg::Param> key = {magic_sync::pg::Param::uuid(replica), seq};
     auto rows = spi.query(
         R"sql(
-        SELECT gen, convert_from(body, 'UTF8') FROM sync.outbox
+        SELECT gen, body, reset, drops, table_drops FROM sync.outbox
         WHERE replica = $1 AND seq = $2)sql",
         key);
     if (rows.empty())
         throw magic_sync::Error(
             "replica " + replica + " has no message " + std::to_string(seq) + " in its outbox",
             ERRCODE_NO_DATA_FOUND);
-    if (rows.front()[1]) return *rows.front()[1];
+    const magic_sync::pg::Row& outbox = rows.front();
+    if (outbox["body"]) return outbox["body"].bytes();
 
     protocol::RowsMessage message;
-    message.header = {replica, rows.front()[0].integer(), seq};
-    message.reset = column_of(
-        spi.query("SELECT unnest(reset) FROM sync.outbox WHERE replica = $1 AND seq = $2", key));
-    message.drop = column_of(
-        spi.query("SELECT unnest(drops) FROM sync.outbox WHERE replica = $1 AND seq = $2", key));
-    message.drop_tables = column_of(spi.query(
-        "SELECT unnest(table_drops) FROM sync.outbox WHERE replica = $1 AND seq = $2", key));
+    message.header = {replica, outbox["gen"].integer(), seq};
+    message.reset = elements_of(outbox["reset"]);
+    message.drop = elements_of(outbox["drops"]);
+    message.drop_tables = elements_of(outbox["table_drops"]);
     for (const auto& note : spi.query(R"sql(
-                   SELECT w->>'t', sync.canonical(w->'k'), w->>'why', w->>'kh' FROM sync.outbox o,
+                   SELECT w->>'t' AS table_name, sync.canonical(w->'k') AS key, w->>'why' AS why,
+                   w->>'kh' AS key_hash FROM sync.outbox o,
                    unnest(o.chunks) WITH ORDINALITY AS u(id, position)
                    JOIN sync.chunk c ON c.id = u.id, jsonb_array_elements(c.withheld) w
                    WHERE o.replica = $1 AND o.seq = $2 ORDER BY u.position)sql",
                                       key)) {
-        protocol::KeyNote withheld{note[0].value(), note[1].value_or(""), note[2].value()};
-        if (note[3]) withheld.key_hash = protocol::digest_from_hex(*note[3]);
+        protocol::KeyNote withheld{note["table_name"].value(), note["key"].value_or(""),
+                                   note["why"].value()};
+        if (note["key_hash"]) withheld.key_hash = protocol::digest_from_hex(*note["key_hash"]);
         message.withheld.push_back(std::move(withheld));
     }
-    std::vector<std::string> chunks = column_of(spi.query(
-        R"sql(
-        SELECT c.body FROM sync.outbox o, unnest(o.chunks) WITH ORDINALITY AS u(id, position)
-        JOIN sync.chunk c ON c.id = u.id
-        WHERE o.replica = $1 AND o.seq = $2 ORDER BY u.position)sql",
-        key));
+    std::vector<std::string> chunks;
+    for (const auto& chunk : spi.query(
+             R"sql(
+             SELECT c.body FROM sync.outbox o, unnest(o.chunks) WITH ORDINALITY AS u(id, position)
+             JOIN sync.chunk c ON c.id = u.id
+             WHERE o.replica = $1 AND o.seq = $2 ORDER BY u.position)sql",
+             key))
+        chunks.push_back(chunk["body"].value_or(""));
     return protocol::encode_rows(message, {chunks.begin(), chunks.end()});
 }
 

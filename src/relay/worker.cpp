@@ -582,13 +582,13 @@ void magic_sync_relay_main(Datum main_arg) {
 }
 
 MAGIC_SYNC_FUNCTION(magic_sync_relay) {
-    magic_sync::pg::guard([&] { magic_sync::relay::procedure_loop(fcinfo); });
+    magic_sync::pg::guard([&]() noexcept { magic_sync::relay::procedure_loop(fcinfo); });
     return Datum(0);
 }
 
 // sync.start_relay() → int: starts a relay worker for this database; returns its pid.
 MAGIC_SYNC_FUNCTION(magic_sync_start_relay) {
-    return magic_sync::pg::guard([&] {
+    return magic_sync::pg::guard([&]() noexcept {
         BackgroundWorker worker;
         magic_sync::relay::fill_worker(&worker, get_database_name(MyDatabaseId), MyDatabaseId);
         worker.bgw_notify_pid = MyProcPid;
