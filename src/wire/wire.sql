@@ -84,8 +84,15 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE match WHEN '*' THEN 'all' ELSE match || '=' || value END
        || CASE WHEN part <> '' THEN '@' || part ELSE '' END;
 
--- The filed message with its header, as the relay puts it in the outbox: payload
--- {"upload": uuid, "kept": [{"t": table, "k": key, "why": reason}, ...]}.
+-- The payload of a filed answer, as sync.answer keeps it until the relay numbers its message: the
+-- upload it answers and its rows not filed, [{"t": table, "k": key, "why": reason}, ...] (the
+-- protocol's encode_filed_payload writes the same form).
+CREATE FUNCTION sync.filed_payload(upload uuid, kept jsonb) RETURNS jsonb
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN jsonb_build_object('upload', upload, 'kept', kept);
+
+-- The filed message with its header, as the relay puts it in the outbox, from its payload
+-- (sync.filed_payload).
 CREATE FUNCTION sync.encode_filed(replica uuid, gen bigint, seq bigint, payload jsonb) RETURNS bytea
 AS 'MODULE_PATHNAME', 'magic_sync_encode_filed' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
