@@ -19,8 +19,8 @@ FEATURES := state capture declare relay filing verify wire
 # only what the parts before it created.
 SQL_PARTS := src/state/schema.sql src/relay/relay_lock.sql src/declare/declare.sql \
 	src/wire/wire.sql src/relay/relay.sql src/relay/outbox.sql src/filing/set_aside.sql \
-	src/filing/receive.sql src/relay/relay_loop.sql src/verify/repair.sql src/verify/truth.sql \
-	src/state/comments.sql src/state/privileges.sql
+	src/filing/receive.sql src/relay/pass.sql src/relay/relay_loop.sql src/verify/repair.sql \
+	src/verify/truth.sql src/state/comments.sql src/state/privileges.sql
 # The version being built: the control file's default_version, the one place it is written.
 EXT_VERSION := $(shell sed -n "s/^default_version = '\(.*\)'$$/\1/p" magic_sync.control)
 # The install script of this version, and an update script from each release before it: the part
@@ -104,6 +104,10 @@ build/bin/magic-sync-replica: $(REPLICA_CLI_OBJS) build/lib/libmagic_sync_replic
 	@mkdir -p $(dir $@)
 	$(HOST_CXX) $(HOST_FLAGS) -o $@ $^ $(REPLICA_LIBS)
 
+# Connecting through libpq (src/libpq/connection.hpp, header-only), for the sender, the reference
+# replica and the tests: what includes it needs the protocol's conninfo object too.
+LIBPQ_HELPER := src/libpq/connection.hpp build/protocol/conninfo.o
+
 # Debian builds cpp-httplib as a library with TLS and compression: its header needs the same
 # definitions.
 HTTPLIB_CFLAGS = $(shell pkg-config --cflags cpp-httplib 2>/dev/null)
@@ -148,7 +152,8 @@ build/tests/replica_tests: $(call test_objs,build,tests/replica/*_test.cpp) $(TE
 
 # Tests against a real server: the relay worker, poolers, end to end (and the sender's /metrics).
 SERVER_TEST_SRCS := $(wildcard tests/server/*_test.cpp)
-build/tests/server_tests: $(call test_objs,build,tests/server/*_test.cpp) $(TEST_SUPPORT_OBJS)
+build/tests/server_tests: $(call test_objs,build,tests/server/*_test.cpp) $(TEST_SUPPORT_OBJS) \
+		build/protocol/conninfo.o
 	@mkdir -p $(dir $@)
 	$(TEST_CXX) $(TEST_FLAGS) -o $@ $^ $(GTEST_LIBS) -lpq $(HTTPLIB_LIBS)
 
@@ -209,9 +214,10 @@ format-check:
 EXTRA_CLEAN = build
 
 # Commit-to-outbox latency with the relay worker idle (issue 5); figures in bench/README.md.
-build/bench/latency: bench/latency/latency.cpp $(TEST_SUPPORT_SRCS)
+build/bench/latency: bench/latency/latency.cpp $(TEST_SUPPORT_SRCS) $(LIBPQ_HELPER)
 	@mkdir -p $(dir $@)
-	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) -Itests -o $@ $^ -lpq
+	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) $(PROTOCOL_INCLUDES) -Itests -o $@ \
+		bench/latency/latency.cpp $(TEST_SUPPORT_SRCS) build/protocol/conninfo.o -lpq
 
 .PHONY: bench-latency
 bench-latency: build/bench/latency
@@ -323,10 +329,11 @@ test-asan: setup
 	MAGIC_SYNC_TESTS=sanitizers scripts/run-tests.sh
 
 # End to end (issue 8): commit-to-applied latency and rows/s delivered to 100 replicas over http.
-build/bench/e2e: bench/e2e/e2e_bench.cpp $(TEST_SUPPORT_SRCS) $(wildcard tests/server/*.hpp)
+build/bench/e2e: bench/e2e/e2e_bench.cpp $(TEST_SUPPORT_SRCS) $(wildcard tests/server/*.hpp) \
+		$(LIBPQ_HELPER)
 	@mkdir -p $(dir $@)
-	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) -Itests -o $@ bench/e2e/e2e_bench.cpp \
-		$(TEST_SUPPORT_SRCS) -lpq $(HTTPLIB) -lpthread
+	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) $(PROTOCOL_INCLUDES) -Itests -o $@ \
+		bench/e2e/e2e_bench.cpp $(TEST_SUPPORT_SRCS) build/protocol/conninfo.o -lpq $(HTTPLIB) -lpthread
 
 .PHONY: bench-e2e
 bench-e2e: build/bench/e2e build/bin/magic-sync-sender build/bin/magic-sync-replica
@@ -334,10 +341,11 @@ bench-e2e: build/bench/e2e build/bin/magic-sync-sender build/bin/magic-sync-repl
 	build/bench/e2e 100 50
 
 # Pull against push (issue 26): the same backlog to N replicas by each, in one run (bench/README.md).
-build/bench/pull_bench: bench/pull/pull_bench.cpp $(TEST_SUPPORT_SRCS) $(wildcard tests/server/*.hpp)
+build/bench/pull_bench: bench/pull/pull_bench.cpp $(TEST_SUPPORT_SRCS) $(wildcard tests/server/*.hpp) \
+		$(LIBPQ_HELPER)
 	@mkdir -p $(dir $@)
-	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) -Itests -o $@ bench/pull/pull_bench.cpp \
-		$(TEST_SUPPORT_SRCS) -lpq $(HTTPLIB) -lpthread
+	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) $(PROTOCOL_INCLUDES) -Itests -o $@ \
+		bench/pull/pull_bench.cpp $(TEST_SUPPORT_SRCS) build/protocol/conninfo.o -lpq $(HTTPLIB) -lpthread
 
 .PHONY: bench-pull
 bench-pull: build/bench/pull_bench build/bin/magic-sync-sender build/bin/magic-sync-replica
@@ -347,10 +355,11 @@ bench-pull: build/bench/pull_bench build/bin/magic-sync-sender build/bin/magic-s
 # Long transactions (issue 10): delivery throughput while a session holds the xmin horizon open
 # (BEGIN; SELECT txid_current();) against the same run without it (bench/README.md).
 LONGTX_SECONDS ?= 180
-build/bench/longtx: bench/longtx/longtx_bench.cpp $(TEST_SUPPORT_SRCS) $(wildcard tests/server/*.hpp)
+build/bench/longtx: bench/longtx/longtx_bench.cpp $(TEST_SUPPORT_SRCS) $(wildcard tests/server/*.hpp) \
+		$(LIBPQ_HELPER)
 	@mkdir -p $(dir $@)
-	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) -Itests -o $@ bench/longtx/longtx_bench.cpp \
-		$(TEST_SUPPORT_SRCS) -lpq $(HTTPLIB) -lpthread
+	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) $(PROTOCOL_INCLUDES) -Itests -o $@ \
+		bench/longtx/longtx_bench.cpp $(TEST_SUPPORT_SRCS) build/protocol/conninfo.o -lpq $(HTTPLIB) -lpthread
 
 .PHONY: bench-longtx soak
 bench-longtx: build/bench/longtx build/bin/magic-sync-sender build/bin/magic-sync-replica
@@ -369,10 +378,11 @@ soak: build/tests/server_tests build/bench/longtx build/bin/magic-sync-sender bu
 
 # Drift repair (issue 9): bytes both ways and round trips to repair d differences in 100,000 rows,
 # against provisioning the scope whole (bench/README.md).
-build/bench/repair: bench/repair/repair_bench.cpp $(TEST_SUPPORT_SRCS) $(wildcard tests/server/*.hpp)
+build/bench/repair: bench/repair/repair_bench.cpp $(TEST_SUPPORT_SRCS) $(wildcard tests/server/*.hpp) \
+		$(LIBPQ_HELPER)
 	@mkdir -p $(dir $@)
-	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) -Itests -o $@ bench/repair/repair_bench.cpp \
-		$(TEST_SUPPORT_SRCS) -lpq
+	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) $(PROTOCOL_INCLUDES) -Itests -o $@ \
+		bench/repair/repair_bench.cpp $(TEST_SUPPORT_SRCS) build/protocol/conninfo.o -lpq
 
 .PHONY: bench-repair
 bench-repair: build/bench/repair build/bin/magic-sync-replica
@@ -382,10 +392,11 @@ bench-repair: build/bench/repair build/bin/magic-sync-replica
 # The retry of kept uploads (issue 21): time per kept row from 2,000 to 100,000 kept rows, and
 # commit-to-outbox latency of a catalog change while the relay worker retries 100,000 of them
 # (bench/README.md).
-build/bench/retry: bench/retry/retry_bench.cpp $(TEST_SUPPORT_SRCS) tests/server/pq.hpp
+build/bench/retry: bench/retry/retry_bench.cpp $(TEST_SUPPORT_SRCS) tests/server/pq.hpp \
+		$(LIBPQ_HELPER)
 	@mkdir -p $(dir $@)
-	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) -Itests -o $@ bench/retry/retry_bench.cpp \
-		$(TEST_SUPPORT_SRCS) -lpq
+	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) $(PROTOCOL_INCLUDES) -Itests -o $@ \
+		bench/retry/retry_bench.cpp $(TEST_SUPPORT_SRCS) build/protocol/conninfo.o -lpq
 
 .PHONY: bench-retry
 bench-retry: build/bench/retry

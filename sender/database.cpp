@@ -4,20 +4,13 @@
 #include <memory>
 #include <set>
 
-#include "protocol/conninfo.hpp"
+#include "libpq/connection.hpp"
 
 namespace magic_sync::sender {
 
 namespace {
 
 using Result = std::unique_ptr<PGresult, decltype(&PQclear)>;
-
-std::string first_line(const char* text) {
-    std::string line = text == nullptr ? "" : text;
-    const auto end = line.find('\n');
-    if (end != std::string::npos) line.resize(end);
-    return line;
-}
 
 int64_t big_endian_int64(const char* bytes) {
     uint64_t value = 0;
@@ -85,7 +78,7 @@ void Database::disconnect() {
 
 void Database::fail(const std::string& what) {
     const std::string reason =
-        connection_ == nullptr ? "" : first_line(PQerrorMessage(connection_));
+        connection_ == nullptr ? "" : libpq::first_line(PQerrorMessage(connection_));
     // Whatever state the connection was left in (a half-read pipeline), a new one is cleaner.
     disconnect();
     throw DatabaseError(what + (reason.empty() ? "" : ": " + reason));
@@ -93,29 +86,20 @@ void Database::fail(const std::string& what) {
 
 void Database::connect() {
     disconnect();
-    char* parse_error = nullptr;
-    PQconninfoOption* parsed = PQconninfoParse(conninfo_.c_str(), &parse_error);
-    if (parsed == nullptr) {
-        const std::string why = protocol::unparsable_conninfo(parse_error);
-        PQfreemem(parse_error);
-        throw DatabaseError("cannot connect: " + why);
-    }
-    PQconninfoFree(parsed);
-    connection_ = PQconnectdb(conninfo_.c_str());
-    if (connection_ == nullptr) throw DatabaseError("cannot connect: out of memory");
-    if (PQstatus(connection_) != CONNECTION_OK) {
-        // The string parsed: libpq's message names host and port, never the password.
-        const std::string reason = first_line(PQerrorMessage(connection_));
-        disconnect();
-        throw DatabaseError("cannot connect: " + reason);
+    try {
+        connection_ = libpq::connect(conninfo_);
+    } catch (const libpq::Failure& e) {
+        throw DatabaseError("cannot connect: " + libpq::first_line(e.what()));
     }
     Result listen(PQexec(connection_, "LISTEN magic_sync"), PQclear);
     if (PQresultStatus(listen.get()) != PGRES_COMMAND_OK) fail("LISTEN magic_sync failed");
     for (const Statement& statement : kStatements) {
-        Result prepared(PQprepare(connection_, statement.name, statement.text, 0, nullptr),
-                        PQclear);
-        if (PQresultStatus(prepared.get()) != PGRES_COMMAND_OK)
-            fail(std::string("cannot prepare ") + statement.name);
+        try {
+            libpq::prepare(connection_, statement.name, statement.text);
+        } catch (const libpq::Failure& e) {
+            disconnect();
+            throw DatabaseError(e.what());
+        }
     }
 }
 
@@ -202,7 +186,7 @@ bool Database::read_one_result() {
     const Pending::Step step = pending.steps[pending.step];
     const ExecStatusType status = PQresultStatus(result.get());
     if (status == PGRES_FATAL_ERROR && pending.error.empty())
-        pending.error = first_line(PQresultErrorMessage(result.get()));
+        pending.error = libpq::first_line(PQresultErrorMessage(result.get()));
     if (status != PGRES_TUPLES_OK || !pending.error.empty()) return true;
     PGresult* rows = result.get();
     switch (step) {

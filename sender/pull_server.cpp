@@ -18,8 +18,8 @@
 #include <thread>
 #include <vector>
 
+#include "libpq/connection.hpp"
 #include "log.hpp"
-#include "protocol/conninfo.hpp"
 
 namespace magic_sync::sender {
 
@@ -49,13 +49,6 @@ constexpr Statement kRefused{"magic_sync_pull_refused",
                              "SELECT sync.pull_refused($1::uuid, $2::text, $3::text)"};
 constexpr Statement kReceive{"magic_sync_pull_receive", "SELECT sync.receive($1::uuid, $2::bytea)"};
 constexpr Statement kStatements[] = {kHead, kAck, kRefused, kReceive};
-
-std::string first_line(const char* text) {
-    std::string line = text == nullptr ? "" : text;
-    const auto end = line.find('\n');
-    if (end != std::string::npos) line.resize(end);
-    return line;
-}
 
 std::string lowercase(std::string text) {
     std::transform(text.begin(), text.end(), text.begin(),
@@ -89,27 +82,20 @@ struct Refusal {
 
 // A database connection of the pool's, with the statements prepared.
 PGconn* connect_prepared(const std::string& conninfo, const std::string& token_query) {
-    PGconn* connection = PQconnectdb(conninfo.c_str());
-    if (connection == nullptr) throw Refusal{503, "database unavailable: out of memory"};
-    if (PQstatus(connection) != CONNECTION_OK) {
+    PGconn* connection = nullptr;
+    try {
         // The string parsed (checked at start): libpq's message names host and port, never the
         // password.
-        const std::string why = first_line(PQerrorMessage(connection));
+        connection = libpq::connect(conninfo);
+        libpq::prepare(connection, kTokenStatement, token_query.c_str());
+        for (const Statement& statement : kStatements)
+            libpq::prepare(connection, statement.name, statement.text);
+    } catch (const libpq::Failure& e) {
         PQfinish(connection);
-        throw Refusal{503, "database unavailable: " + why};
+        if (connection == nullptr)
+            throw Refusal{503, "database unavailable: " + libpq::first_line(e.what())};
+        throw Refusal{pull_failure_status(e.sqlstate(), e.lost()), e.what()};
     }
-    const auto prepare = [&](const char* name, const char* text) {
-        Result prepared(PQprepare(connection, name, text, 0, nullptr), PQclear);
-        if (PQresultStatus(prepared.get()) == PGRES_COMMAND_OK) return;
-        const char* sqlstate = PQresultErrorField(prepared.get(), PG_DIAG_SQLSTATE);
-        const std::string why = first_line(PQresultErrorMessage(prepared.get()));
-        const bool lost = PQstatus(connection) != CONNECTION_OK;
-        PQfinish(connection);
-        throw Refusal{pull_failure_status(sqlstate == nullptr ? "" : sqlstate, lost),
-                      std::string("cannot prepare ") + name + ": " + why};
-    };
-    prepare(kTokenStatement, token_query.c_str());
-    for (const Statement& statement : kStatements) prepare(statement.name, statement.text);
     return connection;
 }
 
@@ -145,7 +131,7 @@ class ConnectionPool {
             const bool lost = PQstatus(connection_) != CONNECTION_OK;
             const char* primary = PQresultErrorField(result.get(), PG_DIAG_MESSAGE_PRIMARY);
             const std::string why =
-                primary != nullptr ? primary : first_line(PQerrorMessage(connection_));
+                primary != nullptr ? primary : libpq::first_line(PQerrorMessage(connection_));
             throw Refusal{pull_failure_status(sqlstate == nullptr ? "" : sqlstate, lost), why};
         }
 
@@ -266,7 +252,8 @@ class Wakeups {
                              PQclear);
             if (PQresultStatus(listening.get()) != PGRES_COMMAND_OK) {
                 if (!away_logged)
-                    log_line("cannot LISTEN magic_sync (" + first_line(PQerrorMessage(connection)) +
+                    log_line("cannot LISTEN magic_sync (" +
+                             libpq::first_line(PQerrorMessage(connection)) +
                              "); long polls wait out --wait until it works, retrying");
                 away_logged = true;
                 PQfinish(connection);
@@ -443,14 +430,11 @@ struct PullServer::Serving {
 };
 
 PullServer::PullServer(const Options& options) {
-    char* parse_error = nullptr;
-    PQconninfoOption* parsed = PQconninfoParse(options.db.c_str(), &parse_error);
-    if (parsed == nullptr) {
-        const std::string why = protocol::unparsable_conninfo(parse_error);
-        PQfreemem(parse_error);
-        throw std::runtime_error("--db: " + why);
+    try {
+        libpq::check_conninfo(options.db);
+    } catch (const libpq::Failure& e) {
+        throw std::runtime_error(std::string("--db: ") + e.what());
     }
-    PQconninfoFree(parsed);
     serving_ = std::make_unique<Serving>(options);
     // A token query or statement the database refuses is said now, not at the first request;
     // a database that is away is not: devices are answered 503 until it is back.

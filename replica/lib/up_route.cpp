@@ -4,7 +4,7 @@
 #include <vector>
 
 #include "lib/replica.hpp"
-#include "protocol/conninfo.hpp"
+#include "libpq/connection.hpp"
 
 namespace magic_sync::replica {
 
@@ -15,21 +15,10 @@ PostgresUpRoute::~PostgresUpRoute() { PQfinish(connection_); }
 void PostgresUpRoute::connect() {
     PQfinish(connection_);
     connection_ = nullptr;
-    char* parse_error = nullptr;
-    PQconninfoOption* parsed = PQconninfoParse(conninfo_.c_str(), &parse_error);
-    if (parsed == nullptr) {
-        const std::string why = protocol::unparsable_conninfo(parse_error);
-        PQfreemem(parse_error);
-        throw UpRouteError("cannot connect to the up route: " + why);
-    }
-    PQconninfoFree(parsed);
-    connection_ = PQconnectdb(conninfo_.c_str());
-    if (PQstatus(connection_) != CONNECTION_OK) {
-        // The string parsed: libpq's message names host and port, never the password.
-        std::string error = PQerrorMessage(connection_);
-        PQfinish(connection_);
-        connection_ = nullptr;
-        throw UpRouteError("cannot connect to the up route: " + error);
+    try {
+        connection_ = libpq::connect(conninfo_);
+    } catch (const libpq::Failure& e) {
+        throw UpRouteError(std::string("cannot connect to the up route: ") + e.what());
     }
 }
 

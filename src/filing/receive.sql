@@ -168,7 +168,7 @@ BEGIN
     -- would be one more message for the replica to confirm, and nothing to tell it.
     IF answered THEN
         INSERT INTO sync.answer (replica, kind, payload)
-        VALUES (upload_end.replica, 'filed', jsonb_build_object('upload', upload_end.upload, 'kept', answer));
+        VALUES (upload_end.replica, 'filed', sync.filed_payload(upload_end.upload, answer));
     END IF;
 
     SELECT r.next_seq - 1 INTO last_sent FROM sync.replica r WHERE r.id = upload_end.replica;

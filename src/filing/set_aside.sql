@@ -300,7 +300,7 @@ BEGIN
               AND (s.next_try_at <= now() OR s.change_seen < change))
         RETURNING u.replica, u.id, u.kept)
     INSERT INTO sync.answer (replica, kind, payload)
-    SELECT a.replica, 'filed', jsonb_build_object('upload', a.id, 'kept', a.kept) FROM answered a;
+    SELECT a.replica, 'filed', sync.filed_payload(a.id, a.kept) FROM answered a;
 
     more := coalesce((SELECT min(s.next_try_at) FROM sync.set_aside s WHERE s.kind = 'upload')
                      <= now(), false)

@@ -56,10 +56,11 @@ bool check_bytes_per_message(int* value, void**, GucSource) {
     return false;
 }
 
-void define_int(const char* name, const char* description, int* variable, int default_value,
-                int min_value, int max_value, int flags, GucIntCheckHook check_hook = nullptr) {
-    DefineCustomIntVariable(name, description, nullptr, variable, default_value, min_value,
-                            max_value, PGC_SUSET, flags, check_hook, nullptr, nullptr);
+// The setting's default is the value its variable starts with (above), written once.
+void define_int(const char* name, const char* description, int* variable, int min_value,
+                int max_value, int flags, GucIntCheckHook check_hook = nullptr) {
+    DefineCustomIntVariable(name, description, nullptr, variable, *variable, min_value, max_value,
+                            PGC_SUSET, flags, check_hook, nullptr, nullptr);
 }
 
 }  // namespace
@@ -77,52 +78,51 @@ void define() {
     DefineCustomStringVariable("magic_sync.role",
                                "Role every transaction of the engine's own assumes (empty: none).",
                                nullptr, &role, "", PGC_SUSET, 0, nullptr, nullptr, nullptr);
-    define_int("magic_sync.idle", "Time between passes when there is no work.", &idle_ms, 200, 1,
+    define_int("magic_sync.idle", "Time between passes when there is no work.", &idle_ms, 1,
                kHour * 1000, GUC_UNIT_MS);
     define_int("magic_sync.notes_per_pass",
                "Most noted keys one pass takes (a statement's note is taken whole).",
-               &notes_per_pass, 10000, 1, 10000000, 0);
-    define_int("magic_sync.rows_per_message", "Most rows in one message.", &rows_per_message, 200,
-               1, 100000, 0);
+               &notes_per_pass, 1, 10000000, 0);
+    define_int("magic_sync.rows_per_message", "Most rows in one message.", &rows_per_message, 1,
+               100000, 0);
     define_int("magic_sync.bytes_per_message", "Largest message, envelope included.",
-               &bytes_per_message, 256 * 1024, 1, 64 * 1024 * 1024, GUC_UNIT_BYTE,
-               check_bytes_per_message);
-    define_int("magic_sync.window", "Most unsent messages in one replica's outbox.", &window, 8, 1,
+               &bytes_per_message, 1, 64 * 1024 * 1024, GUC_UNIT_BYTE, check_bytes_per_message);
+    define_int("magic_sync.window", "Most unsent messages in one replica's outbox.", &window, 1,
                10000, 0);
     define_int("magic_sync.retry_every", "How often what was set aside is tried again.",
-               &retry_every_s, kHour, 1, 30 * kDay, GUC_UNIT_S);
+               &retry_every_s, 1, 30 * kDay, GUC_UNIT_S);
     define_int("magic_sync.audit_every",
                "How often the relay holds its state against the tables (sync.audit); 0: never.",
-               &audit_every_s, kHour, 0, 30 * kDay, GUC_UNIT_S);
-    define_int("magic_sync.prune_every", "How often confirmed state is pruned.", &prune_every_s,
-               300, 1, kDay, GUC_UNIT_S);
+               &audit_every_s, 0, 30 * kDay, GUC_UNIT_S);
+    define_int("magic_sync.prune_every", "How often confirmed state is pruned.", &prune_every_s, 1,
+               kDay, GUC_UNIT_S);
     define_int("magic_sync.report_every", "How often the relay logs what needs someone.",
-               &report_every_s, 300, 1, kDay, GUC_UNIT_S);
+               &report_every_s, 1, kDay, GUC_UNIT_S);
     define_int("magic_sync.send_timeout", "A send taking longer than this is a transient failure.",
-               &send_timeout_ms, 30000, 1, kHour * 1000, GUC_UNIT_MS);
+               &send_timeout_ms, 1, kHour * 1000, GUC_UNIT_MS);
     define_int("magic_sync.backoff", "First wait after a failed send (doubles per failure).",
-               &backoff_ms, 1000, 1, kHour * 1000, GUC_UNIT_MS);
-    define_int("magic_sync.backoff_max", "Longest wait after failed sends.", &backoff_max_ms,
-               600000, 1, kDay * 1000, GUC_UNIT_MS);
+               &backoff_ms, 1, kHour * 1000, GUC_UNIT_MS);
+    define_int("magic_sync.backoff_max", "Longest wait after failed sends.", &backoff_max_ms, 1,
+               kDay * 1000, GUC_UNIT_MS);
     define_int("magic_sync.unconfirmed_after",
                "A replica leaving what it was sent unconfirmed this long is provisioned again.",
-               &unconfirmed_after_s, kDay, 1, 365 * kDay, GUC_UNIT_S);
+               &unconfirmed_after_s, 1, 365 * kDay, GUC_UNIT_S);
     define_int("magic_sync.max_refusals",
                "Refusals of a replica's head message before it is provisioned again.",
-               &max_refusals, 10, 1, 1000000, 0);
+               &max_refusals, 1, 1000000, 0);
     define_int("magic_sync.max_upload_bytes", "Largest upload sync.receive() files.",
-               &max_upload_bytes, 16 * 1024 * 1024, 1024, INT_MAX, GUC_UNIT_BYTE);
+               &max_upload_bytes, 1024, INT_MAX, GUC_UNIT_BYTE);
     define_int("magic_sync.max_upload_rows", "Most rows (and untaken rows) one upload carries.",
-               &max_upload_rows, 10000, 1, 1000000, 0);
+               &max_upload_rows, 1, 1000000, 0);
     define_int("magic_sync.replica_scan", "How often a replicas view is re-read.", &replica_scan_s,
-               10, 1, kDay, GUC_UNIT_S);
+               1, kDay, GUC_UNIT_S);
     define_int("magic_sync.leaf_rows", "A mismatched range this small is resent whole.", &leaf_rows,
-               64, 1, 100000, 0);
+               1, 100000, 0);
     define_int("magic_sync.storm_window",
                "Window in which more than 8 repair rounds without converging is a storm.",
-               &storm_window_ms, 10000, 1, kDay * 1000, GUC_UNIT_MS);
+               &storm_window_ms, 1, kDay * 1000, GUC_UNIT_MS);
     define_int("magic_sync.upload_memory", "How long filed upload ids are remembered.",
-               &upload_memory_s, 30 * kDay, 60, 3650 * kDay, GUC_UNIT_S);
+               &upload_memory_s, 60, 3650 * kDay, GUC_UNIT_S);
     MarkGUCPrefixReserved("magic_sync");
 }
 

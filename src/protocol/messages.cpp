@@ -245,6 +245,27 @@ std::string encode_key_notes(const std::vector<KeyNote>& notes) {
     return out;
 }
 
+std::string encode_filed_payload(const FiledMessage& message) {
+    std::string out;
+    ObjectWriter object(out);
+    object.string_field("upload", message.upload);
+    append_list(object.field("kept"), message.kept, append_key_note);
+    if (message.more) object.raw_field("more", "true");
+    object.close();
+    return out;
+}
+
+FiledMessage decode_filed_payload(const MessageHeader& header, std::string_view payload,
+                                  const Limits& limits) {
+    if (payload.size() < 2 || payload.front() != '{')
+        throw DecodeError("filed payload: must be a JSON object");
+    std::string text;
+    open_down(text, "filed", header);
+    text += payload == "{}" ? "}" : "," + std::string(payload.substr(1));
+    // The header's fields come first: a payload that names one again is refused as a duplicate.
+    return std::get<FiledMessage>(decode_down(text, limits));
+}
+
 std::vector<FiledMessage> split_filed(const FiledMessage& answer, size_t max_bytes) {
     static const std::string kCutMark = " [cut]";
     MessageHeader widest = answer.header;

@@ -213,6 +213,15 @@ std::string encode_rows(const RowsMessage& message, const std::vector<std::strin
 // A list of kept rows as the "kept" field of a filed message writes it.
 std::string encode_key_notes(const std::vector<KeyNote>& notes);
 
+// A filed answer's fields after its header, as one object: {"upload":..,"kept":[..],"more":true?}.
+// SQL keeps an answer in this form (sync.answer.payload, sync.filed_payload) until the relay
+// numbers its message.
+std::string encode_filed_payload(const FiledMessage& message);
+// The filed message with `header` and the fields of `payload` (an object of
+// encode_filed_payload's form), checked as decode_down checks a filed message (DecodeError).
+FiledMessage decode_filed_payload(const MessageHeader& header, std::string_view payload,
+                                  const Limits& limits = Limits{});
+
 // The parts of a filed answer, each encoding within `max_bytes` whatever its gen and seq: the kept
 // rows in order, as many to a part as fit, every part but the last saying "more". A reason too
 // long for a part of its own is cut at a UTF-8 boundary and marked " [cut]"; a kept row whose

@@ -2,8 +2,8 @@
 
 -- One pass: takes the relay lock (or refuses), plans, writes the outbox. Returns its counts. It
 -- writes keys, rows and scope values under fixed settings (TimeZone, IntervalStyle,
--- extra_float_digits, bytea_output), as sync.expected reads them: a row's canonical form is the
--- same whatever the server's or a session's settings.
+-- extra_float_digits, bytea_output: sync.pin_output_settings), as sync.expected reads them: a
+-- row's canonical form is the same whatever the server's or a session's settings.
 -- The pass analyzes its temporary tables when it fills them and sync.row after many changes, so
 -- the statements after join them by plan: the planner needs their sizes and ranges, not fine
 -- histograms, and a sample of 3,000 rows instead of 30,000 took an analyze of sync.row from
@@ -13,10 +13,8 @@ CREATE FUNCTION sync.pass(OUT notes bigint, OUT rows_changed bigint, OUT provisi
 AS 'MODULE_PATHNAME', 'magic_sync_pass'
 LANGUAGE C VOLATILE
 SET search_path = pg_catalog, pg_temp
-SET default_statistics_target = 10
--- How values are written out (keys, rows, scope values) depends on no session or server setting.
-SET TimeZone = 'UTC' SET IntervalStyle = 'postgres' SET extra_float_digits = 1
-SET bytea_output = 'hex';
+SET default_statistics_target = 10;
+SELECT sync.pin_output_settings('sync.pass()');
 
 -- A message of a replica's outbox, assembled exactly as the sender sends it.
 CREATE FUNCTION sync.message(replica uuid, seq bigint) RETURNS bytea

@@ -84,22 +84,27 @@ AS $$
 DECLARE
     unconfirmed interval := sync.setting('unconfirmed_after')::interval;
     max_refusals int := sync.setting('max_refusals')::int;
+    alarmed uuid[];
+    reasons text[];
 BEGIN
     PERFORM sync.relay_lock();
+    SELECT array_agg(r.id),
+           array_agg(CASE WHEN r.refusals >= max_refusals
+                          THEN format('its messages were refused %s times (last: %s)', r.refusals, r.last_error)
+                          ELSE format('it left messages unconfirmed for more than %s', unconfirmed) END)
+    INTO alarmed, reasons
+    FROM sync.replica r
+    WHERE r.live AND (r.refusals >= max_refusals
+                      OR EXISTS (SELECT FROM sync.outbox o WHERE o.replica = r.id
+                                 AND o.sent_at < now() - unconfirmed));
+    IF alarmed IS NULL THEN
+        RETURN;
+    END IF;
+    UPDATE sync.replica r SET live = false WHERE r.id = ANY (alarmed);
+    PERFORM sync.end_generation(alarmed);
+    INSERT INTO sync.note (codec, key) SELECT 0, jsonb_build_object('id', a) FROM unnest(alarmed) a;
     RETURN QUERY
-    WITH alarmed AS (
-        SELECT r.id,
-               CASE WHEN r.refusals >= max_refusals
-                    THEN format('its messages were refused %s times (last: %s)', r.refusals, r.last_error)
-                    ELSE format('it left messages unconfirmed for more than %s', unconfirmed) END AS why
-        FROM sync.replica r
-        WHERE r.live AND (r.refusals >= max_refusals
-                          OR EXISTS (SELECT FROM sync.outbox o WHERE o.replica = r.id
-                                     AND o.sent_at < now() - unconfirmed))),
-    forgotten AS (UPDATE sync.replica r SET live = false FROM alarmed a WHERE r.id = a.id),
-    members AS (DELETE FROM sync.member m USING alarmed a WHERE m.replica = a.id),
-    messages AS (DELETE FROM sync.outbox o USING alarmed a WHERE o.replica = a.id),
-    noted AS (INSERT INTO sync.note (codec, key) SELECT 0, jsonb_build_object('id', a.id) FROM alarmed a)
-    SELECT a.id, format('replica %s is provisioned again: %s', a.id, a.why) FROM alarmed a;
+    SELECT a.id, format('replica %s is provisioned again: %s', a.id, a.why)
+    FROM unnest(alarmed, reasons) AS a(id, why);
 END
 $$;

@@ -4,7 +4,8 @@
 // of one level, so the server's fingerprints of all of them are one scan of the scope's rows.
 //
 // A round is one batch of messages for a (replica, scope): a ranges message, repairs, or both.
-// Repairs are rare, so the steps below loop per repair in C++; every value is a bound parameter.
+// Repairs are rare, so the steps below loop per repair in C++; their statements are functions of
+// src/verify/repair.sql, and every value is a bound parameter.
 #include "verify/repair.hpp"
 
 #include <limits>
@@ -24,11 +25,8 @@ namespace {
 
 using pg::Param;
 using pg::Spi;
-using pg::Value;
 
-constexpr int kStormRounds = 8;     // more rounds than this within storm_window: a storm
-constexpr int kStormBackoffS = 30;  // × attempts
-constexpr size_t kDigits = 64;      // hex digits of k
+constexpr size_t kDigits = 64;  // hex digits of k
 const char kHexDigits[] = "0123456789abcdef";
 
 int digit_of(char c) { return c <= '9' ? c - '0' : c - 'a' + 10; }
@@ -74,6 +72,19 @@ std::string text_array(const std::vector<std::string>& items) {
     return out + "}";
 }
 
+// The hex prefixes of a comma-separated list (sync.repair_targets).
+std::vector<std::string> split_prefixes(const std::string& list) {
+    std::vector<std::string> prefixes;
+    size_t start = 0;
+    while (start < list.size()) {
+        size_t end = list.find(',', start);
+        if (end == std::string::npos) end = list.size();
+        prefixes.push_back(list.substr(start, end - start));
+        start = end + 1;
+    }
+    return prefixes;
+}
+
 struct Target {
     std::string replica;
     std::string scope;  // sync.scope.id
@@ -88,17 +99,11 @@ struct Target {
 // and seq.
 protocol::MessageHeader unnumbered(const Target& target) { return {target.replica, 0, 0}; }
 
-// Puts an unnumbered message in the target's outbox (sync.enqueue). Returns its seq.
+// Puts an unnumbered message in the target's outbox (sync.repair_put). Returns its seq.
 int64_t put(Spi& spi, const Target& target, const char* kind, const std::string& body) {
-    spi.execute(
-        R"sql(
-        INSERT INTO pg_temp.magic_sync_enqueue (replica, position, kind, body)
-        VALUES ($1, 1, $2, $3))sql",
-        {Param::uuid(target.replica), std::string(kind), Param::bytea(body)});
-    spi.execute("SELECT sync.enqueue()");
     return spi
-        .scalar("SELECT next_seq - 1 FROM sync.replica WHERE id = $1",
-                {Param::uuid(target.replica)})
+        .scalar("SELECT sync.repair_put($1, $2, $3)",
+                {Param::uuid(target.replica), std::string(kind), Param::bytea(body)})
         .integer();
 }
 
@@ -238,13 +243,7 @@ int64_t send_whole(Spi& spi, const Target& target, const std::vector<std::string
     const size_t level = leaves.front().size();
     std::map<std::string, std::vector<LeafRow>> rows;
     for (const auto& row :
-         spi.query(R"sql(
-                   SELECT left(encode(r.k, 'hex'), $2::int), encode(r.k, 'hex'), c.table_name,
-                   sync.canonical(r.key), r.body, encode(r.hash, 'hex')
-                   FROM sync.row r JOIN sync.codec c ON c.id = r.codec
-                   WHERE r.scope = $1::bigint AND NOT r.gone AND NOT r.withheld
-                   AND left(encode(r.k, 'hex'), $2::int) IN (SELECT unnest($3::text[]))
-                   ORDER BY r.k)sql",
+         spi.query("SELECT * FROM sync.repair_rows($1::bigint, $2::int, $3::text[])",
                    {target.scope, static_cast<int64_t>(level), text_array(leaves)})) {
         LeafRow leaf;
         leaf.k = row[1].value();
@@ -260,35 +259,17 @@ int64_t send_whole(Spi& spi, const Target& target, const std::vector<std::string
 
 // Counts a round for the repair; false when it is one too many: the breaker trips instead.
 bool begin_round(Spi& spi, const Target& target) {
-    auto rows = spi.query(
-        R"sql(
-        UPDATE sync.repair SET
-        rounds = CASE WHEN first_round_at IS NULL
-         OR first_round_at < now() - make_interval(secs => $3::int / 1000.0) THEN 1
-         ELSE rounds + 1 END,
-        first_round_at = CASE WHEN first_round_at IS NULL
-         OR first_round_at < now() - make_interval(secs => $3::int / 1000.0) THEN now()
-         ELSE first_round_at END
-        WHERE replica = $1::uuid AND scope = $2::bigint RETURNING rounds, attempts)sql",
-        {Param::uuid(target.replica), target.scope, settings::storm_window_ms});
-    if (rows.empty()) return false;
-    const int64_t rounds = rows.front()[0].integer();
-    if (rounds <= kStormRounds) return true;
-    const int64_t attempts = rows.front()[1].integer() + 1;
-    const int64_t backoff = kStormBackoffS * attempts;
-    spi.execute(
-        R"sql(
-        UPDATE sync.repair SET phase = 'idle', ranges = '{}', level = 0, waiting = NULL,
-        rounds = 0, first_round_at = NULL, attempts = $3::int,
-        storm_until = now() + make_interval(secs => $4::int)
-        WHERE replica = $1::uuid AND scope = $2::bigint)sql",
-        {Param::uuid(target.replica), target.scope, attempts, backoff});
-    spi.execute(
-        R"sql(
-        SELECT sync.repair_storm($1::uuid, $2::bigint, $3::int, $4::int,
-        make_interval(secs => $5::int)))sql",
-        {Param::uuid(target.replica), target.scope, rounds - 1, attempts, backoff});
-    return false;
+    return spi.flag("SELECT sync.repair_count_round($1, $2::bigint, $3::int)",
+                    {Param::uuid(target.replica), target.scope, settings::storm_window_ms});
+}
+
+// The round's messages were sent (sync.repair_sent).
+void record_sent(Spi& spi, const Target& target, const char* phase, int64_t level,
+                 const std::vector<std::string>& ranges, int64_t waiting, int64_t ranges_asked,
+                 int64_t rows_sent) {
+    spi.execute("SELECT sync.repair_sent($1, $2::bigint, $3, $4::int, $5::text[], $6, $7::int, $8)",
+                {Param::uuid(target.replica), target.scope, std::string(phase), level,
+                 text_array(ranges), waiting, ranges_asked, rows_sent});
 }
 
 // The top: a ranges message for the 16 ranges of level 1.
@@ -300,21 +281,11 @@ int64_t start_round(Spi& spi, const Target& target) {
         int64_t messages = 0;
         int64_t rows_sent = 0;
         const int64_t last = send_whole(spi, target, {""}, messages, rows_sent);
-        spi.execute(
-            R"sql(
-            UPDATE sync.repair SET phase = 'checking', level = 0, ranges = '{}',
-            waiting = $3::bigint, rows_sent = rows_sent + $4::bigint
-            WHERE replica = $1::uuid AND scope = $2::bigint)sql",
-            {Param::uuid(target.replica), target.scope, last, rows_sent});
+        record_sent(spi, target, "checking", 0, {}, last, 0, rows_sent);
         return messages;
     }
-    int64_t seq = send_ranges(spi, target, prefixes);
-    spi.execute(
-        R"sql(
-        UPDATE sync.repair SET phase = 'asking', level = 1, ranges = $3::text[],
-        waiting = $4::bigint, ranges_asked = ranges_asked + 16
-        WHERE replica = $1::uuid AND scope = $2::bigint)sql",
-        {Param::uuid(target.replica), target.scope, text_array(prefixes), seq});
+    const int64_t seq = send_ranges(spi, target, prefixes);
+    record_sent(spi, target, "asking", 1, prefixes, seq, static_cast<int64_t>(prefixes.size()), 0);
     return 1;
 }
 
@@ -324,12 +295,8 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
     // The replica's answers, by lo and hi.
     std::map<std::pair<std::string, std::string>, std::pair<std::string, int64_t>> answers;
     if (!target.answers.empty()) {
-        for (const auto& row : spi.query(
-                 R"sql(
-                 SELECT e->>0, e->>1, e->>2, (e->>3)::bigint FROM jsonb_array_elements(
-                 CASE WHEN jsonb_typeof($1::jsonb) = 'array' THEN $1::jsonb ELSE '[]' END) e
-                 WHERE jsonb_typeof(e) = 'array')sql",
-                 {target.answers}))
+        for (const auto& row :
+             spi.query("SELECT * FROM sync.repair_answers($1::jsonb)", {target.answers}))
             answers[{row[0].value_or(""), row[1].value_or("")}] = {row[2].value_or(""),
                                                                    row[3].integer_or(0)};
     }
@@ -338,17 +305,10 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
         if (!answers.count({lo_hex(prefix), hi_hex(prefix).value_or("")}))
             return start_round(spi, target);  // not answered (or answered before): ask again
     }
-    // The server's fingerprints of the asked ranges: one scan of the scope's rows. The ranges
-    // are matched by a hashed IN, not = ANY: a kept plan is generic, and = ANY of a parameter
-    // compares each row with every range (4,096 ranges of 100,000 rows took 50 s).
+    // The server's fingerprints of the asked ranges: one scan of the scope's rows.
     std::map<std::string, std::pair<std::string, int64_t>> server;
     for (const auto& row :
-         spi.query(R"sql(
-                   SELECT left(encode(k, 'hex'), $2::int),
-                   encode(sync.fp_sum(sha256(k || hash)), 'hex'), count(*)
-                   FROM sync.row WHERE scope = $1::bigint AND NOT gone AND NOT withheld
-                   AND left(encode(k, 'hex'), $2::int) IN (SELECT unnest($3::text[]))
-                   GROUP BY 1)sql",
+         spi.query("SELECT * FROM sync.repair_fingerprints($1::bigint, $2::int, $3::text[])",
                    {target.scope, static_cast<int64_t>(level), text_array(target.asked)}))
         server[row[0].value()] = {row[1].value(), row[2].integer_or(0)};
     const std::string zero(kDigits, '0');
@@ -376,11 +336,8 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
     }
     if (leaves.empty() && deeper.empty()) {
         // Every range matched, yet the whole did not: compare the whole again.
-        spi.execute(
-            R"sql(
-            UPDATE sync.repair SET phase = 'checking', ranges = '{}', waiting = NULL
-            WHERE replica = $1::uuid AND scope = $2::bigint)sql",
-            {Param::uuid(target.replica), target.scope});
+        spi.execute("SELECT sync.repair_check_again($1, $2::bigint)",
+                    {Param::uuid(target.replica), target.scope});
         return 0;
     }
     if (!begin_round(spi, target)) return 0;
@@ -392,68 +349,17 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
         last = send_ranges(spi, target, deeper);
         ++messages;
     }
-    spi.execute(
-        R"sql(
-        UPDATE sync.repair SET phase = $3, level = $4::int, ranges = $5::text[],
-        waiting = $6::bigint, ranges_asked = ranges_asked + $7::int,
-        rows_sent = rows_sent + $8::bigint
-        WHERE replica = $1::uuid AND scope = $2::bigint)sql",
-        {Param::uuid(target.replica), target.scope,
-         std::string(deeper.empty() ? "checking" : "asking"),
-         static_cast<int64_t>(deeper.empty() ? level : level + 1), text_array(deeper), last,
-         static_cast<int64_t>(deeper.size()), rows_sent});
+    record_sent(spi, target, deeper.empty() ? "checking" : "asking",
+                static_cast<int64_t>(deeper.empty() ? level : level + 1), deeper, last,
+                static_cast<int64_t>(deeper.size()), rows_sent);
     return messages;
 }
 
 }  // namespace
 
 int64_t plan_repairs(Spi& spi) {
-    // Nothing to repair any more: the replica left, was provisioned again, or left the scope.
-    spi.execute(
-        R"sql(
-        DELETE FROM sync.repair p WHERE NOT EXISTS (SELECT FROM sync.replica r
-         WHERE r.id = p.replica AND r.live AND r.gen = p.gen)
-        OR NOT EXISTS (SELECT FROM sync.member m WHERE m.replica = p.replica
-         AND m.scope = p.scope))sql");
-    // The scope moved on: what was asked is moot; wait for a report at the new head. A tripped
-    // breaker is remembered, so changes to the scope do not hide a storm.
-    spi.execute(
-        R"sql(
-        DELETE FROM sync.repair p USING sync.scope s WHERE s.id = p.scope AND s.head <> p.head
-        AND p.attempts = 0)sql");
-    spi.execute(
-        R"sql(
-        UPDATE sync.repair p SET head = s.head, phase = 'idle', level = 0, ranges = '{}',
-        waiting = NULL FROM sync.scope s WHERE s.id = p.scope AND s.head <> p.head)sql");
-    // Converged: the replica reports the server's fingerprint at the head.
-    spi.execute(
-        R"sql(
-        DELETE FROM sync.repair p USING sync.member m, sync.scope s, sync.holding h
-        WHERE m.replica = p.replica AND m.scope = p.scope AND s.id = p.scope
-        AND h.replica = p.replica AND h.scope = sync.scope_name(s.match, s.value, s.partition)
-        AND m.sent = s.head AND m.confirmed >= s.head AND h.through = s.head
-        AND h.fp = s.fp AND h.n = s.n AND (p.waiting IS NULL OR NOT EXISTS
-         (SELECT FROM sync.outbox o WHERE o.replica = p.replica AND o.seq = p.waiting)))sql");
-
-    // What can move: a report at the head that differs with no repair yet, or a repair whose
-    // last message the replica confirmed and whose breaker is not holding it back. Reports of
-    // replicas that are not live or of scopes they are not members of never join.
-    auto rows = spi.query(
-        R"sql(
-        SELECT m.replica, m.scope, sync.scope_name(s.match, s.value, s.partition), r.gen,
-        p.phase, p.ranges, h.ranges::text
-        FROM sync.member m
-        JOIN sync.replica r ON r.id = m.replica AND r.live
-        JOIN sync.scope s ON s.id = m.scope
-        JOIN sync.holding h ON h.replica = m.replica
-         AND h.scope = sync.scope_name(s.match, s.value, s.partition)
-        LEFT JOIN sync.repair p ON p.replica = m.replica AND p.scope = m.scope
-        WHERE m.sent = s.head AND m.confirmed >= s.head AND h.through = s.head
-        AND CASE WHEN p.replica IS NULL THEN h.fp <> s.fp OR h.n <> s.n
-         ELSE (p.storm_until IS NULL OR p.storm_until <= now())
-         AND (p.waiting IS NULL OR NOT EXISTS (SELECT FROM sync.outbox o
-          WHERE o.replica = p.replica AND o.seq = p.waiting)) END
-        ORDER BY m.replica, m.scope)sql");
+    spi.execute("SELECT sync.repair_end_moot()");
+    auto rows = spi.query("SELECT * FROM sync.repair_targets()");
     int64_t written = 0;
     for (const auto& row : rows) {
         Target target;
@@ -463,16 +369,10 @@ int64_t plan_repairs(Spi& spi) {
         target.gen = row[3].integer();
         target.phase = row[4].value_or("");
         target.answers = row[6].value_or("");
-        if (row[5]) {
-            for (const auto& item : spi.query("SELECT unnest($1::text[])", {*row[5]}))
-                target.asked.push_back(item[0].value());
-        }
+        target.asked = split_prefixes(row[5].value_or(""));
         if (target.phase.empty()) {
-            spi.execute(
-                R"sql(
-                INSERT INTO sync.repair (replica, scope, gen, head)
-                SELECT $1::uuid, id, $3::int, head FROM sync.scope WHERE id = $2::bigint)sql",
-                {Param::uuid(target.replica), target.scope, target.gen});
+            spi.execute("SELECT sync.repair_begin($1, $2::bigint, $3::int)",
+                        {Param::uuid(target.replica), target.scope, target.gen});
         }
         if (target.phase == "asking") {
             written += answer_ranges(spi, target);

@@ -74,3 +74,206 @@ END
 $$;
 
 -- sync.status (one row per replica) compares with the declarations too: in src/verify/truth.sql.
+
+-- The steps of a repair (src/verify/repair.cpp works out the ranges and encodes the messages) ------
+
+-- Repairs that can move no more are ended: the replica left, was provisioned again, or left the
+-- scope; the scope moved on, so what was asked is moot (a tripped breaker is remembered, so changes
+-- to the scope do not hide a storm: it waits for a report at the new head); or it converged (the
+-- replica reports the server's fingerprint at the head).
+CREATE FUNCTION sync.repair_end_moot() RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    DELETE FROM sync.repair p
+    WHERE NOT EXISTS (SELECT FROM sync.replica r WHERE r.id = p.replica AND r.live AND r.gen = p.gen)
+       OR NOT EXISTS (SELECT FROM sync.member m WHERE m.replica = p.replica AND m.scope = p.scope);
+    DELETE FROM sync.repair p USING sync.scope s
+    WHERE s.id = p.scope AND s.head <> p.head AND p.attempts = 0;
+    UPDATE sync.repair p SET head = s.head, phase = 'idle', level = 0, ranges = '{}', waiting = NULL
+    FROM sync.scope s WHERE s.id = p.scope AND s.head <> p.head;
+    DELETE FROM sync.repair p USING sync.member m, sync.scope s, sync.holding h
+    WHERE m.replica = p.replica AND m.scope = p.scope AND s.id = p.scope
+      AND h.replica = p.replica AND h.scope = sync.scope_name(s.match, s.value, s.partition)
+      AND m.sent = s.head AND m.confirmed >= s.head AND h.through = s.head
+      AND h.fp = s.fp AND h.n = s.n
+      AND (p.waiting IS NULL OR NOT EXISTS (SELECT FROM sync.outbox o
+                                             WHERE o.replica = p.replica AND o.seq = p.waiting));
+END
+$$;
+
+-- What can move: a report at the head that differs with no repair yet (`phase` NULL), or a repair
+-- whose last message the replica confirmed and whose breaker is not holding it back, with the
+-- ranges it asked (`asked`, comma-separated hex prefixes) and the replica's answers (`answers`,
+-- its holding's ranges). Reports of replicas that are not live or of scopes they are not members
+-- of never join.
+CREATE FUNCTION sync.repair_targets()
+RETURNS TABLE (replica uuid, scope bigint, scope_name text, gen int, phase text, asked text,
+               answers text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    SELECT m.replica, m.scope, sync.scope_name(s.match, s.value, s.partition), r.gen,
+           p.phase, array_to_string(p.ranges, ','), h.ranges::text
+    FROM sync.member m
+    JOIN sync.replica r ON r.id = m.replica AND r.live
+    JOIN sync.scope s ON s.id = m.scope
+    JOIN sync.holding h ON h.replica = m.replica
+     AND h.scope = sync.scope_name(s.match, s.value, s.partition)
+    LEFT JOIN sync.repair p ON p.replica = m.replica AND p.scope = m.scope
+    WHERE m.sent = s.head AND m.confirmed >= s.head AND h.through = s.head
+      AND CASE WHEN p.replica IS NULL THEN h.fp <> s.fp OR h.n <> s.n
+          ELSE (p.storm_until IS NULL OR p.storm_until <= now())
+               AND (p.waiting IS NULL OR NOT EXISTS (SELECT FROM sync.outbox o
+                    WHERE o.replica = p.replica AND o.seq = p.waiting)) END
+    ORDER BY m.replica, m.scope;
+END
+$$;
+
+-- A repair begins for a report that differs, against the scope's head.
+CREATE FUNCTION sync.repair_begin(replica uuid, scope bigint, gen int) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO sync.repair (replica, scope, gen, head)
+    SELECT repair_begin.replica, s.id, repair_begin.gen, s.head
+    FROM sync.scope s WHERE s.id = repair_begin.scope;
+END
+$$;
+
+-- Counts a round (a batch of messages) for the repair; false when it is one too many: more than 8
+-- within magic_sync.storm_window trip the breaker instead, which holds the repair back for 30 s ×
+-- the times it tripped without converging, and says so (sync.repair_storm).
+CREATE FUNCTION sync.repair_count_round(replica uuid, scope bigint, storm_window_ms int)
+RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    storm_rounds CONSTANT int := 8;
+    storm_backoff_s CONSTANT int := 30;
+    counted record;
+BEGIN
+    UPDATE sync.repair p SET
+        rounds = CASE WHEN p.first_round_at IS NULL
+                           OR p.first_round_at < now() - make_interval(secs => storm_window_ms / 1000.0)
+                      THEN 1 ELSE p.rounds + 1 END,
+        first_round_at = CASE WHEN p.first_round_at IS NULL
+                                   OR p.first_round_at < now() - make_interval(secs => storm_window_ms / 1000.0)
+                              THEN now() ELSE p.first_round_at END
+    WHERE p.replica = repair_count_round.replica AND p.scope = repair_count_round.scope
+    RETURNING p.rounds, p.attempts + 1 AS attempts INTO counted;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF counted.rounds <= storm_rounds THEN
+        RETURN true;
+    END IF;
+    UPDATE sync.repair p SET phase = 'idle', ranges = '{}', level = 0, waiting = NULL, rounds = 0,
+        first_round_at = NULL, attempts = counted.attempts,
+        storm_until = now() + make_interval(secs => storm_backoff_s * counted.attempts)
+    WHERE p.replica = repair_count_round.replica AND p.scope = repair_count_round.scope;
+    PERFORM sync.repair_storm(repair_count_round.replica, repair_count_round.scope,
+                              counted.rounds - 1, counted.attempts,
+                              make_interval(secs => storm_backoff_s * counted.attempts));
+    RETURN false;
+END
+$$;
+
+-- Puts an unnumbered repair or ranges message in the replica's outbox (sync.enqueue numbers and
+-- stamps it). Returns its seq.
+CREATE FUNCTION sync.repair_put(replica uuid, kind text, body bytea) RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    INSERT INTO pg_temp.magic_sync_enqueue (replica, position, kind, body)
+    VALUES (repair_put.replica, 1, repair_put.kind, repair_put.body);
+    PERFORM sync.enqueue();
+    RETURN (SELECT r.next_seq - 1 FROM sync.replica r WHERE r.id = repair_put.replica);
+END
+$$;
+
+-- The messages of a round were sent: the repair's phase (asking: the fingerprints of `ranges`, of
+-- `level` hex digits, were asked; checking: repairs were sent), the seq of its last message, and
+-- what it asked and sent.
+CREATE FUNCTION sync.repair_sent(replica uuid, scope bigint, phase text, level int, ranges text[],
+                                 waiting bigint, ranges_asked int, rows_sent bigint) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE sync.repair p SET phase = repair_sent.phase, level = repair_sent.level,
+        ranges = repair_sent.ranges, waiting = repair_sent.waiting,
+        ranges_asked = p.ranges_asked + repair_sent.ranges_asked,
+        rows_sent = p.rows_sent + repair_sent.rows_sent
+    WHERE p.replica = repair_sent.replica AND p.scope = repair_sent.scope;
+END
+$$;
+
+-- Every range asked matched, yet the whole did not: the whole is compared again.
+CREATE FUNCTION sync.repair_check_again(replica uuid, scope bigint) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE sync.repair p SET phase = 'checking', ranges = '{}', waiting = NULL
+    WHERE p.replica = repair_check_again.replica AND p.scope = repair_check_again.scope;
+END
+$$;
+
+-- The replica's answers to the ranges asked (its holding's `ranges`): [lo, hi, fp, n] each.
+CREATE FUNCTION sync.repair_answers(answers jsonb)
+RETURNS TABLE (lo text, hi text, fp text, n bigint)
+LANGUAGE sql IMMUTABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT e->>0, e->>1, e->>2, (e->>3)::bigint
+    FROM jsonb_array_elements(CASE WHEN jsonb_typeof(answers) = 'array' THEN answers
+                                   ELSE '[]' END) e
+    WHERE jsonb_typeof(e) = 'array'
+$$;
+
+-- The server's fingerprints of the ranges `prefixes` (of `level` hex digits) of a scope: one scan
+-- of its rows. The ranges are matched by a hashed IN, not = ANY: a kept plan is generic, and
+-- = ANY of a parameter compares each row with every range (4,096 ranges of 100,000 rows took
+-- 50 s).
+CREATE FUNCTION sync.repair_fingerprints(scope bigint, level int, prefixes text[])
+RETURNS TABLE (prefix text, fp text, n bigint)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY
+    SELECT left(encode(r.k, 'hex'), repair_fingerprints.level),
+           encode(sync.fp_sum(sha256(r.k || r.hash)), 'hex'), count(*)
+    FROM sync.row r
+    WHERE r.scope = repair_fingerprints.scope AND NOT r.gone AND NOT r.withheld
+      AND left(encode(r.k, 'hex'), repair_fingerprints.level)
+          IN (SELECT unnest(repair_fingerprints.prefixes))
+    GROUP BY 1;
+END
+$$;
+
+-- The server's rows of the ranges `prefixes` (of `level` hex digits) of a scope, by k, as a
+-- repair message carries them.
+CREATE FUNCTION sync.repair_rows(scope bigint, level int, prefixes text[])
+RETURNS TABLE (prefix text, k text, table_name text, key text, body text, hash text)
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    RETURN QUERY
+    SELECT left(encode(r.k, 'hex'), repair_rows.level), encode(r.k, 'hex'), c.table_name,
+           sync.canonical(r.key), r.body, encode(r.hash, 'hex')
+    FROM sync.row r JOIN sync.codec c ON c.id = r.codec
+    WHERE r.scope = repair_rows.scope AND NOT r.gone AND NOT r.withheld
+      AND left(encode(r.k, 'hex'), repair_rows.level) IN (SELECT unnest(repair_rows.prefixes))
+    ORDER BY r.k;
+END
+$$;

@@ -64,8 +64,6 @@ CREATE FUNCTION sync.expected(replica uuid)
 RETURNS TABLE (table_name text, key text, "row" text, h text, scope text, withheld boolean)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
-SET TimeZone = 'UTC' SET IntervalStyle = 'postgres' SET extra_float_digits = 1
-SET bytea_output = 'hex'
 AS $$
 DECLARE
     codec int;
@@ -83,14 +81,13 @@ BEGIN
     END LOOP;
 END
 $$;
+SELECT sync.pin_output_settings('sync.expected(uuid)');
 
 -- The scopes every live replica belongs to by the declarations, read from the replicas relation:
 -- all (of its partition), its own, and one for each replica column a group codec matches on.
 CREATE FUNCTION sync.declared_members() RETURNS TABLE (replica uuid, match text, value text, part text)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
-SET TimeZone = 'UTC' SET IntervalStyle = 'postgres' SET extra_float_digits = 1
-SET bytea_output = 'hex'
 AS $$
 DECLARE
     r sync.replica_set;
@@ -111,6 +108,7 @@ BEGIN
         r.relation, r.live, coalesce(groups, ''));
 END
 $$;
+SELECT sync.pin_output_settings('sync.declared_members()');
 
 -- Scopes whose running fingerprint the last audit found unlike their tables': the next pass
 -- counts each again from sync.row, while the codecs noted whole plan sync.row again from the
@@ -132,8 +130,6 @@ CREATE TABLE sync.drifted_scope (
 CREATE FUNCTION sync.audit() RETURNS TABLE (scope text, replica uuid, problem text)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
-SET TimeZone = 'UTC' SET IntervalStyle = 'postgres' SET extra_float_digits = 1
-SET bytea_output = 'hex'
 AS $$
 DECLARE
     declared text;
@@ -241,6 +237,7 @@ BEGIN
                  ORDER BY a.scope, a.replica;
 END
 $$;
+SELECT sync.pin_output_settings('sync.audit()');
 
 -- One row per replica: live, generation, outbox depth and age, what is unconfirmed, backoff, the
 -- last error, what is set aside for it, and whether it is in sync, repairing, in a storm (the

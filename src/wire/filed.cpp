@@ -2,7 +2,6 @@
 // outbox (sync.encode_filed) and splits one too big for a message (sync.filed_parts) with the
 // protocol's own encoder and decoder.
 #include <string>
-#include <variant>
 
 #include "pg/bridge.hpp"
 #include "pg/values.hpp"
@@ -23,12 +22,8 @@ protocol::FiledMessage filed_of(const std::string& function, const std::string& 
     const std::string usage = function + ": " + kFiledUsage;
     if (payload.size() < 2 || payload.front() != '{')
         throw magic_sync::Error(usage + ", not " + payload, ERRCODE_INVALID_PARAMETER_VALUE);
-    std::string text = "{\"v\":" + std::to_string(protocol::kFirstVersion) +
-                       ",\"kind\":\"filed\",\"replica\":\"" + replica +
-                       "\",\"gen\":" + std::to_string(gen) + ",\"seq\":" + std::to_string(seq);
-    text += payload == "{}" ? "}" : "," + payload.substr(1);
     try {
-        return std::get<protocol::FiledMessage>(protocol::decode_down(text));
+        return protocol::decode_filed_payload({replica, gen, seq}, payload);
     } catch (const protocol::DecodeError& e) {
         throw magic_sync::Error(usage + ": " + e.what(), ERRCODE_INVALID_PARAMETER_VALUE);
     }
@@ -61,9 +56,7 @@ MAGIC_SYNC_FUNCTION(magic_sync_filed_parts) {
     for (const protocol::FiledMessage& part :
          protocol::split_filed(answer, static_cast<size_t>(max_bytes))) {
         if (parts.size() > 1) parts += ',';
-        parts +=
-            "{\"upload\":\"" + part.upload + "\",\"kept\":" + protocol::encode_key_notes(part.kept);
-        parts += part.more ? ",\"more\":true}" : "}";
+        parts += protocol::encode_filed_payload(part);
     }
     parts += ']';
     return magic_sync::pg::jsonb_datum(parts);

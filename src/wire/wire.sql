@@ -84,8 +84,15 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE match WHEN '*' THEN 'all' ELSE match || '=' || value END
        || CASE WHEN part <> '' THEN '@' || part ELSE '' END;
 
--- The filed message with its header, as the relay puts it in the outbox: payload
--- {"upload": uuid, "kept": [{"t": table, "k": key, "why": reason}, ...]}.
+-- The payload of a filed answer, as sync.answer keeps it until the relay numbers its message: the
+-- upload it answers and its rows not filed, [{"t": table, "k": key, "why": reason}, ...] (the
+-- protocol's encode_filed_payload writes the same form).
+CREATE FUNCTION sync.filed_payload(upload uuid, kept jsonb) RETURNS jsonb
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN jsonb_build_object('upload', upload, 'kept', kept);
+
+-- The filed message with its header, as the relay puts it in the outbox, from its payload
+-- (sync.filed_payload).
 CREATE FUNCTION sync.encode_filed(replica uuid, gen bigint, seq bigint, payload jsonb) RETURNS bytea
 AS 'MODULE_PATHNAME', 'magic_sync_encode_filed' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
@@ -99,3 +106,17 @@ AS 'MODULE_PATHNAME', 'magic_sync_filed_parts' LANGUAGE C IMMUTABLE STRICT PARAL
 -- An encoded down message with another header (gen and seq), as it enters the outbox.
 CREATE FUNCTION sync.stamp_message(message bytea, replica uuid, gen bigint, seq bigint) RETURNS bytea
 AS 'MODULE_PATHNAME', 'magic_sync_stamp_message' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
+
+-- How values are written out (keys, rows, scope values) depends on no session or server setting:
+-- every function that encodes values or compares their text (the pass, the oracle, the audit)
+-- runs under these settings, pinned by this one owner.
+CREATE FUNCTION sync.pin_output_settings(routine regprocedure) RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    EXECUTE format('ALTER FUNCTION %s SET TimeZone = %L SET IntervalStyle = %L'
+                   ' SET extra_float_digits = 1 SET bytea_output = %L',
+                   routine, 'UTC', 'postgres', 'hex');
+END
+$$;

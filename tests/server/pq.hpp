@@ -11,18 +11,14 @@
 #include <thread>
 #include <vector>
 
+#include "libpq/connection.hpp"
 #include "support/eventually.hpp"
 
 namespace magic_sync::test {
 
 class Connection {
   public:
-    explicit Connection(const std::string& conninfo) : connection_(PQconnectdb(conninfo.c_str())) {
-        if (PQstatus(connection_) != CONNECTION_OK) {
-            std::string error = PQerrorMessage(connection_);
-            PQfinish(connection_);
-            throw std::runtime_error("cannot connect: " + error);
-        }
+    explicit Connection(const std::string& conninfo) : connection_(connect(conninfo)) {
         PQsetNoticeProcessor(
             connection_, [](void*, const char*) {}, nullptr);
     }
@@ -68,6 +64,14 @@ class Connection {
     PGconn* raw() { return connection_; }
 
   private:
+    static PGconn* connect(const std::string& conninfo) {
+        try {
+            return libpq::connect(conninfo);
+        } catch (const libpq::Failure& e) {
+            throw std::runtime_error(std::string("cannot connect: ") + e.what());
+        }
+    }
+
     PGconn* connection_;
 };
 

@@ -193,6 +193,36 @@ TEST(Wire, FiledInParts) {
         R"(filed: field "more" must be true or false)");
 }
 
+// The payload SQL keeps an answer as (sync.answer.payload) is the message's fields after its
+// header; read back under a header, it is the message, checked as a filed message is.
+TEST(Wire, FiledPayload) {
+    FiledMessage part = small_filed();
+    part.more = true;
+    const std::string payload = encode_filed_payload(part);
+    EXPECT_EQ(payload, R"({"upload":")" + kUpload +
+                           R"(","kept":[{"t":"shop.products","k":{"id":7},)"
+                           R"("why":"catalog rows are not taken up"}],"more":true})");
+    EXPECT_EQ(decode_filed_payload(header(18), payload), part);
+    EXPECT_EQ(encode_filed_payload(FiledMessage{header(2), kUpload, {}}),
+              R"({"upload":")" + kUpload + R"(","kept":[]})");
+    EXPECT_EQ(decode_filed_payload(header(2), R"({"upload":")" + kUpload + R"(","kept":[]})"),
+              (FiledMessage{header(2), kUpload, {}}));
+    auto refusal = [](const std::string& payload) {
+        try {
+            decode_filed_payload(header(2), payload);
+        } catch (const DecodeError& e) {
+            return std::string(e.what());
+        }
+        return std::string("decoded");
+    };
+    EXPECT_EQ(refusal(R"({"upload":"x","kept":[]})"),
+              R"(filed: field "upload" must be a lowercase UUID (8-4-4-4-12 hex digits))");
+    EXPECT_EQ(refusal("[]"), "filed payload: must be a JSON object");
+    // A payload cannot say what its header says.
+    EXPECT_EQ(refusal(R"({"kind":"ranges","upload":")" + kUpload + R"(","kept":[]})"),
+              R"(down message: duplicate key "kind")");
+}
+
 // Every part of a split answer encodes within the limit under the widest header, the parts
 // carry the kept rows in order, and only the last says nothing more comes.
 TEST(SplitFiled, PartsFitAndKeepTheRowsInOrder) {
