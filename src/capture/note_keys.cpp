@@ -109,7 +109,7 @@ Datum note_keys_from(FunctionCallInfo fcinfo) {
 // sync.note_keys(keys bytea [, most int]) RETURNS SETOF jsonb: the keys of a note, in the order
 // noted, the first `most` of them when given. When a key column's type no longer exists, one NULL:
 // every row of the codec is looked at again. Each key is built in a context of its own, emptied
-// once the tuplestore has copied it: a statement's note may hold millions of keys.
+// once the tuplestore has copied it: a transaction's note may hold millions of keys.
 void note_keys(FunctionCallInfo fcinfo) {
     bytea* image = PG_GETARG_BYTEA_PP(0);
     const int64 most = PG_NARGS() > 1 ? PG_GETARG_INT32(1) : PG_INT64_MAX;

@@ -1,5 +1,5 @@
-// The keys of a statement's note (sync.note.keys): what the capture trigger writes and the pass
-// reads back (sync.note_keys). One owner of the format, both ways.
+// The keys of a note (sync.note.keys, one per table and transaction): what the capture trigger
+// writes and the pass reads back (sync.note_keys). One owner of the format, both ways.
 //
 // The keys are kept as the key columns' own values, in this server's datum format (a note never
 // leaves the cluster that wrote it), so the trigger copies bytes and builds nothing; the pass

@@ -1,4 +1,4 @@
--- Declaring what syncs (DESIGN §2) ----------------------------------------------------------------
+-- Declaring what syncs (docs/DESIGN.md §2) ----------------------------------------------------------------
 --
 -- Declarations validate against the catalog at once and refuse with a message that says what is
 -- wrong and how to fix it. Every identifier they splice into SQL comes from the catalog and is
@@ -19,14 +19,13 @@ CREATE FUNCTION sync.note_keys(keys bytea) RETURNS SETOF jsonb
 AS 'MODULE_PATHNAME', 'magic_sync_note_keys'
 LANGUAGE C STABLE STRICT;
 
--- The first `most` of them: a pass that takes part of a big statement's note reads that part
--- only.
+-- The first `most` of them: a pass that takes part of a big note reads that part only.
 CREATE FUNCTION sync.note_keys(keys bytea, most int) RETURNS SETOF jsonb
 AS 'MODULE_PATHNAME', 'magic_sync_note_keys'
 LANGUAGE C STABLE STRICT;
 
--- What is left of a note's keys from the first-th on: a pass that takes part of a big
--- statement's note leaves the rest for the next.
+-- What is left of a note's keys from the first-th on: a pass that takes part of a big note
+-- leaves the rest for the next.
 CREATE FUNCTION sync.note_keys_from(keys bytea, first int) RETURNS bytea
 AS 'MODULE_PATHNAME', 'magic_sync_note_keys_from'
 LANGUAGE C IMMUTABLE STRICT;
@@ -777,7 +776,7 @@ UNION ALL
  FROM sync.codec c
  ORDER BY c.table_name);
 
--- Schema changes (DESIGN §13). After an ALTER TABLE of a synced table: a change that would break
+-- Schema changes (docs/DESIGN.md §13). After an ALTER TABLE of a synced table: a change that would break
 -- its declaration is refused, saying why and what to do first; a change of its key's type re-keys
 -- it (declared again: every replica drops the rows under the old keys and gets them again); any
 -- other change of its columns plans the whole table again, so rows that were not changed since

@@ -81,8 +81,8 @@ void define() {
     define_int("magic_sync.idle", "Time between passes when there is no work.", &idle_ms, 1,
                kHour * 1000, GUC_UNIT_MS);
     define_int("magic_sync.notes_per_pass",
-               "Most noted keys one pass takes (a statement's note is taken whole).",
-               &notes_per_pass, 1, 10000000, 0);
+               "Most noted keys one pass takes (a bigger note is taken in parts).", &notes_per_pass,
+               1, 10000000, 0);
     define_int("magic_sync.rows_per_message", "Most rows in one message.", &rows_per_message, 1,
                100000, 0);
     define_int("magic_sync.bytes_per_message", "Largest message, envelope included.",

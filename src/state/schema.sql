@@ -1,4 +1,4 @@
--- magic_sync 0.2.0: the schema `sync` (DESIGN §3), its roles and privileges.
+-- magic_sync 0.2.0: the schema `sync` (docs/DESIGN.md §3), its roles and privileges.
 \echo Use "CREATE EXTENSION magic_sync" to load this file. \quit
 
 -- Rows travel as UTF-8 JSON, and uploads are filed from it: a database of another encoding would
@@ -77,8 +77,8 @@ CREATE TABLE sync.sender_rule (
 
 -- Capture ---------------------------------------------------------------------------------------
 
--- What changed, for the pass to look at again. The capture trigger writes one note per statement
--- holding the keys of the rows it changed (`keys`, `key_count` of them, read with
+-- What changed, for the pass to look at again. The capture trigger writes one note per table and
+-- transaction, just before it commits, holding the keys of the rows it changed (`keys`, `key_count` of them, read with
 -- sync.note_keys(keys); the format is src/capture/note_keys.hpp's); SQL that notes one key
 -- writes it in `key`; a note with neither means every row of the codec (a TRUNCATE, a
 -- declaration). Codec 0 is the replicas relation.
@@ -304,7 +304,7 @@ CREATE TABLE sync.confirmation (
 -- `both` rows a replica uploaded and that were filed: the pass that plans the row compares the
 -- version it makes with the row the replica holds once it takes the answer (the row it had, with
 -- the upload over it), and when they are the same does not send that row back to a replica that
--- is its scope's only member (DESIGN §6). Taken by that pass.
+-- is its scope's only member (docs/DESIGN.md §6). Taken by that pass.
 CREATE TABLE sync.echo (
     id bigserial PRIMARY KEY,
     replica uuid NOT NULL,
