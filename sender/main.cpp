@@ -1,4 +1,4 @@
-// magic-sync-sender: delivers the outbox (DESIGN §5). See `magic-sync-sender --help`.
+// magic-sync-sender: delivers the outbox (docs/DESIGN.md §5). See `magic-sync-sender --help`.
 #include <signal.h>
 #include <sys/signalfd.h>
 

@@ -1,4 +1,4 @@
--- Hostile uploads (DESIGN §6, §10): whatever bytes a replica sends up, sync.receive keeps them
+-- Hostile uploads (docs/DESIGN.md §6, §10): whatever bytes a replica sends up, sync.receive keeps them
 -- (whole, or row by row with the database's reason) and answers them when the upload id can be
 -- read; nothing else changes, no ERROR (but for a later protocol version), and the backend stays
 -- up. One table of cases, one query that runs them all, in its own database.

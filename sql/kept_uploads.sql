@@ -1,4 +1,4 @@
--- Kept uploads and their retry (DESIGN §6, §13): what sync.receive could not file is kept, and
+-- Kept uploads and their retry (docs/DESIGN.md §6, §13): what sync.receive could not file is kept, and
 -- the relay's retry files it again as the route filed it (its role, its settings), answers it
 -- once under its own upload id, backs off what the data may cure and leaves what only a change
 -- can cure (a deploy, a declaration, a grant) until something changes. In its own database.

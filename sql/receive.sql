@@ -1,5 +1,5 @@
 -- Filing uploads: sync.receive() files what replicas send up, each row by its table's codec, and
--- leaves the relay what it must send back (DESIGN §6), in its own database.
+-- leaves the relay what it must send back (docs/DESIGN.md §6), in its own database.
 CREATE DATABASE receive_test;
 \c receive_test
 CREATE EXTENSION magic_sync;

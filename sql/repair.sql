@@ -1,4 +1,4 @@
--- Drift repair (DESIGN §7): reports of what a replica holds, hand-built in sync.holding, and the
+-- Drift repair (docs/DESIGN.md §7): reports of what a replica holds, hand-built in sync.holding, and the
 -- ranges and repair messages the pass answers them with, in its own database.
 CREATE DATABASE repair_test;
 \c repair_test

@@ -1,5 +1,5 @@
 -- The sender's functions: sync.next leases the head message of each replica (or a run from it),
--- sync.sent and sync.failed settle it (DESIGN §5). Messages here carry their bytes in `body`.
+-- sync.sent and sync.failed settle it (docs/DESIGN.md §5). Messages here carry their bytes in `body`.
 \set SHOW_CONTEXT never
 
 -- Until the relay assembles messages from chunks (sync.message), a stand-in lets sync.next plan.

@@ -327,7 +327,7 @@ floor_copies() { # step...: per round, the steps' time in copies; the median
 }
 awk -v no="$(floor_copies notes)" -v en="$(floor_copies encode)" -v st="$(floor_copies state)" \
     -v all="$(floor_copies notes encode state)" 'BEGIN {
-    printf "    the floor of DESIGN §3/§4, bare set statements over the same rows, in copies: taking the notes %.2f,\n", no
+    printf "    the floor of docs/DESIGN.md §3/§4, bare set statements over the same rows, in copies: taking the notes %.2f,\n", no
     printf "    encoding the rows %.2f, writing their state once (its two indexes) %.2f; in all %.2f copies,\n", en, st, all
     printf "    so no pass of this design can reach a ratio above %.3f (the goal allows 3 copies in all)\n", 1 / all }'
 first=${sizes[0]}

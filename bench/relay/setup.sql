@@ -97,9 +97,9 @@ BEGIN
 END
 $$;
 
--- The floor DESIGN §3 and §4 set under any pass, each step a bare set statement over the same
+-- The floor docs/DESIGN.md §3 and §4 set under any pass, each step a bare set statement over the same
 -- rows, timed with its commit: encoding the rows (sync.encode_row over a table scan, no joins),
--- writing their state once into a table of the row shape DESIGN §3 names (codec, key, scope,
+-- writing their state once into a table of the row shape docs/DESIGN.md §3 names (codec, key, scope,
 -- seq, hash, gone, with the key hash `k` that stands for (codec, key) as the key), indexed as a
 -- pass must read it, by key and by (scope, seq), and taking their notes (a plain DELETE of all).
 -- Run after the passes: the state copied is the passes' own, the notes are one UPDATE's.

@@ -1,6 +1,6 @@
-// Drift repair (issue 9, DESIGN §7): what repairing d differences in a scope of n rows costs —
-// bytes server→replica (the assembled messages), bytes replica→server (the uploads) and round
-// trips — against provisioning the scope whole, in one run.
+// Drift repair (issue 9, docs/DESIGN.md §7): what repairing d differences in a scope of n rows
+// costs — bytes server→replica (the assembled messages), bytes replica→server (the uploads) and
+// round trips — against provisioning the scope whole, in one run.
 //
 // The transport is played by the benchmark, so that every byte and every round trip is counted
 // exactly: a round trip is one pass (sync.pass(), no relay worker), every message it left in the

@@ -1,4 +1,4 @@
-// bench/retry: the retry of kept uploads (DESIGN §6, §13; bench/README.md).
+// bench/retry: the retry of kept uploads (docs/DESIGN.md §6, §13; bench/README.md).
 //
 // (a) Time per kept row. For 2,000, 8,000, 32,000 and 100,000 kept rows (lines of sales the server
 //     does not have: a foreign key), the retry as the relay runs it, slice after slice

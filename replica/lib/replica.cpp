@@ -28,7 +28,7 @@ CREATE TABLE IF NOT EXISTS state (
     applied_sent INTEGER,  -- "applied" of the last upload the server took; NULL: none this gen
     ack_through INTEGER NOT NULL DEFAULT 0  -- the last seq whose application the server must hear of
 );
--- Per scope the replica holds: how far, and the running fingerprint of its rows (DESIGN §7).
+-- Per scope the replica holds: how far, and the running fingerprint of its rows (docs/DESIGN.md §7).
 CREATE TABLE IF NOT EXISTS scopes (
     scope TEXT PRIMARY KEY,
     through INTEGER NOT NULL,

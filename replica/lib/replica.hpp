@@ -1,6 +1,6 @@
-// libmagic_sync_replica: the reference replica (DESIGN §1, §7, §8). It keeps what a replica holds
-// in one SQLite file, applies the server's messages, keeps each scope's running fingerprint, queues
-// the app's own writes and builds the uploads that carry them up.
+// libmagic_sync_replica: the reference replica (docs/DESIGN.md §1, §7, §8). It keeps what a replica
+// holds in one SQLite file, applies the server's messages, keeps each scope's running fingerprint,
+// queues the app's own writes and builds the uploads that carry them up.
 //
 // Every message is applied in one SQLite transaction together with the seq it advances to, so a
 // crash between applying and acknowledging loses nothing and the message, delivered again, is

@@ -1,6 +1,6 @@
 // The up path of the CLI: a stand-in for the app's own route, which authenticates the replica and
-// then calls sync.receive(replica, message) in the database (DESIGN §6). Here the replica calls it
-// itself over libpq, with bound parameters.
+// then calls sync.receive(replica, message) in the database (docs/DESIGN.md §6). Here the replica
+// calls it itself over libpq, with bound parameters.
 #pragma once
 
 #include <libpq-fe.h>

@@ -1,8 +1,8 @@
-// sync.receive(replica, message) (DESIGN §6): files an upload in the caller's transaction, as the
-// caller (or as magic_sync.role), after the senders' known and filing hooks. Besides the app's own
-// tables it writes only what the relay reads later (sync.upload, sync.answer, sync.confirmation,
-// sync.holding, sync.set_aside), through the SECURITY DEFINER helpers of receive.sql, and never
-// a row that the relay pass locks.
+// sync.receive(replica, message) (docs/DESIGN.md §6): files an upload in the caller's transaction,
+// as the caller (or as magic_sync.role), after the senders' known and filing hooks. Besides the
+// app's own tables it writes only what the relay reads later (sync.upload, sync.answer,
+// sync.confirmation, sync.holding, sync.set_aside), through the SECURITY DEFINER helpers of
+// receive.sql, and never a row that the relay pass locks.
 //
 // sync.refile(ids) files again what receive kept (the retry of set_aside.sql): each kept item
 // as the role and under the settings the route had, after the same hooks, by the same code.

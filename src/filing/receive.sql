@@ -1,4 +1,4 @@
--- Filing uploads (DESIGN §6) ------------------------------------------------------------------------
+-- Filing uploads (docs/DESIGN.md §6) ------------------------------------------------------------------------
 --
 -- sync.receive() runs as its caller, so row-level security applies to what it files. What it
 -- writes to sync tables goes through the helpers below, which it runs as the extension's owner

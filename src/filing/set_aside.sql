@@ -1,4 +1,4 @@
--- What could not be planned, sent or filed (DESIGN §3, §6, §13): sync.set_aside and its one owner.
+-- What could not be planned, sent or filed (docs/DESIGN.md §3, §6, §13): sync.set_aside and its one owner.
 -- Everything that keeps an item, counts it again, tries it again or releases it is here; the pass,
 -- sync.receive's helpers and the relay loop call these functions and never write the table.
 --

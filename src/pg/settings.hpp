@@ -1,5 +1,5 @@
-// The magic_sync.* settings (DESIGN §9), as the engine reads them. Defined in settings.cpp and
-// registered from _PG_init.
+// The magic_sync.* settings (docs/DESIGN.md §9), as the engine reads them. Defined in settings.cpp
+// and registered from _PG_init.
 #pragma once
 
 namespace magic_sync::settings {

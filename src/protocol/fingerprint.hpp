@@ -1,4 +1,4 @@
-// Row identities and scope fingerprints (DESIGN §7).
+// Row identities and scope fingerprints (docs/DESIGN.md §7).
 //
 // k = SHA-256(table ‖ 0x00 ‖ canonical key), v = SHA-256(canonical row), and a scope's fingerprint
 // is (Σ SHA-256(k ‖ v) mod 2^256, count). The sum is order independent and can be kept

@@ -1,5 +1,5 @@
-// The messages between server and replica (DESIGN §8) and their JSON codec. The wire below is
-// pinned by tests/unit/protocol_messages_test.cpp; it changes only with a kVersion bump.
+// The messages between server and replica (docs/DESIGN.md §8) and their JSON codec. The wire below
+// is pinned by tests/unit/protocol_messages_test.cpp; it changes only with a kVersion bump.
 //
 // Down (server → replica); every one starts {"v":V,"kind":K,"replica":UUID,"gen":G,"seq":S, then:
 //   rows:   "reset":[scope,...]?, "drop":[scope,...]?, "drop_tables":[table,...]?,
@@ -270,8 +270,8 @@ size_t encoded_row_size(std::string_view table, std::string_view key,
 // read numbers as doubles), and it fits, with the comma before it, a chunk of its scope at the
 // largest seqs in a rows message that resets everything, and a repair message of its scope,
 // within `max_bytes`. A row that does not
-// is withheld (DESIGN §4, §7): the rule depends on the row and its scope alone, never on where a
-// replica's cursor stands, so the server, the replica and an oracle agree on it.
+// is withheld (docs/DESIGN.md §4, §7): the rule depends on the row and its scope alone, never on
+// where a replica's cursor stands, so the server, the replica and an oracle agree on it.
 bool row_travels(std::string_view scope, std::string_view table, std::string_view key,
                  std::string_view row, size_t max_bytes);
 // The most bytes an encoded row of `scope` may take and still travel (row_travels).

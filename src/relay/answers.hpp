@@ -1,6 +1,6 @@
 // Answers that sync.receive() left in sync.answer, moved into the replicas' outboxes by the relay
-// pass (DESIGN §6): receive never touches relay state, so an answer's seq is drawn only by the
-// pass, under the relay lock, in commit order.
+// pass (docs/DESIGN.md §6): receive never touches relay state, so an answer's seq is drawn only by
+// the pass, under the relay lock, in commit order.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
--- The outboxes: their one writer, and the sender's functions (DESIGN §4, §5) ----------------------
+-- The outboxes: their one writer, and the sender's functions (docs/DESIGN.md §4, §5) ----------------------
 
 -- The one writer of the outboxes and of each replica's next_seq. The relay queues the messages of
 -- a step of its pass in its working table pg_temp.magic_sync_enqueue (`position` orders a

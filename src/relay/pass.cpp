@@ -1,7 +1,8 @@
-// The relay pass (DESIGN §4): notes → row state → replicas → outbox, in one transaction on the
-// session that holds the relay lock. Every step is set-wise SQL over temporary tables, a function
-// of src/relay/pass.sql each; C++ sequences the steps and builds the statements that depend on a
-// codec or on the replicas relation: re-reading and encoding the noted rows, reading the replicas.
+// The relay pass (docs/DESIGN.md §4): notes → row state → replicas → outbox, in one transaction on
+// the session that holds the relay lock. Every step is set-wise SQL over temporary tables, a
+// function of src/relay/pass.sql each; C++ sequences the steps and builds the statements that
+// depend on a codec or on the replicas relation: re-reading and encoding the noted rows, reading
+// the replicas.
 #include "relay/pass.hpp"
 
 #include "relay/answers.hpp"

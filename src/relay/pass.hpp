@@ -1,4 +1,4 @@
-// The relay pass: one run of the planner (DESIGN §4).
+// The relay pass: one run of the planner (docs/DESIGN.md §4).
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
--- The relay pass, step by step (DESIGN §4) ---------------------------------------------------------
+-- The relay pass, step by step (docs/DESIGN.md §4) ---------------------------------------------------------
 --
 -- sync.pass() (src/relay/pass.cpp) runs these steps in this order, in one transaction on the session
 -- that holds the relay lock, and builds the statements that depend on a codec (re-reading and

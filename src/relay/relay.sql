@@ -1,4 +1,4 @@
--- The relay pass (DESIGN §4) ----------------------------------------------------------------------
+-- The relay pass (docs/DESIGN.md §4) ----------------------------------------------------------------------
 
 -- One pass: takes the relay lock (or refuses), plans, writes the outbox. Returns its counts. It
 -- writes keys, rows and scope values under fixed settings (TimeZone, IntervalStyle,

@@ -1,4 +1,4 @@
--- The relay loop (DESIGN §4): the worker and CALL sync.relay() run passes and, on their timers,
+-- The relay loop (docs/DESIGN.md §4): the worker and CALL sync.relay() run passes and, on their timers,
 -- these functions. They run on the lock holder's session only.
 
 -- Relays until cancelled, for hosts without shared_preload_libraries.

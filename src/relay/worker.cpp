@@ -1,4 +1,4 @@
-// The relay loop (DESIGN §1, §4): the background worker started for each database named in
+// The relay loop (docs/DESIGN.md §1, §4): the background worker started for each database named in
 // magic_sync.database, the same loop as CALL sync.relay(), and sync.start_relay(). C-style on
 // purpose: it is PostgreSQL code through and through (transactions, latches, signals), and it
 // holds no C++ object a longjmp could skip.

@@ -1,7 +1,8 @@
-// Drift repair (DESIGN §7), one step per pass. Ranges of the key hash k are named by a hex prefix
-// of k: prefix P covers [P000…, P+1 000…), the empty prefix the whole space, and the 16 ranges of
-// a level are the prefixes one digit longer. All the ranges asked of a replica in one message are
-// of one level, so the server's fingerprints of all of them are one scan of the scope's rows.
+// Drift repair (docs/DESIGN.md §7), one step per pass. Ranges of the key hash k are named by a hex
+// prefix of k: prefix P covers [P000…, P+1 000…), the empty prefix the whole space, and the 16
+// ranges of a level are the prefixes one digit longer. All the ranges asked of a replica in one
+// message are of one level, so the server's fingerprints of all of them are one scan of the scope's
+// rows.
 //
 // A round is one batch of messages for a (replica, scope): a ranges message, repairs, or both.
 // Repairs are rare, so the steps below loop per repair in C++; their statements are functions of

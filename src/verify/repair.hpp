@@ -1,7 +1,8 @@
-// Drift repair (DESIGN §7): a replica's report of what it holds, compared at the scope's head with
-// the scope's running fingerprint; a difference is narrowed by range fingerprints over the key
-// hash k (16 ranges a level) and the mismatched small ranges resent whole with range-replace
-// semantics. A storm breaker stops a repair that does not converge. State in sync.repair.
+// Drift repair (docs/DESIGN.md §7): a replica's report of what it holds, compared at the scope's
+// head with the scope's running fingerprint; a difference is narrowed by range fingerprints over
+// the key hash k (16 ranges a level) and the mismatched small ranges resent whole with
+// range-replace semantics. A storm breaker stops a repair that does not converge. State in
+// sync.repair.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
--- Knowing what a replica holds (DESIGN §7): drift found by fingerprint, repaired by range -------
+-- Knowing what a replica holds (docs/DESIGN.md §7): drift found by fingerprint, repaired by range -------
 --
 -- Each replica reports per scope what it holds (sync.holding, written by sync.receive). The pass
 -- (repair.cpp) compares a report made at the scope's head with the scope's running

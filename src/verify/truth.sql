@@ -1,4 +1,4 @@
--- Truth, not bookkeeping (DESIGN §13) -------------------------------------------------------------
+-- Truth, not bookkeeping (docs/DESIGN.md §13) -------------------------------------------------------------
 --
 -- What a replica must hold, worked out from the declarations (sync.codec, sync.replica_set) and
 -- the user tables alone, by the declared rules: never from the relay's state (sync.row,

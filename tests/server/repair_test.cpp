@@ -1,5 +1,5 @@
-// Drift repair end to end (DESIGN §7), with every real part: PostgreSQL with the relay worker,
-// magic-sync-sender over http (through a router of the test's own) and magic-sync-replica
+// Drift repair end to end (docs/DESIGN.md §7), with every real part: PostgreSQL with the relay
+// worker, magic-sync-sender over http (through a router of the test's own) and magic-sync-replica
 // processes. Drift is injected into a replica's SQLite file behind the engine's back (the process
 // stopped, the file edited with the sqlite3 CLI, the process started again): rows deleted, rows
 // altered, foreign rows added. The replica's running fingerprint is set to what its rows now
