@@ -332,6 +332,16 @@ const std::vector<std::optional<std::string>>& Value::elements() const {
     return elements_;
 }
 
+std::vector<std::string> Value::texts() const {
+    std::vector<std::string> texts;
+    for (const auto& element : elements()) {
+        if (!element)
+            throw Error("magic_sync: a text[] result cell holds a NULL element: " + **this);
+        texts.push_back(*element);
+    }
+    return texts;
+}
+
 const std::vector<int64_t>& Value::integers() const {
     expect(Type::kIntegerArray, "an integer array");
     return integers_;

@@ -60,6 +60,8 @@ class Value : public std::optional<std::string> {
     const std::string& bytes() const;
     // A text[] column's elements (none when the cell is NULL).
     const std::vector<std::optional<std::string>>& elements() const;
+    // A text[] column's elements, none of which may be NULL (none when the cell is NULL).
+    std::vector<std::string> texts() const;
     // An integer array column's elements (none when the cell is NULL).
     const std::vector<int64_t>& integers() const;
 

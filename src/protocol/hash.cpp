@@ -2,6 +2,7 @@
 
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <memory>
 #include <stdexcept>
 
@@ -62,6 +63,15 @@ std::string to_hex(const Digest& digest) {
         hex += kHexDigits[byte & 0x0f];
     }
     return hex;
+}
+
+Digest digest_from_bytes(std::string_view bytes) {
+    Digest digest;
+    if (bytes.size() != digest.size()) {
+        throw std::invalid_argument("a digest is 32 bytes, not " + std::to_string(bytes.size()));
+    }
+    std::copy(bytes.begin(), bytes.end(), digest.begin());
+    return digest;
 }
 
 Digest digest_from_hex(std::string_view hex) {

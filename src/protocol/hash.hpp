@@ -29,5 +29,7 @@ std::string to_hex(const Digest& digest);
 // The inverse of to_hex. Throws std::invalid_argument unless `hex` is exactly 64 lowercase hex
 // digits (uppercase is refused so that every digest has one spelling on the wire).
 Digest digest_from_hex(std::string_view hex);
+// A digest from its 32 bytes (a bytea read from PostgreSQL); std::invalid_argument otherwise.
+Digest digest_from_bytes(std::string_view bytes);
 
 }  // namespace magic_sync::protocol

@@ -20,6 +20,7 @@ namespace magic_sync::relay {
 
 namespace {
 
+using pg::Param;
 using pg::Spi;
 using pg::Value;
 
@@ -45,11 +46,11 @@ ReplicaSet replica_set(Spi& spi) {
     if (rows.empty()) return set;
     const auto& row = rows.front();
     set.declared = true;
-    set.relation = row[0].value_or("");
-    set.live = row[2].value_or("true");
-    set.partition_column = row[3].value_or("");
-    set.is_view = row[4].flag_or(false);
-    set.scan_due = row[5].flag_or(true);
+    set.relation = row["relation"].value_or("");
+    set.live = row["live"].value_or("true");
+    set.partition_column = row["partitioned_by"].value_or("");
+    set.is_view = row["is_view"].flag_or(false);
+    set.scan_due = row["scan_due"].flag_or(true);
     return set;
 }
 
@@ -68,9 +69,10 @@ struct ReplicaCounts {
 // match on (sync.group_columns).
 void read_noted_replicas(Spi& spi, const ReplicaSet& replicas) {
     std::string groups = "jsonb_build_object(";
-    auto group_columns = spi.query("SELECT unnest(sync.group_columns())::text");
+    const std::vector<std::string> group_columns =
+        spi.scalar("SELECT sync.group_columns()::text[]").texts();
     for (size_t i = 0; i < group_columns.size(); ++i) {
-        const std::string& name = group_columns[i][0].value();
+        const std::string& name = group_columns[i];
         groups += (i ? ", " : "") + pg::quote_literal(name) + ", t." + pg::quote_identifier(name) +
                   "::text";
     }
@@ -112,31 +114,23 @@ struct Codec {
     // The type of each key column, when a key's jsonb field casts straight to it (a scalar whose
     // text form to_jsonb writes); empty when not.
     std::vector<std::string> key_casts;
-    std::string hidden;  // the columns that do not travel, a text[] literal
+    std::vector<std::string> hidden;  // the columns that do not travel
 };
-
-std::vector<std::string> text_array(Spi& spi, const Value& array) {
-    std::vector<std::string> result;
-    if (!array) return result;
-    for (const auto& row : spi.query("SELECT unnest($1::text[])", {*array}))
-        result.push_back(row[0].value());
-    return result;
-}
 
 std::vector<Codec> noted_codecs(Spi& spi) {
     std::vector<Codec> codecs;
     auto rows = spi.query("SELECT * FROM sync.pass_noted_codecs()");
     for (const auto& row : rows) {
         Codec codec;
-        codec.id = row[0].value();
-        codec.relation = row[1].value();
-        codec.table_name = row[2].value();
-        codec.audience = row[3].value();
-        codec.to_column = row[4].value_or("");
-        codec.replica_column = row[5].value_or("");
-        codec.keys = text_array(spi, row[6]);
-        codec.hidden = row[7].value_or("{}");
-        codec.key_casts = text_array(spi, row[8]);
+        codec.id = row["id"].value();
+        codec.relation = row["relation"].value();
+        codec.table_name = row["table_name"].value();
+        codec.audience = row["audience"].value();
+        codec.to_column = row["to_column"].value_or("");
+        codec.replica_column = row["replica_column"].value_or("");
+        codec.keys = row["key_columns"].texts();
+        codec.hidden = row["hidden"].texts();
+        codec.key_casts = row["key_casts"].texts();
         codecs.push_back(std::move(codec));
     }
     return codecs;
@@ -211,7 +205,7 @@ int64_t encode_codec(Spi& spi, const Codec& codec, const ReplicaSet& replicas) {
     try {
         pg::subtransaction([&] {
             spi.execute(encode_statement(codec, replicas, ""),
-                        {codec.id, codec.table_name, codec.hidden});
+                        {codec.id, codec.table_name, Param::text_array(codec.hidden)});
         });
     } catch (const pg::PgError&) {
         auto keys = spi.query("SELECT sync.pass_noted_keys($1::int)", {codec.id});
@@ -219,7 +213,8 @@ int64_t encode_codec(Spi& spi, const Codec& codec, const ReplicaSet& replicas) {
         for (const auto& key : keys) {
             try {
                 pg::subtransaction([&] {
-                    spi.execute(statement, {codec.id, codec.table_name, codec.hidden, key[0]});
+                    spi.execute(statement, {codec.id, codec.table_name,
+                                            Param::text_array(codec.hidden), key[0]});
                 });
             } catch (const pg::PgError& e) {
                 spi.execute("SELECT sync.keep('note', ARRAY[$1::int], ARRAY[$2::jsonb], ARRAY[$3])",

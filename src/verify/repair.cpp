@@ -66,26 +66,6 @@ std::vector<std::string> children_of(const std::string& prefix) {
     return children;
 }
 
-// A text[] literal of hex prefixes (quoted: the empty prefix, the whole space, is an element).
-std::string text_array(const std::vector<std::string>& items) {
-    std::string out = "{";
-    for (size_t i = 0; i < items.size(); ++i) out += (i ? ",\"" : "\"") + items[i] + "\"";
-    return out + "}";
-}
-
-// The hex prefixes of a comma-separated list (sync.repair_targets).
-std::vector<std::string> split_prefixes(const std::string& list) {
-    std::vector<std::string> prefixes;
-    size_t start = 0;
-    while (start < list.size()) {
-        size_t end = list.find(',', start);
-        if (end == std::string::npos) end = list.size();
-        prefixes.push_back(list.substr(start, end - start));
-        start = end + 1;
-    }
-    return prefixes;
-}
-
 struct Target {
     std::string replica;
     std::string scope;  // sync.scope.id
@@ -245,14 +225,14 @@ int64_t send_whole(Spi& spi, const Target& target, const std::vector<std::string
     std::map<std::string, std::vector<LeafRow>> rows;
     for (const auto& row :
          spi.query("SELECT * FROM sync.repair_rows($1::bigint, $2::int, $3::text[])",
-                   {target.scope, static_cast<int64_t>(level), text_array(leaves)})) {
+                   {target.scope, static_cast<int64_t>(level), Param::text_array(leaves)})) {
         LeafRow leaf;
-        leaf.k = row[1].value();
-        leaf.row.table = row[2].value();
-        leaf.row.key = row[3].value();
-        leaf.row.body =
-            protocol::RowBody{row[4].value(), protocol::digest_from_hex(row[5].value())};
-        rows[row[0].value()].push_back(std::move(leaf));
+        leaf.k = row["k"].value();
+        leaf.row.table = row["table_name"].value();
+        leaf.row.key = row["key"].value();
+        leaf.row.body = protocol::RowBody{row["body"].value(),
+                                          protocol::digest_from_bytes(row["hash"].bytes())};
+        rows[row["prefix"].value()].push_back(std::move(leaf));
     }
     for (const std::string& prefix : leaves) rows_sent += static_cast<int64_t>(rows[prefix].size());
     return send_leaves(spi, target, leaves, rows, messages);
@@ -270,7 +250,7 @@ void record_sent(Spi& spi, const Target& target, const char* phase, int64_t leve
                  int64_t rows_sent) {
     spi.execute("SELECT sync.repair_sent($1, $2::bigint, $3, $4::int, $5::text[], $6, $7::int, $8)",
                 {Param::uuid(target.replica), target.scope, std::string(phase), level,
-                 text_array(ranges), waiting, ranges_asked, rows_sent});
+                 Param::text_array(ranges), waiting, ranges_asked, rows_sent});
 }
 
 // The top: a ranges message for the 16 ranges of level 1.
@@ -298,8 +278,8 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
     if (!target.answers.empty()) {
         for (const auto& row :
              spi.query("SELECT * FROM sync.repair_answers($1::jsonb)", {target.answers}))
-            answers[{row[0].value_or(""), row[1].value_or("")}] = {row[2].value_or(""),
-                                                                   row[3].integer_or(0)};
+            answers[{row["lo"].value_or(""), row["hi"].value_or("")}] = {row["fp"].value_or(""),
+                                                                         row["n"].integer_or(0)};
     }
     const size_t level = target.asked.empty() ? 0 : target.asked.front().size();
     for (const std::string& prefix : target.asked) {
@@ -310,8 +290,8 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
     std::map<std::string, std::pair<std::string, int64_t>> server;
     for (const auto& row :
          spi.query("SELECT * FROM sync.repair_fingerprints($1::bigint, $2::int, $3::text[])",
-                   {target.scope, static_cast<int64_t>(level), text_array(target.asked)}))
-        server[row[0].value()] = {row[1].value(), row[2].integer_or(0)};
+                   {target.scope, static_cast<int64_t>(level), Param::text_array(target.asked)}))
+        server[row["prefix"].value()] = {row["fp"].value(), row["n"].integer_or(0)};
     const std::string zero(kDigits, '0');
     std::vector<std::string> mismatched;
     std::vector<std::string> leaves;
@@ -364,13 +344,13 @@ int64_t plan_repairs(Spi& spi) {
     int64_t written = 0;
     for (const auto& row : rows) {
         Target target;
-        target.replica = row[0].value();
-        target.scope = row[1].value();
-        target.scope_name = row[2].value();
-        target.gen = row[3].integer();
-        target.phase = row[4].value_or("");
-        target.answers = row[6].value_or("");
-        target.asked = split_prefixes(row[5].value_or(""));
+        target.replica = row["replica"].value();
+        target.scope = row["scope"].value();
+        target.scope_name = row["scope_name"].value();
+        target.gen = row["gen"].integer();
+        target.phase = row["phase"].value_or("");
+        target.answers = row["answers"].value_or("");
+        target.asked = row["asked"].texts();
         if (target.phase.empty()) {
             spi.execute("SELECT sync.repair_begin($1, $2::bigint, $3::int)",
                         {Param::uuid(target.replica), target.scope, target.gen});

@@ -105,11 +105,11 @@ $$;
 
 -- What can move: a report at the head that differs with no repair yet (`phase` NULL), or a repair
 -- whose last message the replica confirmed and whose breaker is not holding it back, with the
--- ranges it asked (`asked`, comma-separated hex prefixes) and the replica's answers (`answers`,
+-- ranges it asked (`asked`, hex prefixes) and the replica's answers (`answers`,
 -- its holding's ranges). Reports of replicas that are not live or of scopes they are not members
 -- of never join.
 CREATE FUNCTION sync.repair_targets()
-RETURNS TABLE (replica uuid, scope bigint, scope_name text, gen int, phase text, asked text,
+RETURNS TABLE (replica uuid, scope bigint, scope_name text, gen int, phase text, asked text[],
                answers text)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -118,7 +118,7 @@ AS $$
 BEGIN
     RETURN QUERY
     SELECT m.replica, m.scope, sync.scope_name(s.match, s.value, s.partition), r.gen,
-           p.phase, array_to_string(p.ranges, ','), h.ranges::text
+           p.phase, p.ranges, h.ranges::text
     FROM sync.member m
     JOIN sync.replica r ON r.id = m.replica AND r.live
     JOIN sync.scope s ON s.id = m.scope
@@ -263,14 +263,14 @@ $$;
 -- The server's rows of the ranges `prefixes` (of `level` hex digits) of a scope, by k, as a
 -- repair message carries them.
 CREATE FUNCTION sync.repair_rows(scope bigint, level int, prefixes text[])
-RETURNS TABLE (prefix text, k text, table_name text, key text, body text, hash text)
+RETURNS TABLE (prefix text, k text, table_name text, key text, body text, hash bytea)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     RETURN QUERY
     SELECT left(encode(r.k, 'hex'), repair_rows.level), encode(r.k, 'hex'), c.table_name,
-           sync.canonical(r.key), r.body, encode(r.hash, 'hex')
+           sync.canonical(r.key), r.body, r.hash
     FROM sync.row r JOIN sync.codec c ON c.id = r.codec
     WHERE r.scope = repair_rows.scope AND NOT r.gone AND NOT r.withheld
       AND left(encode(r.k, 'hex'), repair_rows.level) IN (SELECT unnest(repair_rows.prefixes))

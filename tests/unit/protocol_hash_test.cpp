@@ -36,6 +36,18 @@ TEST(Hex, RoundTrips) {
     EXPECT_EQ(to_hex(zero), std::string(64, '0'));
 }
 
+TEST(Digest, FromItsBytes) {
+    Digest digest = sha256("abc");
+    const std::string bytes(digest.begin(), digest.end());
+    EXPECT_EQ(digest_from_bytes(bytes), digest);
+    try {
+        digest_from_bytes(bytes.substr(1));
+        ADD_FAILURE() << "accepted 31 bytes";
+    } catch (const std::invalid_argument& error) {
+        EXPECT_STREQ(error.what(), "a digest is 32 bytes, not 31");
+    }
+}
+
 void expect_refused(const std::string& hex, const std::string& message) {
     try {
         digest_from_hex(hex);
