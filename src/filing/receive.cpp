@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "pg/bridge.hpp"
+#include "pg/release.hpp"
 #include "pg/session.hpp"
 #include "pg/settings.hpp"
 #include "pg/spi.hpp"
@@ -586,11 +587,10 @@ bool waits_for_a_change(const std::string& message) {
 // Between an update of the library (and the server's restart) and ALTER EXTENSION magic_sync
 // UPDATE, filing would meet another release's schema: it refuses, saying what to run. Looked at
 // once per session when it matches (the library changes only with a restart).
-void require_installed_version(Spi& spi) {
+void require_installed_version() {
     static bool matches = false;
     if (matches) return;
-    const Value installed =
-        spi.scalar("SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'magic_sync'");
+    const std::optional<std::string> installed = pg::installed_release();
     if (installed && *installed == MAGIC_SYNC_VERSION) {
         matches = true;
         return;
@@ -602,7 +602,7 @@ void require_installed_version(Spi& spi) {
 }
 
 std::string receive(Spi& spi, const std::string& replica, const std::string& message) {
-    require_installed_version(spi);
+    require_installed_version();
     if (settings::role != nullptr && settings::role[0] != '\0') become(spi, settings::role);
     const Known known = known_replica(spi, replica);
     if (!known.known) {

@@ -52,6 +52,7 @@ PGDLLEXPORT void magic_sync_launcher_main(Datum main_arg);
 }
 
 #include "pg/bridge.hpp"
+#include "pg/release.hpp"
 #include "pg/settings.hpp"
 #include "pg/wake.hpp"
 
@@ -108,9 +109,7 @@ void log_lines(const char* sql) {
 
 // Can this database relay now? Fills `reason` when it cannot.
 bool can_relay(char* reason, size_t size) {
-    const char* installed =
-        single_value("SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'magic_sync'",
-                     0, nullptr, nullptr);
+    const char* installed = pg::installed_release_or_null();
     if (installed == nullptr) {
         snprintf(reason, size,
                  "the magic_sync extension is not installed in database \"%s\"; waiting for "
