@@ -86,6 +86,10 @@ LEFT JOIN LATERAL (
       AND (a.backend_xid IS NOT NULL OR a.backend_xmin IS NOT NULL)
       -- An autovacuum worker's snapshot lasts one table's vacuum: nothing for anyone to act on.
       AND a.backend_type <> 'autovacuum worker'
+      -- Nor the session asking: its own snapshot's xmin is the oldest xid running anywhere in the
+      -- cluster, so beside an older transaction of another database it came first and named
+      -- itself (sql/health.sql, beside the other regress tests).
+      AND a.pid <> pg_catalog.pg_backend_pid()
     UNION ALL
     SELECT 'prepared', NULL, age(p.transaction)::bigint,
            extract(epoch FROM clock_timestamp() - p.prepared)::float8
