@@ -122,6 +122,10 @@ TEST_CXX ?= clang++
 TEST_CXXFLAGS ?= -O0 -gdwarf-4
 TEST_FLAGS = -std=c++17 $(WARNINGS) $(TEST_CXXFLAGS) $(SANITIZE) $(DEPFLAGS)
 TEST_INCLUDES = $(PROTOCOL_INCLUDES) $(PQ_INCLUDES) $(HTTPLIB_CFLAGS) -Isender -Ireplica -Itests
+# The server tests and the simulation read whole replicas as JSON while they wait (100,000 rows
+# in the repair test): at -O1 that test used 121 CPU-seconds instead of 205 (its own binary 20
+# instead of 84), for about 17 more CPU-seconds of compiling.
+build/tests/obj/server/%.o build/tests/obj/sim/%.o: TEST_CXXFLAGS = -O1 -gdwarf-4
 build/tests/obj/%.o: tests/%.cpp
 	@mkdir -p $(dir $@)
 	$(TEST_CXX) $(TEST_FLAGS) $(TEST_INCLUDES) -c -o $@ $<
