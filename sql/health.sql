@@ -5,6 +5,12 @@ CREATE DATABASE health_test;
 \c health_test
 CREATE EXTENSION magic_sync;
 CREATE EXTENSION dblink;
+-- An older transaction with an xid in another database: every snapshot taken from now on, this
+-- session's too, has its xid as xmin. The session asking is never the one named.
+SELECT dblink_connect('elsewhere', format('host=%s port=%s dbname=regression',
+    split_part(current_setting('unix_socket_directories'), ',', 1), current_setting('port')));
+SELECT dblink_exec('elsewhere', 'BEGIN');
+SELECT xid > 0 AS elsewhere_has_xid FROM dblink('elsewhere', 'SELECT txid_current()') AS t(xid bigint);
 SELECT dblink_connect('holder', format('host=%s port=%s dbname=%s',
     split_part(current_setting('unix_socket_directories'), ',', 1), current_setting('port'),
     current_database()));
@@ -27,6 +33,8 @@ SELECT count(*) AS slots_with_xmin FROM pg_replication_slots WHERE xmin IS NOT N
 SELECT dblink_exec('holder', 'COMMIT');
 SELECT horizon_pid IS DISTINCT FROM :holder_pid AS holder_gone FROM sync.health;
 SELECT dblink_disconnect('holder');
+SELECT dblink_exec('elsewhere', 'COMMIT');
+SELECT dblink_disconnect('elsewhere');
 -- The view's columns, for exporters.
 SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute
 WHERE attrelid = 'sync.health'::regclass AND attnum > 0 ORDER BY attnum;
