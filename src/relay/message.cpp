@@ -13,13 +13,6 @@ namespace {
 
 namespace protocol = magic_sync::protocol;
 
-// A text[] cell's elements (none is NULL: the outbox's arrays hold names).
-std::vector<std::string> elements_of(const magic_sync::pg::Value& cell) {
-    std::vector<std::string> elements;
-    for (const auto& element : cell.elements()) elements.push_back(element.value_or(""));
-    return elements;
-}
-
 std::string assemble(magic_sync::pg::Spi& spi, const std::string& replica, int64_t seq) {
     const std::vector<magic_sync::pg::Param> key = {magic_sync::pg::Param::uuid(replica), seq};
     auto rows = spi.query(
@@ -36,9 +29,9 @@ std::string assemble(magic_sync::pg::Spi& spi, const std::string& replica, int64
 
     protocol::RowsMessage message;
     message.header = {replica, outbox["gen"].integer(), seq};
-    message.reset = elements_of(outbox["reset"]);
-    message.drop = elements_of(outbox["drops"]);
-    message.drop_tables = elements_of(outbox["table_drops"]);
+    message.reset = outbox["reset"].texts();
+    message.drop = outbox["drops"].texts();
+    message.drop_tables = outbox["table_drops"].texts();
     for (const auto& note : spi.query(R"sql(
                    SELECT w->>'t' AS table_name, sync.canonical(w->'k') AS key, w->>'why' AS why,
                    w->>'kh' AS key_hash FROM sync.outbox o,
