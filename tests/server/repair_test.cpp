@@ -133,6 +133,21 @@ class Repair : public ::testing::Test {
         FAIL() << report << "server log:\n" << cluster().log().substr(0, 20000);
     }
 
+    // Changes magic_sync.bytes_per_message (`alter`: what follows ALTER SYSTEM) and waits until
+    // both the relay and this session use `bytes`: sync.expected, which converge() asks once per
+    // wait, withholds rows by this session's setting, and the reload reaches each backend in its
+    // own time (a converge once worked from the old limit for its whole wait).
+    void set_message_limit(const std::string& alter, const std::string& bytes) {
+        db().query("ALTER SYSTEM " + alter);
+        db().query("SELECT pg_reload_conf()");
+        ASSERT_TRUE(eventually([&] {
+            return db().value("SELECT bytes_per_message FROM sync.relay_state") == bytes &&
+                   db().value(
+                       "SELECT pg_size_bytes(current_setting("
+                       "'magic_sync.bytes_per_message'))") == bytes;
+        }));
+    }
+
     // Stops the register, edits its file (tests/server/drift.hpp), starts it again. The drift is
     // seen while the register is stopped: once it runs, a small repair may finish before a look.
     void drift(Register& r, const std::string& statements) {
@@ -254,12 +269,8 @@ TEST_F(Repair, AWithheldRowIsNotChased) {
     });
     // The limit first: rows planned before the relay reads a lowered limit keep the chunks they
     // were planned in (a chunk is not split again when the limit goes down).
-    db().query("ALTER SYSTEM SET magic_sync.bytes_per_message = " + std::to_string(kLimit));
-    db().query("SELECT pg_reload_conf()");
-    ASSERT_TRUE(eventually([&] {
-        return db().value("SELECT bytes_per_message FROM sync.relay_state") ==
-               std::to_string(kLimit);
-    }));
+    set_message_limit("SET magic_sync.bytes_per_message = " + std::to_string(kLimit),
+                      std::to_string(kLimit));
     db().query("DELETE FROM shop.items WHERE id > 300");
     Register& r = add_register(1);
     converge("provisioning 300 items");
@@ -282,8 +293,9 @@ TEST_F(Repair, AWithheldRowIsNotChased) {
         EXPECT_LE(largest, kLimit);
     }
 
-    db().query("ALTER SYSTEM RESET magic_sync.bytes_per_message");
-    db().query("SELECT pg_reload_conf()");
+    set_message_limit("RESET magic_sync.bytes_per_message",
+                      db().value("SELECT boot_val FROM pg_settings "
+                                 "WHERE name = 'magic_sync.bytes_per_message'"));
     converge("the limit raised again");
     EXPECT_NE(held(r).find("{\"id\":5}"), std::string::npos);
 }
