@@ -156,10 +156,11 @@ build/tests/replica_tests: $(call test_objs,build,tests/replica/*_test.cpp) $(TE
 
 # Tests against a real server: the relay worker, poolers, end to end (and the sender's /metrics).
 SERVER_TEST_SRCS := $(wildcard tests/server/*_test.cpp)
+# They read what a replica's file holds through the replica library.
 build/tests/server_tests: $(call test_objs,build,tests/server/*_test.cpp) $(TEST_SUPPORT_OBJS) \
-		build/protocol/conninfo.o
+		build/lib/libmagic_sync_replica.a
 	@mkdir -p $(dir $@)
-	$(TEST_CXX) $(TEST_FLAGS) -o $@ $^ $(GTEST_LIBS) -lpq $(HTTPLIB_LIBS)
+	$(TEST_CXX) $(TEST_FLAGS) -o $@ $^ $(GTEST_LIBS) $(REPLICA_LIBS) $(HTTPLIB_LIBS)
 
 # The seeded whole-system simulation (issue 19): a program, not GoogleTest; `make sim`.
 SIM_SRCS := $(wildcard tests/sim/*.cpp)

@@ -150,7 +150,7 @@ class EndToEnd : public ::testing::Test {
 
     // What the replica holds, in the form of kExpectedHoldings.
     std::string held(const Replica& replica) {
-        return held_by("build/bin/magic-sync-replica --id " + replica.id + " --db " + replica.db);
+        return held_by(replica.id, replica.db);
     }
 
     std::string expected(const Replica& replica) {

@@ -358,8 +358,7 @@ class Fault : public ::testing::Test {
     }
 
     std::string held(int n) {
-        return held_by("build/bin/magic-sync-replica --id " + replicas_[n].id + " --db " +
-                       replicas_[n].db);
+        return held_by(replicas_[n].id, replicas_[n].db);
     }
     std::string expected(int n) { return value(kExpectedHoldings, {replicas_[n].id}); }
 
