@@ -172,7 +172,9 @@ class Deployment {
         return cli;
     }
     // What the replica's file holds, in the form of kExpectedHoldings.
-    std::string held(const ReplicaProcess& replica) const { return held_by(replica.id, replica.db); }
+    std::string held(const ReplicaProcess& replica) const {
+        return held_by(replica.id, replica.db);
+    }
 
   private:
     std::string database_;

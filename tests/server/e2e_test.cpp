@@ -149,9 +149,7 @@ class EndToEnd : public ::testing::Test {
     }
 
     // What the replica holds, in the form of kExpectedHoldings.
-    std::string held(const Replica& replica) {
-        return held_by(replica.id, replica.db);
-    }
+    std::string held(const Replica& replica) { return held_by(replica.id, replica.db); }
 
     std::string expected(const Replica& replica) {
         return db().value(kExpectedHoldings, {replica.id});

@@ -357,9 +357,7 @@ class Fault : public ::testing::Test {
             << cluster().log();
     }
 
-    std::string held(int n) {
-        return held_by(replicas_[n].id, replicas_[n].db);
-    }
+    std::string held(int n) { return held_by(replicas_[n].id, replicas_[n].db); }
     std::string expected(int n) { return value(kExpectedHoldings, {replicas_[n].id}); }
 
     // Sales written at replica n (queued in its file; its serve process uploads them).
