@@ -252,23 +252,21 @@ bench-receive:
 	$(MAKE) install
 	bench/receive/run.sh
 
-# Fuzzing (tests/fuzz/README.md): libFuzzer targets with their own instrumented compile of the
-# protocol sources in build/fuzz/, and sanitizer builds of the tests in build/asan/; the normal
-# objects are untouched. `make fuzz` runs each target FUZZ_SECONDS, `make fuzz-quick` 20 s (as `make test` does).
+# Fuzzing (tests/fuzz/README.md): libFuzzer targets linked with the protocol objects of the
+# sanitizer build (build/asan/protocol/, below), which are compiled for both: -O1 with libFuzzer's
+# coverage instrumentation (which the sanitizers' runtime answers when no fuzzer is linked); the
+# normal objects are untouched. `make fuzz` runs each target FUZZ_SECONDS, `make fuzz-quick` 20 s
+# (as `make test` does).
 FUZZ_CXX ?= clang++
+ASAN_PROTOCOL_OBJS := $(patsubst src/protocol/%.cpp,build/asan/protocol/%.o,$(PROTOCOL_SRCS))
 FUZZ_SANITIZE = -fsanitize=address,undefined -fno-sanitize-recover=all
 FUZZ_FLAGS = -std=c++17 $(WARNINGS) -g -O1 -fno-omit-frame-pointer $(FUZZ_SANITIZE)
 FUZZ_TARGETS := decode canonical upload
-FUZZ_PROTOCOL_OBJS := $(patsubst src/protocol/%.cpp,build/fuzz/protocol/%.o,$(PROTOCOL_SRCS))
 FUZZ_SECONDS ?= 600
-build/fuzz/protocol/%.o: src/protocol/%.cpp
-	@mkdir -p $(dir $@)
-	$(FUZZ_CXX) $(FUZZ_FLAGS) $(DEPFLAGS) -fsanitize=fuzzer-no-link $(PROTOCOL_BUILD) $(PROTOCOL_INCLUDES) \
-		-c -o $@ $<
-build/fuzz/%: tests/fuzz/%_fuzz.cpp $(wildcard tests/fuzz/*.hpp) $(FUZZ_PROTOCOL_OBJS)
+build/fuzz/%: tests/fuzz/%_fuzz.cpp $(wildcard tests/fuzz/*.hpp) $(ASAN_PROTOCOL_OBJS)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer $(PROTOCOL_INCLUDES) -Itests/fuzz -o $@ $< \
-		$(FUZZ_PROTOCOL_OBJS) -lcrypto
+		$(ASAN_PROTOCOL_OBJS) -lcrypto
 build/fuzz/make_seeds: tests/fuzz/make_seeds.cpp $(PROTOCOL_OBJS)
 	@mkdir -p $(dir $@)
 	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_INCLUDES) -o $@ $< $(PROTOCOL_OBJS) -lcrypto
@@ -284,7 +282,6 @@ fuzz-quick:
 # clang, which builds them with the sanitizers in half of GCC's time.
 ASAN_CXX ?= clang++
 ASAN_SANITIZE = -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all
-ASAN_PROTOCOL_OBJS := $(patsubst src/protocol/%.cpp,build/asan/protocol/%.o,$(PROTOCOL_SRCS))
 ASAN_SENDER_OBJS := $(patsubst sender/%.cpp,build/asan/sender/%.o,$(SENDER_SRCS))
 ASAN_REPLICA_LIB_OBJS := $(patsubst replica/lib/%.cpp,build/asan/replica/lib/%.o,$(REPLICA_LIB_SRCS))
 ASAN_REPLICA_CLI_OBJS := $(patsubst replica/cli/%.cpp,build/asan/replica/cli/%.o,$(REPLICA_CLI_SRCS))
@@ -294,9 +291,11 @@ build/asan/%: SANITIZE = $(ASAN_SANITIZE)
 build/asan/%: HOST_CXX = $(ASAN_CXX)
 build/asan/%: HOST_CXXFLAGS = $(ASAN_CXXFLAGS)
 build/asan/%: TEST_CXX = $(ASAN_CXX)
+# The protocol's objects serve the fuzz targets too (see Fuzzing above).
 build/asan/protocol/%.o: src/protocol/%.cpp
 	@mkdir -p $(dir $@)
-	$(HOST_CXX) $(HOST_FLAGS) $(DEPFLAGS) $(PROTOCOL_BUILD) $(PROTOCOL_INCLUDES) -c -o $@ $<
+	$(FUZZ_CXX) $(FUZZ_FLAGS) -fPIC -fsanitize=fuzzer-no-link $(DEPFLAGS) $(PROTOCOL_BUILD) \
+		$(PROTOCOL_INCLUDES) -c -o $@ $<
 build/asan/sender/%.o: sender/%.cpp
 	@mkdir -p $(dir $@)
 	$(HOST_CXX) $(HOST_FLAGS) $(DEPFLAGS) $(PROTOCOL_INCLUDES) $(PQ_INCLUDES) $(HTTPLIB_CFLAGS) -Isender -c -o $@ $<
