@@ -82,6 +82,12 @@ NatsTransport::~NatsTransport() {
         std::lock_guard<std::mutex> lock(mutex_);
         waiting_.clear();
     }
+    // Messages published but not acknowledged yet are still the library's; it hands them back
+    // here and nowhere else (their deliveries were given up above: a lease that ends sends them
+    // again, and the stream drops a resend by its id).
+    natsMsgList unacknowledged{};
+    if (js_PublishAsyncGetPendingList(&unacknowledged, js_) == NATS_OK)
+        natsMsgList_Destroy(&unacknowledged);
     jsCtx_Destroy(js_);
     natsConnection_Close(connection_);
     natsConnection_Destroy(connection_);
