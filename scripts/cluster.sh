@@ -23,7 +23,7 @@ free_port() {
 cluster_start() {
     local bindir
     bindir=$(pg_config --bindir)
-    CLUSTER_DIR=$(mktemp -d /tmp/magic_sync_cluster.XXXXXX)
+    CLUSTER_DIR=$(mktemp -d "${TMPDIR:-/tmp}/magic_sync_cluster.XXXXXX")
     chmod 755 "$CLUSTER_DIR"
     [ "$(id -u)" -eq 0 ] && chown postgres: "$CLUSTER_DIR"
     PGPORT=$(free_port)

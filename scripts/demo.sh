@@ -12,7 +12,7 @@ replica_bin="$root/build/bin/magic-sync-replica"
 sender_bin="$root/build/bin/magic-sync-sender"
 
 sender_pid=
-work=$(mktemp -d /tmp/magic_sync_demo.XXXXXX)
+work=$(mktemp -d "${TMPDIR:-/tmp}/magic_sync_demo.XXXXXX")
 finish() {
     if [ -n "$sender_pid" ]; then kill "$sender_pid" 2>/dev/null || true; fi
     cluster_stop

@@ -26,7 +26,16 @@ pgxs_dir=$(dirname "$(pg_config --pgxs)")/..
 pg_regress="$pgxs_dir/test/regress/pg_regress"
 pg_isolation_regress="$pgxs_dir/test/isolation/pg_isolation_regress"
 
-work=$(mktemp -d /tmp/magic_sync_test.XXXXXX)
+# Everything the tests write goes under one directory, in memory where the machine has a tmpfs at
+# /dev/shm with room: the clusters' copies, WAL and logs, the replicas' SQLite files and their
+# fsyncs then cost no disk (on this 2-core machine the suite's CPU fell by an eighth). Every test
+# makes its directories under $TMPDIR (tests/support/temp_dir.hpp, mktemp).
+place=/tmp
+if [ -d /dev/shm ] && [ -w /dev/shm ] &&
+    [ "$(df --output=avail -k /dev/shm 2>/dev/null | tail -1)" -gt $((4 * 1024 * 1024)) ] 2>/dev/null; then
+    place=/dev/shm
+fi
+work=$(mktemp -d "$place/magic_sync_test.XXXXXX")
 cleanup() {
     local pids
     pids=$(jobs -p)
@@ -36,6 +45,8 @@ cleanup() {
 }
 trap cleanup EXIT
 chmod 755 "$work"
+mkdir -m 1777 "$work/tmp"
+export TMPDIR=$work/tmp
 
 # Run as the unprivileged postgres user when we are root (initdb and postgres refuse root).
 as_pg() {

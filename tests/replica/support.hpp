@@ -27,31 +27,13 @@
 #include "protocol/canonical.hpp"
 #include "protocol/messages.hpp"
 #include "support/eventually.hpp"
+#include "support/temp_dir.hpp"
 
 namespace magic_sync::replica::test {
 
 inline const std::string kReplicaId = "11111111-2222-4333-8444-555555555555";
 
-class TempDir {
-  public:
-    TempDir() {
-        char pattern[] = "/tmp/magic_sync_replica_test.XXXXXX";
-        if (mkdtemp(pattern) == nullptr) throw std::runtime_error("mkdtemp failed");
-        path_ = pattern;
-    }
-    ~TempDir() {
-        std::error_code ignored;  // a destructor has no one to tell; it is under /tmp anyway
-        std::filesystem::remove_all(path_, ignored);
-    }
-    TempDir(const TempDir&) = delete;
-    TempDir& operator=(const TempDir&) = delete;
-
-    std::string file(const std::string& name) const { return path_ + "/" + name; }
-    const std::string& path() const { return path_; }
-
-  private:
-    std::string path_;
-};
+using magic_sync::test::TempDir;
 
 inline protocol::DownRow row(const std::string& table, const std::string& key,
                              const std::string& json) {

@@ -23,6 +23,7 @@
 
 #include "support/cluster.hpp"
 #include "support/eventually.hpp"
+#include "support/temp_dir.hpp"
 
 namespace magic_sync::test::sender {
 
@@ -45,22 +46,6 @@ inline std::string message_id(int seq) { return std::to_string(kGen) + "." + std
 inline std::string message_body(int replica, int seq) {
     return "{\"replica\":\"" + replica_id(replica) + "\",\"seq\":" + std::to_string(seq) + "}";
 }
-
-class TempDir {
-  public:
-    TempDir() {
-        char pattern[] = "/tmp/magic_sync_sender_test.XXXXXX";
-        if (mkdtemp(pattern) == nullptr) throw std::runtime_error("mkdtemp failed");
-        path_ = pattern;
-    }
-    ~TempDir() { run("rm -rf " + path_); }
-    TempDir(const TempDir&) = delete;
-    TempDir& operator=(const TempDir&) = delete;
-    const std::string& path() const { return path_; }
-
-  private:
-    std::string path_;
-};
 
 inline std::string read_file(const std::string& path) {
     std::ifstream file(path);

@@ -21,6 +21,7 @@
 #include "server/process.hpp"
 #include "server/router.hpp"
 #include "support/cluster.hpp"
+#include "support/temp_dir.hpp"
 
 namespace magic_sync::test {
 
@@ -36,10 +37,7 @@ class Deployment {
         cluster_ = std::make_unique<Cluster>(settings);
         cluster_->create_database(database);
         cluster_->sql(database, schema);
-        std::string pattern = "/tmp/magic_sync_" + name + ".XXXXXX";
-        if (mkdtemp(pattern.data()) == nullptr)
-            throw std::runtime_error("no work directory for " + name);
-        directory_ = pattern;
+        directory_ = make_temp_directory("magic_sync_" + name);
     }
     ~Deployment() {
         sender_.reset();

@@ -15,7 +15,7 @@ repo=$PWD
 # (shallow, or an export) cannot build it: skipped, saying so.
 release_tree=$(scripts/build-release.sh 0.1.0) || exit $?
 
-work=$(mktemp -d /tmp/magic_sync_upgrade.XXXXXX)
+work=$(mktemp -d "${TMPDIR:-/tmp}/magic_sync_upgrade.XXXXXX")
 chmod 755 "$work" # the server runs as postgres from the copy of PostgreSQL in it
 cleanup() {
     cluster_stop 2>/dev/null || true

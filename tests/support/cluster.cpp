@@ -13,6 +13,8 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "support/temp_dir.hpp"
+
 namespace magic_sync::test {
 
 namespace {
@@ -79,9 +81,7 @@ Cluster::Cluster(const std::vector<std::string>& settings) {
     std::string output;
     if (run("pg_config --bindir", &output) != 0) throw std::runtime_error("pg_config not found");
     bindir_ = trimmed(output);
-    char pattern[] = "/tmp/magic_sync_cluster.XXXXXX";
-    if (mkdtemp(pattern) == nullptr) throw std::runtime_error("mkdtemp failed");
-    directory_ = pattern;
+    directory_ = make_temp_directory("magic_sync_cluster");
     run("chmod 755 " + directory_);
     if (geteuid() == 0) run("chown postgres: " + directory_);
     port_ = free_port();
