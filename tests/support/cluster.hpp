@@ -23,8 +23,9 @@ class Cluster {
 
     // Creates a database with the magic_sync extension in it.
     void create_database(const std::string& name);
-    // Runs SQL through psql and returns its unaligned, tuples-only output (trailing newline cut).
-    // Throws std::runtime_error with psql's error output when it fails.
+    // Runs SQL in a session of its own and returns what `psql -At` would print: notices, then
+    // each statement's rows (columns joined by '|'; the trailing newline cut). Throws
+    // std::runtime_error with the error and the notices before it when it fails.
     std::string sql(const std::string& database, const std::string& statements) const;
 
     void stop(const std::string& mode = "fast");
