@@ -166,6 +166,19 @@ WHERE c.table_name = 'fleet.shifts';
 RESET IntervalStyle;
 RESET extra_float_digits;
 SET TimeZone = 'UTC';
+-- Nor on DateStyle: dates, timestamps and their ranges travel in ISO form whatever the session's
+-- (or the database's) DateStyle, and an audit from a session with another one finds no drift.
+SET DateStyle = 'SQL, DMY';
+CREATE TABLE fleet.days (day date PRIMARY KEY, at timestamp, span tsrange);
+SELECT sync.catalog('fleet.days');
+INSERT INTO fleet.days VALUES ('2024-01-02', '2024-01-02 10:00', '[2024-01-02 10:00,infinity)');
+SELECT rows_changed FROM sync.pass();
+SELECT r.key, r.body FROM sync.row r JOIN sync.codec c ON c.id = r.codec
+WHERE c.table_name = 'fleet.days';
+SELECT key, "row" FROM sync.expected('00000000-0000-0000-0000-000000000001') WHERE table_name = 'fleet.days';
+SET DateStyle = 'German';
+SELECT * FROM sync.audit();
+RESET DateStyle;
 
 \c regression
 DROP DATABASE truth_test;

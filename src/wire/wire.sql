@@ -115,8 +115,8 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    EXECUTE format('ALTER FUNCTION %s SET TimeZone = %L SET IntervalStyle = %L'
-                   ' SET extra_float_digits = 1 SET bytea_output = %L',
-                   routine, 'UTC', 'postgres', 'hex');
+    EXECUTE format('ALTER FUNCTION %s SET TimeZone = %L SET DateStyle = %L SET IntervalStyle = %L'
+                   ' SET extra_float_digits = 1 SET bytea_output = %L SET lc_monetary = %L',
+                   routine, 'UTC', 'ISO, MDY', 'postgres', 'hex', 'C');
 END
 $$;
