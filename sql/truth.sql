@@ -179,6 +179,16 @@ SELECT key, "row" FROM sync.expected('00000000-0000-0000-0000-000000000001') WHE
 SET DateStyle = 'German';
 SELECT * FROM sync.audit();
 RESET DateStyle;
+-- A column may be named like an alias of the SQL we generate: a row is never referred to by a
+-- bare alias that a column of the same name would capture.
+CREATE TABLE fleet.marks (id int PRIMARY KEY, t text, e text, a text, n text, x text, kp text);
+SELECT sync.catalog('fleet.marks');
+INSERT INTO fleet.marks VALUES (1, 'tee', 'ee', 'ay', 'en', 'ex', 'kaypee');
+SELECT rows_changed FROM sync.pass();
+SELECT r.key, r.body FROM sync.row r JOIN sync.codec c ON c.id = r.codec
+WHERE c.table_name = 'fleet.marks';
+SELECT key, "row" FROM sync.expected('00000000-0000-0000-0000-000000000001') WHERE table_name = 'fleet.marks';
+SELECT * FROM sync.audit();
 
 \c regression
 DROP DATABASE truth_test;

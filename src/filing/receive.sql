@@ -31,7 +31,7 @@ DECLARE
 BEGIN
     change := sync.filing_change_committed();
     IF replicas IS NOT NULL THEN
-        EXECUTE format('SELECT to_jsonb(r) FROM %s r WHERE r.id = $1', replicas)
+        EXECUTE format('SELECT to_jsonb(r.*) FROM %s r WHERE r.id = $1', replicas)
         INTO replica_row USING receive_setup.replica;
     END IF;
     SELECT (SELECT format('%I.%I', n.nspname, p.proname) FROM pg_proc p

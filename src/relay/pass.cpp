@@ -185,14 +185,15 @@ std::string encode_statement(const Codec& codec, const ReplicaSet& replicas,
                              const std::string& only_key) {
     Audience audience = audience_of(codec);
     std::string present = "t." + pg::quote_identifier(codec.keys.front()) + " IS NOT NULL";
+    // The row is `t.*`, never a bare `t`, which a column named t would capture.
     return R"sql(
            INSERT INTO pg_temp.magic_sync_row (codec, key, k, match, value, part, body, hash)
            SELECT $1::int, n.key, sync.key_hash($2, n.key), )sql" +
            pg::quote_literal(audience.match) +
            ", e.value, e.part, e.body, sync.row_hash(e.body) FROM " + noted_rows(codec, only_key) +
            " CROSS JOIN LATERAL (SELECT a.value, a.part, CASE WHEN " + present +
-           " AND a.value IS NOT NULL THEN coalesce(sync.encode_row(t, $3::text[]),"
-           " sync.canonical(to_jsonb(t) - $3::text[])) END AS body"
+           " AND a.value IS NOT NULL THEN coalesce(sync.encode_row(t.*, $3::text[]),"
+           " sync.canonical(to_jsonb(t.*) - $3::text[])) END AS body"
            " FROM (SELECT " +
            audience.value + " AS value, " + partition_expression(replicas.partition_column, "t") +
            " AS part) a OFFSET 0) e";

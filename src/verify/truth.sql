@@ -29,7 +29,7 @@ BEGIN
     WHERE a.attrelid = c.relation AND a.attnum > 0 AND NOT a.attisdropped
       AND c.columns IS NOT NULL AND a.attname <> ALL (c.columns);
     RETURN format('SELECT %L::text AS table_name, sync.canonical(jsonb_build_object(%s)) AS key, '
-                  'sync.canonical(to_jsonb(t) - %L::text[]) AS body, %L::text AS match, %s AS value, '
+                  'sync.canonical(to_jsonb(t.*) - %L::text[]) AS body, %L::text AS match, %s AS value, '
                   '%s AS part FROM %s t',
                   c.table_name, key_object, hidden,
                   CASE c.audience WHEN 'own' THEN 'id' WHEN 'group' THEN c.replica_column ELSE '*' END,
