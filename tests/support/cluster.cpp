@@ -1,7 +1,6 @@
 #include "support/cluster.hpp"
 
 #include <arpa/inet.h>
-#include <libpq-fe.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -15,6 +14,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "libpq/connection.hpp"
 #include "support/temp_dir.hpp"
 
 namespace magic_sync::test {
@@ -147,12 +147,12 @@ void Cluster::create_database(const std::string& name) {
 // it used as much CPU as the server). The answer reads as `psql -At` prints it: each statement's
 // rows, columns joined by '|', after the notices the statements raised.
 std::string Cluster::sql(const std::string& database, const std::string& statements) const {
-    std::unique_ptr<PGconn, decltype(&PQfinish)> connection(PQconnectdb(conninfo(database).c_str()),
-                                                            &PQfinish);
-    if (PQstatus(connection.get()) != CONNECTION_OK)
-        throw std::runtime_error(
-            "cannot connect: " + std::string(PQerrorMessage(connection.get())) +
-            "\nSQL: " + statements);
+    std::unique_ptr<PGconn, decltype(&PQfinish)> connection(nullptr, &PQfinish);
+    try {
+        connection.reset(libpq::connect(conninfo(database)));
+    } catch (const libpq::Failure& e) {
+        throw std::runtime_error("cannot connect: " + std::string(e.what()) + "SQL: " + statements);
+    }
     std::string notices;
     PQsetNoticeProcessor(
         connection.get(),
