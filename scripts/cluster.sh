@@ -7,10 +7,12 @@ as_pg() {
     if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
 }
 
+# A port nothing listens on, below Linux's ephemeral range (32768 and up), where the local ends of
+# the tests' own connections would take it.
 free_port() {
     local port
     for _ in $(seq 1 200); do
-        port=$((20000 + RANDOM % 20000))
+        port=$((20000 + RANDOM % 12000))
         if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
             echo "$port"
             return 0
@@ -26,9 +28,8 @@ cluster_start() {
     CLUSTER_DIR=$(mktemp -d "${TMPDIR:-/tmp}/magic_sync_cluster.XXXXXX")
     chmod 755 "$CLUSTER_DIR"
     [ "$(id -u)" -eq 0 ] && chown postgres: "$CLUSTER_DIR"
-    PGPORT=$(free_port)
     PGHOST=127.0.0.1
-    export PGPORT PGHOST PGUSER=postgres
+    export PGHOST PGUSER=postgres
     # make test runs initdb once and names the result in MAGIC_SYNC_TEST_PGDATA: a copy of it is
     # the same fresh cluster at a tenth of initdb's cost.
     if [ -n "${MAGIC_SYNC_TEST_PGDATA:-}" ]; then
@@ -41,16 +42,24 @@ cluster_start() {
     fi
     {
         echo "listen_addresses = '127.0.0.1'"
-        echo "port = $PGPORT"
         echo "unix_socket_directories = '$CLUSTER_DIR'"
         echo "shared_preload_libraries = 'magic_sync'"
         echo "fsync = off"
         for line in "$@"; do echo "$line"; done
     } >>"$CLUSTER_DIR/data/postgresql.conf"
-    as_pg "$bindir/pg_ctl" -D "$CLUSTER_DIR/data" -l "$CLUSTER_DIR/server.log" -w start >/dev/null || {
-        cat "$CLUSTER_DIR/server.log" >&2
-        return 1
-    }
+    # Another process may take the port between free_port's look and the server's bind (the tests
+    # run side by side): then the server starts again on another.
+    for _ in 1 2 3 4 5; do
+        PGPORT=$(free_port)
+        export PGPORT
+        echo "port = $PGPORT" >>"$CLUSTER_DIR/data/postgresql.conf" # the last one counts
+        as_pg "$bindir/pg_ctl" -D "$CLUSTER_DIR/data" -l "$CLUSTER_DIR/server.log" -w start >/dev/null &&
+            return 0
+        grep -q "Address already in use" "$CLUSTER_DIR/server.log" || break
+        as_pg rm -f "$CLUSTER_DIR/server.log"
+    done
+    cat "$CLUSTER_DIR/server.log" >&2
+    return 1
 }
 
 cluster_stop() {

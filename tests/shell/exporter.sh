@@ -28,7 +28,10 @@ stop_all() {
 trap stop_all EXIT
 cluster_start
 
+# One transaction: the relay's first pass sees it whole and plans one message per replica (a pass
+# between the statements, which a fast machine runs, would plan two).
 psql -X -q -v ON_ERROR_STOP=1 -d postgres >/dev/null <<'SQL'
+BEGIN;
 CREATE EXTENSION magic_sync;
 CREATE TABLE registers (id uuid PRIMARY KEY, active boolean NOT NULL DEFAULT true);
 CREATE TABLE products (id int PRIMARY KEY, name text);
@@ -39,6 +42,7 @@ INSERT INTO registers VALUES ('00000000-0000-0000-0000-0000000000a1'),
                              ('00000000-0000-0000-0000-0000000000a3');
 INSERT INTO products SELECT i, 'product ' || i FROM generate_series(1, 10) i;
 CREATE ROLE exporter LOGIN IN ROLE sync_monitor;
+COMMIT;
 SQL
 for _ in $(seq 100); do
     [ "$(psql -X -At -d postgres -c "SELECT count(*) FROM sync.outbox")" = 3 ] && break
