@@ -3,8 +3,7 @@
 -- One pass: takes the relay lock (or refuses), plans, writes the outbox. Returns its counts. It
 -- writes keys, rows and scope values under fixed settings (TimeZone, DateStyle, IntervalStyle,
 -- extra_float_digits, bytea_output, lc_monetary: sync.pin_output_settings), as sync.expected
--- reads them: a
--- row's canonical form is the same whatever the server's or a session's settings.
+-- reads them: a row's canonical form is the same whatever the server's or a session's settings.
 -- The pass analyzes its temporary tables when it fills them and sync.row after many changes, so
 -- the statements after join them by plan: the planner needs their sizes and ranges, not fine
 -- histograms, and a sample of 3,000 rows instead of 30,000 took an analyze of sync.row from
