@@ -12,7 +12,6 @@
 #include "lib/replica.hpp"
 #include "protocol/hash.hpp"
 #include "server/process.hpp"
-#include "support/cluster.hpp"
 
 namespace magic_sync::test {
 
