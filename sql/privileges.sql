@@ -145,7 +145,8 @@ INSERT INTO attempts (statement) VALUES
     ('SELECT sync.upload_echoes(''00000000-0000-0000-0000-0000000000a1'', ''10000000-0000-0000-0000-000000000005'', ''[]'')'),
     ('SELECT sync.keep_message(''00000000-0000-0000-0000-0000000000a1'', ''\x00'', ''forged'')'),
     ('SELECT * FROM sync.receive_setup(''00000000-0000-0000-0000-0000000000a1'')'),
-    ('SELECT * FROM sync.receive_codecs(ARRAY[''shop.sales''])'),
+    ('SELECT * FROM sync.receive_undeclared(ARRAY[''shop.sales''])'),
+    ('SELECT * FROM sync.codec_columns(NULL, ARRAY[''shop.sales''])'),
     -- magic_sync.role and other ways to another role: a superuser's, or a member's.
     ('SET magic_sync.role = priv_owner'),
     ('SELECT set_config(''magic_sync.role'', ''priv_owner'', false)'),

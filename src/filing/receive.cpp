@@ -24,6 +24,7 @@
 #include "protocol/canonical.hpp"
 #include "protocol/messages.hpp"
 #include "protocol/upload_fields.hpp"
+#include "state/codec.hpp"
 
 namespace magic_sync::filing {
 
@@ -57,28 +58,14 @@ using protocol::Member;
 using protocol::member;
 using protocol::members_of;
 
-struct Column {
-    std::string raw;        // as in the catalog
-    std::string name;       // quoted identifier
-    std::string json_name;  // as a canonical JSON string
-    bool key = false;
-    bool may_file = false;  // taken from an upload: record's columns, both's replica_columns
-    bool stamp = false;
-    bool required = false;  // NOT NULL, with no default
-};
+using Column = state::CodecColumn;
 
-struct Codec {
-    std::string table;  // as on the wire
-    std::string relation;
-    std::string kind;
-    std::vector<Column> columns;         // key columns first, in key order
-    std::vector<std::string> key_order;  // key columns' JSON names: the canonical member order
+// A codec as filing writes it: the engine's (an undeclared table's: kind "undeclared", its key
+// columns alone), with what the upload's replica adds.
+struct FilingCodec : state::Codec {
     std::string stamps;                  // {"column": value from known, ...}
-    // A both table's: who receives a row, as SQL over the row `t` and the replica's row `r` of
-    // the replicas relation `replicas` (sync.audience_sql). A replica changes only its own rows.
-    Value audience;
-    std::string replicas;
-    bool goes_down = false;  // its rows are sent to replicas
+    std::vector<std::string> key_order;  // key columns' JSON names: the canonical member order
+    std::string replicas;                // the replicas relation, of the row `r` of both_audience
 };
 
 // What the senders' hooks say of the replica that files: what known() returned (none, with which
@@ -87,66 +74,64 @@ struct Known {
     Value known;
     std::string unknown_because;
     Value replica_row;
+    Value replicas;  // the replicas relation, quoted
     // The last change of what filing depends on committed before the declarations were read: a
     // row kept now is tried again after any later one (sync.keep_upload).
     Value change;
 };
 
-// The codecs of the tables an upload names, by table, with the columns filing may write.
-std::map<std::string, Codec> load_codecs(Spi& spi, const std::vector<protocol::UpRow>& rows,
-                                         const std::string& known) {
-    std::set<std::string> tables;
-    for (const auto& row : rows) tables.insert(row.table);
-    std::map<std::string, Codec> codecs;
-    std::vector<pg::Row> found;
+// The codecs of the tables an upload names, by table, with the stamps of what known() returned.
+std::map<std::string, FilingCodec> load_codecs(Spi& spi, const std::vector<protocol::UpRow>& rows,
+                                               const Known& known) {
+    std::set<std::string> names;
+    for (const auto& row : rows) names.insert(row.table);
+    const std::vector<std::string> tables(names.begin(), names.end());
+    std::vector<state::Codec> declared;
+    std::vector<pg::Row> undeclared;
     pg::as_extension_owner([&] {
-        found = spi.query(
-            R"sql(
-            SELECT table_name, relation, kind, column_name, is_key, may_file, is_stamp,
-            is_required, audience, replicas, goes_down
-            FROM sync.receive_codecs($1::text[]))sql",
-            {Param::text_array({tables.begin(), tables.end()})});
+        declared = state::load_codecs(spi, {}, tables);
+        undeclared = spi.query("SELECT * FROM sync.receive_undeclared($1::text[])",
+                               {Param::text_array(tables)});
     });
-    if (found.empty()) return codecs;
-    std::vector<Member> known_members;
-    std::string canonical_known;
+    std::map<std::string, FilingCodec> codecs;
+    for (state::Codec& codec : declared) {
+        const std::string table = codec.table_name;
+        static_cast<state::Codec&>(codecs[table]) = std::move(codec);
+    }
+    for (const auto& row : undeclared) {
+        FilingCodec& codec = codecs[row["table_name"].value()];
+        codec.table_name = codec.relation = row["table_name"].value();
+        codec.kind = "undeclared";
+        codec.audience = "nobody";
+        Column column;
+        column.name = row["column_name"].value();
+        column.quoted = pg::quote_identifier(column.name);
+        column.json_name = json_string(column.name);
+        column.key = true;
+        codec.columns.push_back(std::move(column));
+    }
+    if (codecs.empty()) return codecs;
+    std::string canonical_known;  // what known_members point into
     try {
-        canonical_known = protocol::canonical_json(known);
+        canonical_known = protocol::canonical_json(known.known.value_or("{}"));
     } catch (const protocol::DecodeError& e) {
         throw Error(std::string("what known() returned cannot be read for stamps: ") + e.what(),
                     ERRCODE_INVALID_PARAMETER_VALUE);
     }
-    known_members = members_of(canonical_known);
-    for (const auto& row : found) {
-        Codec& codec = codecs[row["table_name"].value()];
-        codec.table = row["table_name"].value();
-        codec.relation = row["relation"].value();
-        codec.kind = row["kind"].value();
-        codec.audience = row["audience"];
-        codec.replicas = row["replicas"].value_or("");
-        codec.goes_down = row["goes_down"].flag_or(false);
-        Column column;
-        column.raw = row["column_name"].value();
-        column.name = pg::quote_identifier(column.raw);
-        column.json_name = json_string(column.raw);
-        column.key = row["is_key"].flag_or(false);
-        column.may_file = row["may_file"].flag_or(false);
-        column.stamp = row["is_stamp"].flag_or(false);
-        column.required = row["is_required"].flag_or(false);
-        if (column.stamp) {
+    const std::vector<Member> known_members = members_of(canonical_known);
+    for (auto& [table, codec] : codecs) {
+        codec.replicas = known.replicas.value_or("");
+        std::vector<const Column*> keys;
+        for (const Column& column : codec.columns) {
+            if (column.key) keys.push_back(&column);
+            if (!column.stamp) continue;
             std::string value(member(known_members, column.json_name).value_or("null"));
             codec.stamps += (codec.stamps.empty() ? "{" : ",") + column.json_name + ":" + value;
         }
-        codec.columns.push_back(std::move(column));
-    }
-    for (auto& [table, codec] : codecs) {
         codec.stamps = codec.stamps.empty() ? "{}" : codec.stamps + "}";
-        std::vector<const Column*> keys;
-        for (const Column& column : codec.columns)
-            if (column.key) keys.push_back(&column);
         // Canonical JSON orders members by their bytes, as std::string compares.
         std::sort(keys.begin(), keys.end(),
-                  [](const Column* a, const Column* b) { return a->raw < b->raw; });
+                  [](const Column* a, const Column* b) { return a->name < b->name; });
         for (const Column* column : keys) codec.key_order.push_back(column->json_name);
     }
     return codecs;
@@ -166,7 +151,7 @@ struct Shape {
     }
 };
 
-Shape shape_of(const Codec& codec, const std::vector<Member>& members) {
+Shape shape_of(const FilingCodec& codec, const std::vector<Member>& members) {
     Shape shape;
     for (const Column& column : codec.columns) {
         bool present = column.may_file && member(members, column.json_name).has_value();
@@ -185,34 +170,34 @@ Shape shape_of(const Codec& codec, const std::vector<Member>& members) {
 // value is a bound parameter, every identifier comes from the catalog, quoted. A both row changes
 // only when the stored row is the replica's ($3, its row of the replicas relation), and each row
 // the statement wrote says whether it is the replica's after it (returned).
-std::string insert_statement(const Codec& codec, const Shape& shape) {
+std::string insert_statement(const FilingCodec& codec, const Shape& shape) {
     std::string columns, values, keys, sets;
     bool stamped = false;
     for (const Column* column : shape.insert) {
-        columns += (columns.empty() ? "" : ", ") + column->name;
-        values +=
-            (values.empty() ? "" : ", ") + std::string(column->stamp ? "s." : "p.") + column->name;
+        columns += (columns.empty() ? "" : ", ") + column->quoted;
+        values += (values.empty() ? "" : ", ") + std::string(column->stamp ? "s." : "p.") +
+                  column->quoted;
         stamped = stamped || column->stamp;
     }
     for (const Column* column : shape.stored) {
-        columns += ", " + column->name;
-        values += ", o." + column->name;
+        columns += ", " + column->quoted;
+        values += ", o." + column->quoted;
     }
     std::string stored_join;
     for (const Column& column : codec.columns) {
         if (!column.key) continue;
-        keys += (keys.empty() ? "" : ", ") + column.name;
+        keys += (keys.empty() ? "" : ", ") + column.quoted;
         if (!shape.stored.empty())
             stored_join +=
                 (stored_join.empty() ? " LEFT JOIN " + codec.relation + " o ON o." : " AND o.") +
-                column.name + " = p." + column.name;
+                column.quoted + " = p." + column.quoted;
     }
     for (const Column* column : shape.update)
-        sets += (sets.empty() ? "" : ", ") + column->name + " = excluded." + column->name;
+        sets += (sets.empty() ? "" : ", ") + column->quoted + " = excluded." + column->quoted;
     std::string mine, returning;
-    if (codec.audience) {
+    if (codec.both_audience) {
         mine = "EXISTS (SELECT FROM jsonb_populate_record(NULL::" + codec.replicas +
-               ", $3::jsonb) r WHERE " + *codec.audience + ")";
+               ", $3::jsonb) r WHERE " + *codec.both_audience + ")";
         returning = " RETURNING " + mine + " AS replicas_own";
     }
     return "INSERT INTO " + codec.relation + " AS t (" + columns + ") SELECT " + values +
@@ -297,7 +282,7 @@ std::string kept_json(const std::vector<Kept>& kept) {
 // Consecutive rows of one codec and shape, filed by one statement in a subtransaction; when it
 // fails, each row in its own, so a row that fails is kept and the others are filed.
 struct Run {
-    const Codec* codec = nullptr;
+    const FilingCodec* codec = nullptr;
     Shape shape;
     std::vector<size_t> rows;
     std::vector<std::string> keys;
@@ -317,7 +302,7 @@ void file_run(Spi& spi, const Run& run, const std::vector<protocol::UpRow>& rows
     const bool echoed = run.codec->kind == "both";
     auto file = [&](const std::string& json_rows, size_t count) {
         pg::subtransaction([&] {
-            if (!run.codec->audience) {
+            if (!run.codec->both_audience) {
                 spi.execute(statement, {Param::jsonb(json_rows), Param::jsonb(run.codec->stamps)});
                 return;
             }
@@ -369,7 +354,7 @@ void file_run(Spi& spi, const Run& run, const std::vector<protocol::UpRow>& rows
 
 // The members of a row that name no column of its table (a device one version ahead of the
 // server, a name that differs in case), as their JSON names, comma separated; empty when none.
-std::string columns_lacking(const Codec& codec, const std::vector<Member>& members) {
+std::string columns_lacking(const FilingCodec& codec, const std::vector<Member>& members) {
     std::string lacking;
     for (const Member& m : members) {
         bool known = std::any_of(codec.columns.begin(), codec.columns.end(),
@@ -383,7 +368,7 @@ std::vector<Kept> file_rows(Spi& spi, const std::vector<protocol::UpRow>& rows, 
                             std::string& echoes) {
     std::vector<Kept> kept;
     if (rows.empty()) return kept;
-    const std::map<std::string, Codec> codecs = load_codecs(spi, rows, *known.known);
+    const std::map<std::string, FilingCodec> codecs = load_codecs(spi, rows, known);
     Run run;
     auto flush = [&] {
         file_run(spi, run, rows, known, kept, echoes);
@@ -403,7 +388,7 @@ std::vector<Kept> file_rows(Spi& spi, const std::vector<protocol::UpRow>& rows, 
             kept.push_back(kept_row(i, row, std::move(key), why));
             continue;
         }
-        const Codec& codec = found->second;
+        const FilingCodec& codec = found->second;
         const std::vector<Member> members = members_of(row.row);
         std::string key = protocol::key_of(codec.key_order, members);
         if (codec.kind == "catalog") {
@@ -421,7 +406,7 @@ std::vector<Kept> file_rows(Spi& spi, const std::vector<protocol::UpRow>& rows, 
                                         ": the row is kept until it has, never filed without it"));
             continue;
         }
-        if (codec.goes_down) {
+        if (codec.goes_down()) {
             if (std::optional<std::string> problem =
                     protocol::number_past_double_problem(row.row)) {
                 flush();
@@ -547,7 +532,7 @@ Known known_replica(Spi& spi, const std::string& replica) {
     pg::as_extension_owner([&] {
         setup = spi.query(
                        R"sql(
-                       SELECT known, filing, live, replica_row, change
+                       SELECT known, filing, live, replica_row, replicas, change
                        FROM sync.receive_setup($1::uuid))sql",
                        {Param::uuid(replica)})
                     .at(0);
@@ -564,10 +549,10 @@ Known known_replica(Spi& spi, const std::string& replica) {
         return {std::nullopt,
                 known_function ? *known_function + "() does not know"
                                : std::string("is not a live replica"),
-                std::nullopt, std::nullopt};
+                std::nullopt, std::nullopt, std::nullopt};
     if (filing_function)
         spi.execute("SELECT " + *filing_function + "($1::jsonb)", {Param::jsonb(known)});
-    return {known, "", setup["replica_row"], setup["change"]};
+    return {known, "", setup["replica_row"], setup["replicas"], setup["change"]};
 }
 
 protocol::Limits upload_limits() {

@@ -20,18 +20,19 @@ SET plan_cache_mode = force_generic_plan;
 
 -- The senders' hooks as qualified function names (NULL: the default), whether the replica is
 -- live, which is what the default known() asks, and its row of the replicas relation (what a
--- both row's audience is worked out against).
+-- both row's audience is worked out against) with that relation's quoted name.
 CREATE FUNCTION sync.receive_setup(replica uuid, OUT known text, OUT filing text, OUT live boolean,
-                                   OUT replica_row jsonb, OUT change bigint)
+                                   OUT replica_row jsonb, OUT replicas text, OUT change bigint)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    replicas regclass := (SELECT s.relation FROM sync.replica_set s);
+    relation regclass := (SELECT s.relation FROM sync.replica_set s);
 BEGIN
     change := sync.filing_change_committed();
-    IF replicas IS NOT NULL THEN
-        EXECUTE format('SELECT to_jsonb(r.*) FROM %s r WHERE r.id = $1', replicas)
+    IF relation IS NOT NULL THEN
+        replicas := relation::text;
+        EXECUTE format('SELECT to_jsonb(r.*) FROM %s r WHERE r.id = $1', relation)
         INTO replica_row USING receive_setup.replica;
     END IF;
     SELECT (SELECT format('%I.%I', n.nspname, p.proname) FROM pg_proc p
@@ -44,18 +45,12 @@ BEGIN
 END
 $$;
 
--- The codecs of `tables` (names as on the wire), one row per column of the table: key columns
--- first in key order. may_file: a record's travelling columns, a both's replica_columns; never a
--- generated column. A row naming a column not listed here is kept (the table lacks it). A name
--- that is no codec's but a user table's (not yet declared) gives that table's primary key
--- columns, kind 'undeclared': a row kept for it is named by its key, so the device can tell its
--- rows apart and the retry, once the table is declared, answers which of them it filed.
--- audience: a both codec's rule as SQL over the row `t` and the replica's row `r` of the
--- replicas relation (`replicas`). goes_down: the table's rows are sent to replicas.
-CREATE FUNCTION sync.receive_codecs(tables text[])
-RETURNS TABLE (table_name text, relation text, kind text, column_name text, is_key boolean,
-               may_file boolean, is_stamp boolean, is_required boolean, audience text,
-               replicas text, goes_down boolean)
+-- Of `tables` (names as on the wire), those that are no codec's but a user table's (not yet
+-- declared): that table's primary key columns, in order (a declared table's columns:
+-- sync.codec_columns). A row kept for such a table is named by its key, so the device can tell
+-- its rows apart and the retry, once the table is declared, answers which of them it filed.
+CREATE FUNCTION sync.receive_undeclared(tables text[])
+RETURNS TABLE (table_name text, column_name text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -63,25 +58,6 @@ DECLARE
     undeclared text;
     user_table regclass;
 BEGIN
-    RETURN QUERY
-    SELECT c.table_name, format('%I.%I', n.nspname, t.relname), c.kind, a.attname::text,
-           a.attname = ANY (c.key_columns),
-           a.attgenerated = '' AND
-           CASE c.kind WHEN 'record' THEN c.columns IS NULL OR a.attname = ANY (c.columns)
-                       WHEN 'both' THEN a.attname = ANY (c.replica_columns)
-                       ELSE false END,
-           a.attname = ANY (c.stamp),
-           a.attname = ANY (required.columns),
-           CASE WHEN c.kind = 'both' THEN sync.audience_sql(c.id, 't', 'r') END,
-           (SELECT s.relation::text FROM sync.replica_set s),
-           c.audience <> 'nobody'
-    FROM sync.codec c
-    JOIN pg_class t ON t.oid = c.relation
-    JOIN pg_namespace n ON n.oid = t.relnamespace
-    CROSS JOIN LATERAL sync.required_columns(c.relation) AS required(columns)
-    JOIN pg_attribute a ON a.attrelid = c.relation AND a.attnum > 0 AND NOT a.attisdropped
-    WHERE c.table_name = ANY (tables)
-    ORDER BY c.table_name, coalesce(array_position(c.key_columns, a.attname), 2147483647), a.attnum;
     FOR undeclared IN
         SELECT DISTINCT u FROM unnest(tables) u
         WHERE NOT EXISTS (SELECT FROM sync.codec c WHERE c.table_name = u)
@@ -93,8 +69,7 @@ BEGIN
         END;
         CONTINUE WHEN user_table IS NULL OR sync.relation_name(user_table) <> undeclared;
         RETURN QUERY
-        SELECT undeclared, undeclared, 'undeclared'::text, k.attname::text, true, false, false, false,
-               NULL::text, NULL::text, false
+        SELECT undeclared, k.attname::text
         FROM pg_class t
         JOIN pg_namespace n ON n.oid = t.relnamespace
         CROSS JOIN LATERAL unnest(sync.key_columns(t.oid)) WITH ORDINALITY AS k(attname, ord)
@@ -232,7 +207,7 @@ $$;
 -- owner (pg::as_extension_owner), so no caller can run them past known() or for another replica.
 REVOKE ALL ON FUNCTION sync.receive(uuid, bytea), sync.encode_filed(uuid, bigint, bigint, jsonb),
     sync.filed_parts(uuid, jsonb, bigint),
-    sync.receive_setup(uuid), sync.receive_codecs(text[]), sync.upload_begin(uuid, uuid),
+    sync.receive_setup(uuid), sync.receive_undeclared(text[]), sync.upload_begin(uuid, uuid),
     sync.upload_end(uuid, uuid, jsonb, bigint, jsonb, jsonb, boolean, name, bigint),
     sync.keep_message(uuid, bytea, text, name, uuid, boolean), sync.filer(name),
     sync.upload_echoes(uuid, uuid, jsonb)

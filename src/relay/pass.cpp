@@ -6,6 +6,7 @@
 #include "relay/pass.hpp"
 
 #include "relay/answers.hpp"
+#include "state/codec.hpp"
 #include "verify/repair.hpp"
 
 #include <string>
@@ -23,6 +24,7 @@ namespace {
 using pg::Param;
 using pg::Spi;
 using pg::Value;
+using state::Codec;
 
 // A temporary table is never analyzed by autovacuum: after filling one with many rows, analyze
 // it (sync.pass_analyze_if_large). `rows`: its rows, counted by the caller; none: counted there.
@@ -103,39 +105,6 @@ ReplicaCounts plan_replicas(Spi& spi, const ReplicaSet& replicas) {
     return counts;
 }
 
-struct Codec {
-    std::string id;
-    std::string relation;  // quoted, schema-qualified
-    std::string table_name;
-    std::string audience;  // nobody, all, own or group (sync.codec)
-    std::string to_column;
-    std::string replica_column;
-    std::vector<std::string> keys;
-    // The type of each key column, when a key's jsonb field casts straight to it (a scalar whose
-    // text form to_jsonb writes); empty when not.
-    std::vector<std::string> key_casts;
-    std::vector<std::string> hidden;  // the columns that do not travel
-};
-
-std::vector<Codec> noted_codecs(Spi& spi) {
-    std::vector<Codec> codecs;
-    auto rows = spi.query("SELECT * FROM sync.pass_noted_codecs()");
-    for (const auto& row : rows) {
-        Codec codec;
-        codec.id = row["id"].value();
-        codec.relation = row["relation"].value();
-        codec.table_name = row["table_name"].value();
-        codec.audience = row["audience"].value();
-        codec.to_column = row["to_column"].value_or("");
-        codec.replica_column = row["replica_column"].value_or("");
-        codec.keys = row["key_columns"].texts();
-        codec.hidden = row["hidden"].texts();
-        codec.key_casts = row["key_casts"].texts();
-        codecs.push_back(std::move(codec));
-    }
-    return codecs;
-}
-
 // The audience of a codec's rows: the scope's match and the SQL for its value over `t`.
 struct Audience {
     std::string match;
@@ -157,21 +126,25 @@ Audience audience_of(const Codec& codec) {
 // TimeZone and the rest), so the same row noted by sessions that wrote its key differently (a
 // timestamptz in two time zones) is one key, found by one key hash.
 std::string noted_rows(const Codec& codec, const std::string& only_key) {
-    bool casts = codec.key_casts.size() == codec.keys.size();
-    for (const std::string& type : codec.key_casts) casts = casts && !type.empty();
+    std::vector<const state::CodecColumn*> keys;
+    bool casts = true;
+    for (const state::CodecColumn& column : codec.columns)
+        if (column.key) {
+            keys.push_back(&column);
+            casts = casts && !column.key_cast.empty();
+        }
     auto typed = [&](const std::string& from, size_t i) {
-        return casts ? "(" + from + ".key->>" + pg::quote_literal(codec.keys[i]) +
-                           ")::" + codec.key_casts[i]
-                     : "kp." + pg::quote_identifier(codec.keys[i]);
+        return casts ? "(" + from + ".key->>" + pg::quote_literal(keys[i]->name) +
+                           ")::" + keys[i]->key_cast
+                     : "kp." + keys[i]->quoted;
     };
     const std::string populate =
         " CROSS JOIN LATERAL jsonb_populate_record(NULL::" + codec.relation + ", ";
     std::string key = "jsonb_build_object(";
     std::string join;
-    for (size_t i = 0; i < codec.keys.size(); ++i) {
-        key += (i ? ", " : "") + pg::quote_literal(codec.keys[i]) + ", " + typed("x", i);
-        join +=
-            (i ? " AND t." : "t.") + pg::quote_identifier(codec.keys[i]) + " = " + typed("n", i);
+    for (size_t i = 0; i < keys.size(); ++i) {
+        key += (i ? ", " : "") + pg::quote_literal(keys[i]->name) + ", " + typed("x", i);
+        join += (i ? " AND t." : "t.") + keys[i]->quoted + " = " + typed("n", i);
     }
     key += ")";
     return "(SELECT DISTINCT " + key + " AS key FROM pg_temp.magic_sync_note x" +
@@ -184,7 +157,7 @@ std::string noted_rows(const Codec& codec, const std::string& only_key) {
 std::string encode_statement(const Codec& codec, const ReplicaSet& replicas,
                              const std::string& only_key) {
     Audience audience = audience_of(codec);
-    std::string present = "t." + pg::quote_identifier(codec.keys.front()) + " IS NOT NULL";
+    std::string present = "t." + codec.columns.front().quoted + " IS NOT NULL";
     // The row is `t.*`, never a bare `t`, which a column named t would capture.
     return R"sql(
            INSERT INTO pg_temp.magic_sync_row (codec, key, k, match, value, part, body, hash)
@@ -206,7 +179,7 @@ int64_t encode_codec(Spi& spi, const Codec& codec, const ReplicaSet& replicas) {
     try {
         pg::subtransaction([&] {
             spi.execute(encode_statement(codec, replicas, ""),
-                        {codec.id, codec.table_name, Param::text_array(codec.hidden)});
+                        {codec.id, codec.table_name, Param::text_array(codec.hidden())});
         });
     } catch (const pg::PgError&) {
         auto keys = spi.query("SELECT sync.pass_noted_keys($1::int)", {codec.id});
@@ -215,7 +188,7 @@ int64_t encode_codec(Spi& spi, const Codec& codec, const ReplicaSet& replicas) {
             try {
                 pg::subtransaction([&] {
                     spi.execute(statement, {codec.id, codec.table_name,
-                                            Param::text_array(codec.hidden), key[0]});
+                                            Param::text_array(codec.hidden()), key[0]});
                 });
             } catch (const pg::PgError& e) {
                 spi.execute("SELECT sync.keep('note', ARRAY[$1::int], ARRAY[$2::jsonb], ARRAY[$3])",
@@ -285,7 +258,8 @@ PassCounts run_pass(Spi& spi) {
     ReplicaCounts replica_counts = plan_replicas(spi, replicas);
     counts.provisioned = replica_counts.provisioned;
     counts.forgotten = replica_counts.forgotten;
-    for (const Codec& codec : noted_codecs(spi))
+    const auto codecs = spi.scalar("SELECT sync.pass_noted_codecs()").integers();
+    for (const Codec& codec : state::load_codecs(spi, codecs, {}))
         counts.set_aside += encode_codec(spi, codec, replicas);
     analyze_if_large(spi, "magic_sync_row");
     counts.rows_changed = record_changes(spi);

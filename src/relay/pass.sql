@@ -397,31 +397,13 @@ BEGIN
 END
 $$;
 
--- 4. The codecs the notes name, as the pass encodes their rows: the columns that do not travel
--- (`hidden`), and the type of each key column when a key's jsonb field casts straight to it (a
--- scalar whose text form to_jsonb writes; '' when not).
-CREATE FUNCTION sync.pass_noted_codecs()
-RETURNS TABLE (id int, relation text, table_name text, audience text, to_column text,
-               replica_column text, key_columns text[], hidden text[], key_casts text[])
-LANGUAGE plpgsql
+-- 4. The codecs the notes name (their columns: sync.codec_columns).
+CREATE FUNCTION sync.pass_noted_codecs() RETURNS bigint[]
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-#variable_conflict use_column
 BEGIN
-    RETURN QUERY
-    SELECT c.id, c.relation::regclass::text, c.table_name::text, c.audience::text,
-           c.to_column::text, c.replica_column::text, c.key_columns::text[],
-           (SELECT array_agg(a.attname::text ORDER BY a.attnum) FROM pg_attribute a
-            WHERE a.attrelid = c.relation AND a.attnum > 0 AND NOT a.attisdropped
-              AND c.columns IS NOT NULL AND a.attname <> ALL (c.columns)),
-           (SELECT array_agg(CASE WHEN y.typtype IN ('b', 'e') AND (y.typcategory IN
-                             ('B', 'D', 'E', 'I', 'N', 'S', 'T', 'V') OR y.oid = 'uuid'::regtype)
-                             THEN format_type(a.atttypid, NULL) ELSE '' END ORDER BY k.position)
-            FROM unnest(c.key_columns) WITH ORDINALITY k(name, position)
-            JOIN pg_attribute a ON a.attrelid = c.relation AND a.attname = k.name
-            JOIN pg_type y ON y.oid = a.atttypid)
-    FROM sync.codec c WHERE c.id IN (SELECT n.codec FROM pg_temp.magic_sync_note n)
-      AND EXISTS (SELECT FROM pg_class WHERE oid = c.relation) ORDER BY c.id;
+    RETURN (SELECT coalesce(array_agg(DISTINCT n.codec), '{}') FROM pg_temp.magic_sync_note n);
 END
 $$;
 
