@@ -91,7 +91,7 @@ converged() {
                     WHERE m.replica = '$id' AND m.sent < s.head")" = 0 ] || return 1
         [ "$(value "SELECT count(*) FROM sync.outbox WHERE replica = '$id' AND sent_at IS NULL")" = 0 ] ||
             return 1
-        expected=$(value "SELECT sync.scope_name(s.match, s.value, s.partition) || ' n=' || s.n
+        expected=$(value "SELECT sync_internal.scope_name(s.match, s.value, s.partition) || ' n=' || s.n
                                  || ' fp=' || encode(s.fp, 'hex')
                           FROM sync.member m JOIN sync.scope s ON s.id = m.scope
                           WHERE m.replica = '$id' AND s.n > 0" | sort)

@@ -12,10 +12,10 @@ SELECT sync.catalog('shop.products');
 :notes
 
 -- A multi-row INSERT: one note, a key per row. A pass that takes part of a note leaves the rest
--- of its keys (sync.note_keys_from).
+-- of its keys (sync_internal.note_keys_from).
 INSERT INTO shop.products VALUES (1, 'tea', 2.50), (2, 'coffee', 3.00), (3, 'cake', 4.25);
-SELECT k.key AS left_from_the_second FROM sync.note n, sync.note_keys(sync.note_keys_from(n.keys, 2)) AS k(key);
-SELECT count(*) AS left_from_the_fourth FROM sync.note n, sync.note_keys(sync.note_keys_from(n.keys, 4));
+SELECT k.key AS left_from_the_second FROM sync.note n, sync.note_keys(sync_internal.note_keys_from(n.keys, 2)) AS k(key);
+SELECT count(*) AS left_from_the_fourth FROM sync.note n, sync.note_keys(sync_internal.note_keys_from(n.keys, 4));
 -- ...and reads the part it takes only: the first two keys.
 SELECT k.key AS first_two FROM sync.note n, sync.note_keys(n.keys, 2) AS k(key);
 :notes

@@ -37,7 +37,7 @@ SELECT sync.replicas('shop.registers', 'registers', live => 'active');
 SELECT relation, relation_name, name, live, partitioned_by FROM sync.replica_set;
 
 -- Codecs: refusals -----------------------------------------------------------------------------
-SELECT sync.codec('shop.products', 'mirror');
+SELECT sync_internal.codec('shop.products', 'mirror');
 SELECT sync.catalog('shop.product_names');
 SELECT sync.catalog('shop.notes_without_key');
 SELECT sync.catalog('shop.products', "to" => 'nobody here');
@@ -48,8 +48,8 @@ SELECT sync.catalog('shop.promotions', "to" => 'store_code = store_id');
 SELECT sync.catalog('shop.products', columns => ARRAY['id', 'nmae']);
 SELECT sync.catalog('shop.products', columns => ARRAY['name', 'price']);
 SELECT sync.record('shop.sales', stamp => ARRAY['compny_id']);
-SELECT sync.codec('shop.products', 'catalog', replica_columns => ARRAY['name']);
-SELECT sync.codec('shop.products', 'catalog', stamp => ARRAY['name']);
+SELECT sync_internal.codec('shop.products', 'catalog', replica_columns => ARRAY['name']);
+SELECT sync_internal.codec('shop.products', 'catalog', stamp => ARRAY['name']);
 SELECT sync.both('shop.drawers', "to" => 'register_id', replica_columns => ARRAY['countd']);
 SELECT sync.both('shop.drawers', "to" => 'register_id', replica_columns => ARRAY['register_id', 'counted']);
 SELECT sync.both('shop.drawers', "to" => 'register_id', replica_columns => ARRAY['counted'],

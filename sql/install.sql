@@ -14,17 +14,20 @@ ORDER BY c.relname;
 SELECT rolname, rolcanlogin FROM pg_roles
 WHERE rolname IN ('sync_sender', 'sync_receiver') ORDER BY rolname;
 
--- PUBLIC can read, write and call nothing in sync.
+-- PUBLIC can read, write and call nothing in sync or sync_internal. A routine of sync is for users;
+-- one of sync_internal is the engine's own.
 SELECT count(*) AS public_table_grants
 FROM pg_class c, aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) a
 WHERE c.relnamespace = 'sync'::regnamespace AND a.grantee = 0;
-SELECT p.proname, has_function_privilege('public', p.oid, 'EXECUTE') AS public_can_execute
-FROM pg_proc p WHERE p.pronamespace = 'sync'::regnamespace ORDER BY p.proname;
-SELECT has_schema_privilege('public', 'sync', 'USAGE') AS public_schema_usage;
+SELECT p.pronamespace::regnamespace AS schema, p.proname,
+       has_function_privilege('public', p.oid, 'EXECUTE') AS public_can_execute
+FROM pg_proc p WHERE p.pronamespace IN ('sync'::regnamespace, 'sync_internal'::regnamespace) ORDER BY 1, 2;
+SELECT has_schema_privilege('public', 'sync', 'USAGE') AS public_schema_usage,
+       has_schema_privilege('public', 'sync_internal', 'USAGE') AS public_internal_usage;
 
 -- Every function that may read the catalog pins its search_path.
 SELECT p.proname FROM pg_proc p
-WHERE p.pronamespace = 'sync'::regnamespace
+WHERE p.pronamespace IN ('sync'::regnamespace, 'sync_internal'::regnamespace)
   AND NOT EXISTS (SELECT FROM unnest(p.proconfig) c WHERE c LIKE 'search_path=%')
   AND p.provolatile <> 'i'  -- immutable wire and fingerprint functions read no catalog
   AND p.prokind <> 'p'      -- a procedure with SET cannot commit: sync.relay() qualifies its names
@@ -32,12 +35,12 @@ WHERE p.pronamespace = 'sync'::regnamespace
   AND p.oid <> 'sync.capture()'::regprocedure  -- runs no SQL: a SET would cost every write
   AND p.oid <> 'sync.note_keys(bytea)'::regprocedure  -- resolves no name: types by oid
   AND p.oid <> 'sync.note_keys(bytea, int)'::regprocedure  -- the same
-  AND p.oid <> 'sync.encode_row(record, text[])'::regprocedure  -- resolves no name: a row's type by oid
-  AND p.oid <> 'sync.row_travels(text, text, text, text)'::regprocedure  -- reads a setting, no name
-  AND p.oid <> 'sync.drops_fitting(text[], text[], text[])'::regprocedure  -- reads a setting, no name
-  AND p.oid <> 'sync.withheld_note(text, text, text, text)'::regprocedure  -- reads a setting, no name
-  AND p.oid <> 'sync.withheld_size(text, text, text, text)'::regprocedure  -- reads a setting, no name
-  AND p.oid <> 'sync.withheld_reason(text, text, text, text)'::regprocedure  -- reads a setting, no name
+  AND p.oid <> 'sync_internal.encode_row(record, text[])'::regprocedure  -- resolves no name: a row's type by oid
+  AND p.oid <> 'sync_internal.row_travels(text, text, text, text)'::regprocedure  -- reads a setting, no name
+  AND p.oid <> 'sync_internal.drops_fitting(text[], text[], text[])'::regprocedure  -- reads a setting, no name
+  AND p.oid <> 'sync_internal.withheld_note(text, text, text, text)'::regprocedure  -- reads a setting, no name
+  AND p.oid <> 'sync_internal.withheld_size(text, text, text, text)'::regprocedure  -- reads a setting, no name
+  AND p.oid <> 'sync_internal.withheld_reason(text, text, text, text)'::regprocedure  -- reads a setting, no name
   AND p.oid <> 'sync.setting(text)'::regprocedure;  -- reads a setting, no name
 
 -- The extension cannot be moved to another schema.

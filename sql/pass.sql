@@ -183,8 +183,8 @@ FROM messages WHERE register = 'ff';
 
 -- Scope fingerprints are kept incrementally: equal to the sum recomputed from the rows.
 SELECT s.match, s.value, s.n = (SELECT count(*) FROM sync.row r WHERE r.scope = s.id AND NOT r.gone) AS n_ok,
-       s.fp = coalesce((SELECT sync.fp_sum(sha256(r.k || r.hash)) FROM sync.row r
-                        WHERE r.scope = s.id AND NOT r.gone), sync.fp_zero()) AS fp_ok
+       s.fp = coalesce((SELECT sync_internal.fp_sum(sha256(r.k || r.hash)) FROM sync.row r
+                        WHERE r.scope = s.id AND NOT r.gone), sync_internal.fp_zero()) AS fp_ok
 FROM sync.scope s ORDER BY s.id;
 
 -- Pruning: tombstones every member confirmed go, chunks no message uses go.
@@ -271,7 +271,7 @@ SELECT g.label AS register, o.seq, y.rows, m->'v' AS v,
        (SELECT string_agg(w->>'t' || ' ' || coalesce(w->'k'->>'id', 'kh'), ', ')
         FROM jsonb_array_elements(m->'withheld') w) AS withheld,
        (SELECT w->>'kh' FROM jsonb_array_elements(m->'withheld') w WHERE w->>'t' = 'shop.notices')
-       = encode(sync.key_hash('shop.notices', jsonb_build_object('code', repeat('k', 700))), 'hex')
+       = encode(sync_internal.key_hash('shop.notices', jsonb_build_object('code', repeat('k', 700))), 'hex')
            AS named_by_its_hash,
        octet_length(sync.message(o.replica, o.seq)) <= 600 AS within_limit
 FROM sync.outbox o JOIN shop.registers g ON g.id = o.replica
@@ -284,7 +284,7 @@ WHERE codec = (SELECT id FROM sync.codec WHERE table_name = 'shop.notices') ORDE
 RESET magic_sync.bytes_per_message;
 
 -- A number no double holds (a numeric past 1.8e308) cannot go down: a replica may read numbers
--- as doubles. Its row is withheld, by the same rule everywhere (sync.row_travels), named to the
+-- as doubles. Its row is withheld, by the same rule everywhere (sync_internal.row_travels), named to the
 -- replica with that reason (by its key's hash when the key holds the number) and set aside; the
 -- rows after it go on, and the audit and sync.expected agree with the pass.
 SELECT messages FROM sync.pass();
@@ -298,7 +298,7 @@ SELECT g.label AS register, o.seq, y.rows,
        (SELECT string_agg(w->>'t' || ' ' || coalesce(w->'k'->>'id', 'kh') || ': ' || (w->>'why'), ', ')
         FROM jsonb_array_elements(m->'withheld') w) AS withheld,
        (SELECT w->>'kh' FROM jsonb_array_elements(m->'withheld') w WHERE w->'k' IS NULL)
-       = encode(sync.key_hash('shop.weights', jsonb_build_object('id', 1e400)), 'hex')
+       = encode(sync_internal.key_hash('shop.weights', jsonb_build_object('id', 1e400)), 'hex')
            AS named_by_its_hash
 FROM sync.outbox o JOIN shop.registers g ON g.id = o.replica
 CROSS JOIN LATERAL (SELECT convert_from(sync.message(o.replica, o.seq), 'UTF8')::jsonb AS m) x

@@ -55,7 +55,7 @@ SELECT p.oid::regprocedure AS routine,
        has_function_privilege('sync_receiver', p.oid, 'EXECUTE') AS receiver,
        has_function_privilege('sync_monitor', p.oid, 'EXECUTE') AS monitor
 FROM pg_proc p
-WHERE p.pronamespace = 'sync'::regnamespace
+WHERE p.pronamespace IN ('sync'::regnamespace, 'sync_internal'::regnamespace)
   AND (has_function_privilege('public', p.oid, 'EXECUTE')
        OR has_function_privilege('sync_sender', p.oid, 'EXECUTE')
        OR has_function_privilege('sync_receiver', p.oid, 'EXECUTE')
@@ -72,13 +72,15 @@ SELECT c.oid::regclass, r.role
 FROM pg_class c, (VALUES ('public'), ('sync_sender'), ('sync_receiver'), ('sync_monitor')) AS r(role)
 WHERE c.relnamespace = 'sync'::regnamespace AND c.relkind = 'S'
   AND has_sequence_privilege(r.role, c.oid, 'USAGE, SELECT, UPDATE');
-SELECT r.role, has_schema_privilege(r.role, 'sync', 'USAGE') AS usage,
-       has_schema_privilege(r.role, 'sync', 'CREATE') AS "create"
-FROM (VALUES ('public'), ('sync_sender'), ('sync_receiver'), ('sync_monitor')) AS r(role);
+SELECT r.role, s.schema, has_schema_privilege(r.role, s.schema, 'USAGE') AS usage,
+       has_schema_privilege(r.role, s.schema, 'CREATE') AS "create"
+FROM (VALUES ('public'), ('sync_sender'), ('sync_receiver'), ('sync_monitor')) AS r(role),
+     (VALUES ('sync'), ('sync_internal')) AS s(schema)
+ORDER BY s.schema, r.role;
 -- Every SECURITY DEFINER routine pins its search_path, so a caller's objects cannot stand in for
 -- the ones it means.
 SELECT p.oid::regprocedure AS unpinned FROM pg_proc p
-WHERE p.pronamespace = 'sync'::regnamespace AND p.prosecdef
+WHERE p.pronamespace IN ('sync'::regnamespace, 'sync_internal'::regnamespace) AND p.prosecdef
   AND NOT coalesce(p.proconfig::text[] && ARRAY['search_path=pg_catalog, pg_temp'], false);
 
 -- What each role gets when it tries: one statement per row, run in turn by each role as its
@@ -109,7 +111,7 @@ INSERT INTO attempts (statement) VALUES
     ('SELECT count(*) FROM sync.status'),
     ('SELECT count(*) FROM sync.health'),
     ('SELECT sync.message(''00000000-0000-0000-0000-0000000000b1'', 1)'),
-    ('SELECT sync.encode_filed(''00000000-0000-0000-0000-0000000000b1'', 1, 1, ''{}'')'),
+    ('SELECT sync_internal.encode_filed(''00000000-0000-0000-0000-0000000000b1'', 1, 1, ''{}'')'),
     ('SELECT * FROM sync.verify(''00000000-0000-0000-0000-0000000000b1'')'),
     -- The relay's work.
     ('SELECT sync.pass()'),
@@ -117,7 +119,7 @@ INSERT INTO attempts (statement) VALUES
     ('SELECT * FROM sync.retry_set_aside()'),
     ('CALL sync.relay()'),
     ('SELECT sync.start_relay()'),
-    ('SELECT sync.relay_lock()'),
+    ('SELECT sync_internal.relay_lock()'),
     -- Declarations and the senders' hooks.
     ('SELECT sync.replicas(''shop.registers'', ''tills'')'),
     ('SELECT sync.catalog(''shop.sales'')'),
@@ -139,14 +141,14 @@ INSERT INTO attempts (statement) VALUES
     ('SELECT sync.receive(''00000000-0000-0000-0000-0000000000a1'', convert_to(''{"v":1,"id":"10000000-0000-0000-0000-000000000001","rows":[]}'', ''UTF8''))'),
     -- The helpers sync.receive runs as the extension's owner: no role calls them itself (a
     -- forged answer, holding or kept row; an upload id claimed before the genuine upload).
-    ('SELECT sync.upload_end(''00000000-0000-0000-0000-0000000000a1'', ''10000000-0000-0000-0000-000000000002'', ''[{"t":"x","k":{},"why":"forged"}]'', NULL, ''[]'', ''{"all":{"through":1,"fp":"00","n":1}}'', true)'),
-    ('SELECT sync.upload_begin(''00000000-0000-0000-0000-0000000000a1'', ''10000000-0000-0000-0000-000000000003'')'),
-    ('SELECT sync.keep_upload(''00000000-0000-0000-0000-0000000000a1'', ''10000000-0000-0000-0000-000000000004'', NULL, ''[]'')'),
-    ('SELECT sync.upload_echoes(''00000000-0000-0000-0000-0000000000a1'', ''10000000-0000-0000-0000-000000000005'', ''[]'')'),
-    ('SELECT sync.keep_message(''00000000-0000-0000-0000-0000000000a1'', ''\x00'', ''forged'')'),
-    ('SELECT * FROM sync.receive_setup(''00000000-0000-0000-0000-0000000000a1'')'),
-    ('SELECT * FROM sync.receive_undeclared(ARRAY[''shop.sales''])'),
-    ('SELECT * FROM sync.codec_columns(NULL, ARRAY[''shop.sales''])'),
+    ('SELECT sync_internal.upload_end(''00000000-0000-0000-0000-0000000000a1'', ''10000000-0000-0000-0000-000000000002'', ''[{"t":"x","k":{},"why":"forged"}]'', NULL, ''[]'', ''{"all":{"through":1,"fp":"00","n":1}}'', true)'),
+    ('SELECT sync_internal.upload_begin(''00000000-0000-0000-0000-0000000000a1'', ''10000000-0000-0000-0000-000000000003'')'),
+    ('SELECT sync_internal.keep_upload(''00000000-0000-0000-0000-0000000000a1'', ''10000000-0000-0000-0000-000000000004'', NULL, ''[]'')'),
+    ('SELECT sync_internal.upload_echoes(''00000000-0000-0000-0000-0000000000a1'', ''10000000-0000-0000-0000-000000000005'', ''[]'')'),
+    ('SELECT sync_internal.keep_message(''00000000-0000-0000-0000-0000000000a1'', ''\x00'', ''forged'')'),
+    ('SELECT * FROM sync_internal.receive_setup(''00000000-0000-0000-0000-0000000000a1'')'),
+    ('SELECT * FROM sync_internal.receive_undeclared(ARRAY[''shop.sales''])'),
+    ('SELECT * FROM sync_internal.codec_columns(NULL, ARRAY[''shop.sales''])'),
     -- magic_sync.role and other ways to another role: a superuser's, or a member's.
     ('SET magic_sync.role = priv_owner'),
     ('SELECT set_config(''magic_sync.role'', ''priv_owner'', false)'),

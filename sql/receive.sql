@@ -251,7 +251,7 @@ SELECT count(*) AS answers_left FROM sync.answer;
 UPDATE shop.registers SET active = true WHERE label = 'a2';
 SELECT provisioned FROM sync.pass();
 -- encode_filed refuses what is not a filed answer.
-SELECT sync.encode_filed('00000000-0000-0000-0000-0000000000a1', 1, 1, '{"upload": "x"}');
+SELECT sync_internal.encode_filed('00000000-0000-0000-0000-0000000000a1', 1, 1, '{"upload": "x"}');
 SELECT forget();
 
 -- An answer too big for one message goes in parts, each within magic_sync.bytes_per_message,
@@ -268,7 +268,7 @@ SELECT o.seq - min(o.seq) OVER () AS part, octet_length(sync.message(o.replica, 
 FROM sync.outbox o
 CROSS JOIN LATERAL (SELECT convert_from(sync.message(o.replica, o.seq), 'UTF8')::jsonb AS m) x
 WHERE o.kind = 'filed' AND m->>'upload' = '10000000-0000-0000-0000-000000000013' ORDER BY o.seq;
-SELECT sync.filed_parts('00000000-0000-0000-0000-0000000000a1',
+SELECT sync_internal.filed_parts('00000000-0000-0000-0000-0000000000a1',
     jsonb_build_object('upload', '10000000-0000-0000-0000-000000000014',
                        'kept', jsonb_build_array(jsonb_build_object('t', 'shop.ghosts', 'k', '{"id": 1}'::jsonb,
                                                                     'why', repeat('no room ', 100)))),
@@ -280,7 +280,7 @@ SELECT sync.receive('00000000-0000-0000-0000-0000000000a1', up('10000000-0000-00
 SELECT messages FROM sync.pass();
 SELECT octet_length(sync.message(o.replica, o.seq)) <= 600 AS within, m->'v' AS v,
        m->'kept'->0->'k' AS k,
-       m->'kept'->0->>'kh' = encode(sync.key_hash('shop.ghosts', jsonb_build_object('id', repeat('g', 800))), 'hex')
+       m->'kept'->0->>'kh' = encode(sync_internal.key_hash('shop.ghosts', jsonb_build_object('id', repeat('g', 800))), 'hex')
            AS named_by_its_hash
 FROM sync.outbox o
 CROSS JOIN LATERAL (SELECT convert_from(sync.message(o.replica, o.seq), 'UTF8')::jsonb AS m) x
@@ -331,12 +331,12 @@ SELECT forget();
 -- and its helpers.
 SET ROLE till;
 SELECT count(*) FROM sync.outbox;
-SELECT sync.encode_filed('00000000-0000-0000-0000-0000000000a1', 1, 1, '{}');
+SELECT sync_internal.encode_filed('00000000-0000-0000-0000-0000000000a1', 1, 1, '{}');
 RESET ROLE;
 SELECT p.proname, p.prosecdef AS security_definer,
        has_function_privilege('sync_receiver', p.oid, 'EXECUTE') AS receiver_can,
        has_function_privilege('public', p.oid, 'EXECUTE') AS public_can
-FROM pg_proc p WHERE p.pronamespace = 'sync'::regnamespace
+FROM pg_proc p WHERE p.pronamespace IN ('sync'::regnamespace, 'sync_internal'::regnamespace)
   AND (p.proname IN ('receive', 'encode_filed', 'keep_message', 'keep_upload')
        OR p.proname LIKE 'receive_%'
        OR p.proname LIKE 'upload_%')

@@ -32,14 +32,14 @@ CREATE FUNCTION report(label text, missing int[]) RETURNS void LANGUAGE sql AS $
               WHERE o.replica = g.id AND o.kind = 'ranges' AND o.seq = (SELECT max(seq) FROM sync.outbox
               WHERE replica = g.id)),
     answers AS (SELECT jsonb_agg(jsonb_build_array(a->>0, a->>1,
-                    (SELECT encode(sync.fp_sum(sha256(h.k || h.hash)), 'hex') FROM held h
+                    (SELECT encode(sync_internal.fp_sum(sha256(h.k || h.hash)), 'hex') FROM held h
                      WHERE h.k >= decode(a->>0, 'hex') AND (a->>1 = '' OR h.k < decode(a->>1, 'hex'))),
                     (SELECT count(*) FROM held h
                      WHERE h.k >= decode(a->>0, 'hex') AND (a->>1 = '' OR h.k < decode(a->>1, 'hex'))))
                     ORDER BY o) AS ranges
                 FROM asked, jsonb_array_elements(asked.ranges) WITH ORDINALITY AS e(a, o))
     INSERT INTO sync.holding AS h (replica, scope, through, fp, n, ranges)
-    SELECT g.id, 'all', s.head, (SELECT sync.fp_sum(sha256(k || hash)) FROM held),
+    SELECT g.id, 'all', s.head, (SELECT sync_internal.fp_sum(sha256(k || hash)) FROM held),
            (SELECT count(*) FROM held), (SELECT ranges FROM answers)
     FROM g, sync.scope s WHERE s.match = '*'
     ON CONFLICT (replica, scope) DO UPDATE SET through = excluded.through, fp = excluded.fp,
@@ -123,7 +123,7 @@ SELECT deliver();
 SELECT * FROM repairs;
 
 -- A report behind the head is not compared.
-UPDATE sync.holding SET through = through - 1, fp = sync.fp_zero();
+UPDATE sync.holding SET through = through - 1, fp = sync_internal.fp_zero();
 SELECT deliver();
 SELECT * FROM repairs;
 SELECT * FROM status;
@@ -134,7 +134,7 @@ UPDATE shop.registers SET active = false WHERE label = 'a2';
 SELECT deliver();
 SELECT report('a2', '{1}');
 INSERT INTO sync.holding (replica, scope, through, fp, n)
-SELECT id, 'store_id=9', 1, sync.fp_zero(), 3 FROM shop.registers WHERE label = 'a1';
+SELECT id, 'store_id=9', 1, sync_internal.fp_zero(), 3 FROM shop.registers WHERE label = 'a1';
 SELECT deliver();
 SELECT * FROM repairs;
 DELETE FROM sync.holding WHERE scope = 'store_id=9';

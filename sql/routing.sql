@@ -23,7 +23,7 @@ SELECT sync.catalog('public.notes', "to" => 'van_name = name');
 INSERT INTO notes VALUES (1, 'v1'), (2, 'v2'), (3, 'v9');
 SELECT provisioned, messages FROM sync.pass();
 SELECT * FROM carried ORDER BY van, k::text;
-SELECT v.name, sync.scope_name(s.match, s.value, s.partition) AS scope
+SELECT v.name, sync_internal.scope_name(s.match, s.value, s.partition) AS scope
 FROM sync.member m JOIN sync.scope s ON s.id = m.scope JOIN vans v ON v.id = m.replica
 WHERE s.match = 'name' ORDER BY 1;
 UPDATE sync.outbox SET sent_at = now();

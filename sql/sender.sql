@@ -55,11 +55,11 @@ SELECT tries FROM sync.outbox WHERE replica = '00000000-0000-0000-0000-000000000
 
 -- A lease holder is a session: it lives while a session has its pid and its start. No session
 -- named: the lease holds by its time alone.
-SELECT sync.session_lives(pg_backend_pid(), (SELECT backend_start FROM pg_stat_activity
+SELECT sync_internal.session_lives(pg_backend_pid(), (SELECT backend_start FROM pg_stat_activity
                                              WHERE pid = pg_backend_pid())) AS this_session,
-       sync.session_lives(pg_backend_pid(), '2000-01-01') AS earlier_session_of_this_pid,
-       sync.session_lives(0, '2000-01-01') AS no_such_session,
-       sync.session_lives(NULL, NULL) AS none_named;
+       sync_internal.session_lives(pg_backend_pid(), '2000-01-01') AS earlier_session_of_this_pid,
+       sync_internal.session_lives(0, '2000-01-01') AS no_such_session,
+       sync_internal.session_lives(NULL, NULL) AS none_named;
 
 -- Failed, transient: the lease ends, the replica backs off for magic_sync.backoff and the error is
 -- kept; the first failure starts the backoff (true), the next ones do not.

@@ -48,7 +48,7 @@ SELECT messages FROM sync.pass();
 SELECT * FROM sent ORDER BY replica, seq;
 SELECT count(*) AS old_rows FROM sync.row r WHERE NOT EXISTS (SELECT FROM sync.codec c WHERE c.id = r.codec);
 SELECT held('fleet.van_routes') AS new_rows;
-SELECT s.n, (sync.scope_fingerprint(s.id)).n AS counted FROM sync.scope s WHERE s.match = 'depot' ORDER BY s.value;
+SELECT s.n, (sync_internal.scope_fingerprint(s.id)).n AS counted FROM sync.scope s WHERE s.match = 'depot' ORDER BY s.value;
 -- Deleting a row now removes it under its new name.
 UPDATE sync.outbox SET sent_at = now();
 DELETE FROM fleet.van_routes WHERE id = 10;

@@ -48,8 +48,8 @@ SELECT c.table_name, sync.audience_sql(c.id, 'row', 'replica') FROM sync.codec c
 SELECT notes > 0 AS planned FROM sync.pass();
 CREATE FUNCTION planned(replica uuid) RETURNS TABLE (t text, k text, h text, scope text)
 LANGUAGE sql AS $$
-    SELECT c.table_name, sync.canonical(r.key), encode(r.hash, 'hex'),
-           sync.scope_name(s.match, s.value, s.partition)
+    SELECT c.table_name, sync_internal.canonical(r.key), encode(r.hash, 'hex'),
+           sync_internal.scope_name(s.match, s.value, s.partition)
     FROM sync.row r JOIN sync.member m ON m.scope = r.scope AND m.replica = planned.replica
     JOIN sync.scope s ON s.id = r.scope JOIN sync.codec c ON c.id = r.codec
     WHERE NOT r.gone AND NOT r.withheld
@@ -70,7 +70,7 @@ SELECT key, withheld FROM sync.expected('00000000-0000-0000-0000-000000000001') 
 SELECT set_aside FROM sync.pass();
 SELECT r.key, r.withheld FROM sync.row r JOIN sync.codec c ON c.id = r.codec
 WHERE c.table_name = 'fleet.depots' ORDER BY r.key;
-SELECT s.n, (sync.scope_fingerprint(s.id)).n AS counted FROM sync.scope s WHERE s.match = '*';
+SELECT s.n, (sync_internal.scope_fingerprint(s.id)).n AS counted FROM sync.scope s WHERE s.match = '*';
 
 -- The audit finds nothing while the state is the tables'...
 SELECT * FROM sync.audit();
@@ -83,19 +83,19 @@ SELECT rows_changed FROM sync.pass();
 -- and a scope's running fingerprint was damaged. The audit says so, and plans them again from the
 -- tables: the scope is counted again, the table noted whole, and the van gets the row.
 WITH lost AS (
-    UPDATE sync.row r SET body = '{"city":"Paris","id":1}', hash = sync.row_hash('{"city":"Paris","id":1}')
+    UPDATE sync.row r SET body = '{"city":"Paris","id":1}', hash = sync_internal.row_hash('{"city":"Paris","id":1}')
     FROM sync.codec c, sync.row old
     WHERE c.id = r.codec AND c.table_name = 'fleet.depots' AND r.key = '{"id": 1}'
       AND old.k = r.k AND old.scope = r.scope
     RETURNING r.scope, r.k, old.hash AS was, r.hash AS now)
-UPDATE sync.scope s SET fp = sync.fp_add(sync.fp_sub(s.fp, sync.fp_element(l.k, l.was)),
-                                         sync.fp_element(l.k, l.now))
+UPDATE sync.scope s SET fp = sync_internal.fp_add(sync_internal.fp_sub(s.fp, sync_internal.fp_element(l.k, l.was)),
+                                         sync_internal.fp_element(l.k, l.now))
 FROM lost l WHERE s.id = l.scope;
-UPDATE sync.scope SET fp = sync.fp_zero() WHERE match = 'depot' AND value = '2';
+UPDATE sync.scope SET fp = sync_internal.fp_zero() WHERE match = 'depot' AND value = '2';
 UPDATE sync.outbox SET sent_at = now();
 SELECT * FROM sync.audit();
 SELECT codec, key FROM sync.note ORDER BY codec;
-SELECT sync.scope_name(s.match, s.value, s.partition) AS drifted
+SELECT sync_internal.scope_name(s.match, s.value, s.partition) AS drifted
 FROM sync.drifted_scope d JOIN sync.scope s ON s.id = d.scope;
 SELECT rows_changed FROM sync.pass();
 SELECT count(*) AS drifted FROM sync.drifted_scope;
@@ -118,7 +118,7 @@ SELECT * FROM sync.audit();
 -- the server's fingerprint...
 UPDATE sync.outbox SET sent_at = now();
 INSERT INTO sync.holding (replica, scope, through, fp, n)
-SELECT m.replica, sync.scope_name(s.match, s.value, s.partition), s.head, s.fp, s.n
+SELECT m.replica, sync_internal.scope_name(s.match, s.value, s.partition), s.head, s.fp, s.n
 FROM sync.member m JOIN sync.scope s ON s.id = m.scope
 WHERE m.replica = '00000000-0000-0000-0000-000000000001';
 SELECT replica, sync FROM sync.status ORDER BY replica;
@@ -131,7 +131,7 @@ SELECT replica, sync FROM sync.status ORDER BY replica;
 SELECT replica, problem FROM sync.audit();
 SELECT provisioned FROM sync.pass();
 INSERT INTO sync.holding (replica, scope, through, fp, n)
-SELECT m.replica, sync.scope_name(s.match, s.value, s.partition), s.head, s.fp, s.n
+SELECT m.replica, sync_internal.scope_name(s.match, s.value, s.partition), s.head, s.fp, s.n
 FROM sync.member m JOIN sync.scope s ON s.id = m.scope
 WHERE m.replica = '00000000-0000-0000-0000-000000000001'
 ON CONFLICT (replica, scope) DO UPDATE SET through = excluded.through, fp = excluded.fp, n = excluded.n;

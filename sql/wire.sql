@@ -29,7 +29,7 @@ INSERT INTO sample VALUES
     ('keys by bytes', '{"b": 1, "aa": 2, "a": 3, "ab": 4, "é": 5, "Z": 6, "": 7, "a b": 8}'),
     ('nested', '{"z": {"y": {"x": [{"w": 1, "v": [2.0, -3]}]}}, "a": []}'),
     ('spaced', '{ "k" : [ 1 , 2 ] , "j" : { } }');
-SELECT name, sync.canonical(value), encode(sync.key_hash('items', value), 'hex') AS k
+SELECT name, sync_internal.canonical(value), encode(sync_internal.key_hash('items', value), 'hex') AS k
 FROM sample ORDER BY name;
 
 -- A row as the pass encodes it: to_jsonb of the table's row.
@@ -43,21 +43,21 @@ INSERT INTO item VALUES
     (3, 'snow ☃', 0, 0.00, 'NaN', NULL, NULL, NULL, NULL, NULL, 'abcd'),
     (4, '', 2147483647, 99999999.99, '-Infinity', true, '{NULL}', 'infinity', '-infinity',
      '"scalar"', '');
-SELECT id, sync.canonical(to_jsonb(i)) FROM item i ORDER BY id;
+SELECT id, sync_internal.canonical(to_jsonb(i)) FROM item i ORDER BY id;
 
 -- Refused as before: nesting deeper than a row may be inside a message.
-SELECT sync.canonical((repeat('[', 70) || repeat(']', 70))::jsonb);
-SELECT length(sync.canonical((repeat('[', 59) || repeat(']', 59))::jsonb));
+SELECT sync_internal.canonical((repeat('[', 70) || repeat(']', 70))::jsonb);
+SELECT length(sync_internal.canonical((repeat('[', 59) || repeat(']', 59))::jsonb));
 -- A number no double can hold is written as it is, past a long double too: such a row is withheld
--- (sync.row_travels), and its key still hashes.
-SELECT length(sync.canonical(('1' || repeat('0', 400))::jsonb));
-SELECT length(sync.canonical(('1' || repeat('0', 5000))::jsonb));
-SELECT sync.canonical(('2' || repeat('0', 308))::jsonb) = '2' || repeat('0', 308) AS as_written;
-SELECT length(sync.key_hash('items', ('{"id": 1' || repeat('0', 400) || '}')::jsonb));
-SELECT sync.row_travels('all', 'items', '{"id":1}', '{"id":1,"n":1' || repeat('0', 400) || '}');
-SELECT sync.row_travels('all', 'items', '{"id":1}', '{"id":1,"n":1' || repeat('0', 300) || '}');
+-- (sync_internal.row_travels), and its key still hashes.
+SELECT length(sync_internal.canonical(('1' || repeat('0', 400))::jsonb));
+SELECT length(sync_internal.canonical(('1' || repeat('0', 5000))::jsonb));
+SELECT sync_internal.canonical(('2' || repeat('0', 308))::jsonb) = '2' || repeat('0', 308) AS as_written;
+SELECT length(sync_internal.key_hash('items', ('{"id": 1' || repeat('0', 400) || '}')::jsonb));
+SELECT sync_internal.row_travels('all', 'items', '{"id":1}', '{"id":1,"n":1' || repeat('0', 400) || '}');
+SELECT sync_internal.row_travels('all', 'items', '{"id":1}', '{"id":1,"n":1' || repeat('0', 300) || '}');
 
--- The pass writes a row from its columns where it can (sync.encode_row): the same text as
+-- The pass writes a row from its columns where it can (sync_internal.encode_row): the same text as
 -- through to_jsonb, for every column type it writes; NULL leaves the row to to_jsonb.
 CREATE TEMP TABLE wide (id int2, big int8, f4 float4, f8 float8, n numeric, v varchar(10),
                         u uuid, ts timestamp, tz timestamptz, d date, j jsonb, b bool, t text,
@@ -75,33 +75,33 @@ INSERT INTO wide VALUES
      '{"n": 1.10, "": 2, "aa": 3, "b": 4}', NULL, NULL, NULL),
     (6, NULL, NULL, '-Infinity', 0.000, NULL, NULL, NULL, NULL, NULL,
      (repeat('[', 58) || repeat(']', 58))::jsonb, NULL, NULL, NULL);
-SELECT id, sync.encode_row(w, '{}') = sync.canonical(to_jsonb(w)) AS same,
-       sync.encode_row(w, '{}') FROM wide w WHERE id < 6 ORDER BY id;
-SELECT id, sync.encode_row(w, '{}') = sync.canonical(to_jsonb(w)) AS same FROM wide w WHERE id = 6;
-SELECT id, sync.encode_row(w, '{f4,t,nonesuch}') = sync.canonical(to_jsonb(w) - '{f4,t,nonesuch}'::text[])
+SELECT id, sync_internal.encode_row(w, '{}') = sync_internal.canonical(to_jsonb(w)) AS same,
+       sync_internal.encode_row(w, '{}') FROM wide w WHERE id < 6 ORDER BY id;
+SELECT id, sync_internal.encode_row(w, '{}') = sync_internal.canonical(to_jsonb(w)) AS same FROM wide w WHERE id = 6;
+SELECT id, sync_internal.encode_row(w, '{f4,t,nonesuch}') = sync_internal.canonical(to_jsonb(w) - '{f4,t,nonesuch}'::text[])
        AS same_without_hidden FROM wide w ORDER BY id;
 -- Left to to_jsonb: a column nested deeper than a row may be (to_jsonb's way refuses it), and
 -- column types written another way (arrays, json, intervals, domains).
 UPDATE wide SET j = (repeat('[', 59) || repeat(']', 59))::jsonb WHERE id = 6;
-SELECT sync.encode_row(w, '{}') IS NULL AS left_to_to_jsonb FROM wide w WHERE id = 6;
-SELECT sync.canonical(to_jsonb(w)) FROM wide w WHERE id = 6;
+SELECT sync_internal.encode_row(w, '{}') IS NULL AS left_to_to_jsonb FROM wide w WHERE id = 6;
+SELECT sync_internal.canonical(to_jsonb(w)) FROM wide w WHERE id = 6;
 CREATE DOMAIN positive AS int CHECK (VALUE > 0);
 CREATE TEMP TABLE other (id int, tags int[], doc json, span interval, p positive);
 INSERT INTO other VALUES (1, '{1,2}', NULL, NULL, NULL), (2, NULL, '{"a": 1, "a": 2}', NULL, NULL),
     (3, NULL, NULL, '1 day', NULL), (4, NULL, NULL, NULL, 7), (5, NULL, NULL, NULL, NULL);
-SELECT id, sync.encode_row(o, '{}') AS written, sync.canonical(to_jsonb(o)) AS through_to_jsonb
+SELECT id, sync_internal.encode_row(o, '{}') AS written, sync_internal.canonical(to_jsonb(o)) AS through_to_jsonb
 FROM other o ORDER BY id;
-SELECT id, sync.encode_row(i, '{tags}') = sync.canonical(to_jsonb(i) - 'tags') AS same FROM item i
+SELECT id, sync_internal.encode_row(i, '{tags}') = sync_internal.canonical(to_jsonb(i) - 'tags') AS same FROM item i
 ORDER BY id;
 
 -- A row's version hash and its fingerprint element, as the pass computes them: the SHA-256 of
 -- the canonical text's UTF-8 bytes, and of k ‖ v; both as PostgreSQL's sha256 gives them.
-SELECT id, sync.row_hash(sync.encode_row(w, '{}')) = sha256(convert_to(sync.encode_row(w, '{}'), 'UTF8'))
+SELECT id, sync_internal.row_hash(sync_internal.encode_row(w, '{}')) = sha256(convert_to(sync_internal.encode_row(w, '{}'), 'UTF8'))
        AS same_row_hash,
-       sync.fp_element(sync.key_hash('wide', jsonb_build_object('id', id)),
-                       sync.row_hash(sync.encode_row(w, '{}')))
-       = sha256(sync.key_hash('wide', jsonb_build_object('id', id))
-                || sha256(convert_to(sync.encode_row(w, '{}'), 'UTF8'))) AS same_element
+       sync_internal.fp_element(sync_internal.key_hash('wide', jsonb_build_object('id', id)),
+                       sync_internal.row_hash(sync_internal.encode_row(w, '{}')))
+       = sha256(sync_internal.key_hash('wide', jsonb_build_object('id', id))
+                || sha256(convert_to(sync_internal.encode_row(w, '{}'), 'UTF8'))) AS same_element
 FROM wide w WHERE id < 6 ORDER BY id;
-SELECT encode(sync.row_hash('{"id":1,"name":"snow ☃"}'), 'hex');
-SELECT sync.fp_element('\x00'::bytea, sha256('x'));
+SELECT encode(sync_internal.row_hash('{"id":1,"name":"snow ☃"}'), 'hex');
+SELECT sync_internal.fp_element('\x00'::bytea, sha256('x'));

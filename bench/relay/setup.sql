@@ -98,7 +98,7 @@ END
 $$;
 
 -- The floor docs/DESIGN.md §3 and §4 set under any pass, each step a bare set statement over the same
--- rows, timed with its commit: encoding the rows (sync.encode_row over a table scan, no joins),
+-- rows, timed with its commit: encoding the rows (sync_internal.encode_row over a table scan, no joins),
 -- writing their state once into a table of the row shape docs/DESIGN.md §3 names (codec, key, scope,
 -- seq, hash, gone, with the key hash `k` that stands for (codec, key) as the key), indexed as a
 -- pass must read it, by key and by (scope, seq), and taking their notes (a plain DELETE of all).
@@ -114,7 +114,7 @@ DECLARE
     n bigint;
 BEGIN
     t0 := clock_timestamp();
-    SELECT count(sync.encode_row(t, '{}')) INTO n FROM bench.items t;
+    SELECT count(sync_internal.encode_row(t, '{}')) INTO n FROM bench.items t;
     INSERT INTO bench.timing (label, n, passes, ms, notes, messages)
         VALUES (label || '.encode', n, 0, extract(epoch FROM clock_timestamp() - t0) * 1000, 0, 0);
     COMMIT;

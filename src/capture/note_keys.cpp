@@ -86,7 +86,7 @@ void skip_value(char** at, const char* end) {
     *at += size;
 }
 
-// sync.note_keys_from(keys bytea, first int) RETURNS bytea: the image of the keys from the
+// sync_internal.note_keys_from(keys bytea, first int) RETURNS bytea: the image of the keys from the
 // first-th on (1-based): what is left of a note the pass took part of.
 Datum note_keys_from(FunctionCallInfo fcinfo) {
     bytea* image = PG_GETARG_BYTEA_PP(0);

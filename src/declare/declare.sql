@@ -26,7 +26,7 @@ LANGUAGE C STABLE STRICT;
 
 -- What is left of a note's keys from the first-th on: a pass that takes part of a big note
 -- leaves the rest for the next.
-CREATE FUNCTION sync.note_keys_from(keys bytea, first int) RETURNS bytea
+CREATE FUNCTION sync_internal.note_keys_from(keys bytea, first int) RETURNS bytea
 AS 'MODULE_PATHNAME', 'magic_sync_note_keys_from'
 LANGUAGE C IMMUTABLE STRICT;
 
@@ -40,7 +40,7 @@ CROSS JOIN LATERAL (SELECT n.key, 1::bigint WHERE n.keys IS NULL
                     SELECT * FROM sync.note_keys(n.keys) WITH ORDINALITY) AS k(key, position);
 
 -- The relation's name as it travels on the wire and shows in messages: schema.name.
-CREATE FUNCTION sync.relation_name(relation regclass) RETURNS text
+CREATE FUNCTION sync_internal.relation_name(relation regclass) RETURNS text
 LANGUAGE sql STABLE STRICT
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -50,7 +50,7 @@ AS $$
 $$;
 
 -- The type of a column of a relation, or NULL when it has no such column.
-CREATE FUNCTION sync.column_type(relation regclass, column_name name) RETURNS regtype
+CREATE FUNCTION sync_internal.column_type(relation regclass, column_name name) RETURNS regtype
 LANGUAGE sql STABLE STRICT
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -59,17 +59,17 @@ AS $$
 $$;
 
 -- The types of columns of a relation, in the order named (NULL for a column it does not have).
-CREATE FUNCTION sync.column_types(relation regclass, column_names name[]) RETURNS regtype[]
+CREATE FUNCTION sync_internal.column_types(relation regclass, column_names name[]) RETURNS regtype[]
 LANGUAGE sql STABLE STRICT
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT array_agg(sync.column_type(relation, c.name) ORDER BY c.position)
+    SELECT array_agg(sync_internal.column_type(relation, c.name) ORDER BY c.position)
     FROM unnest(column_names) WITH ORDINALITY AS c(name, position)
 $$;
 
 -- A table's columns and their types, in order: what a schema change that matters to its rows
 -- changes.
-CREATE FUNCTION sync.table_shape(relation regclass) RETURNS text
+CREATE FUNCTION sync_internal.table_shape(relation regclass) RETURNS text
 LANGUAGE sql STABLE STRICT
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -80,7 +80,7 @@ AS $$
 $$;
 
 -- The primary key columns of a table, in key order (NULL when it has none).
-CREATE FUNCTION sync.key_columns(relation regclass) RETURNS name[]
+CREATE FUNCTION sync_internal.key_columns(relation regclass) RETURNS name[]
 LANGUAGE sql STABLE STRICT
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -93,7 +93,7 @@ $$;
 
 -- The columns a row of `relation` cannot be without: NOT NULL, and nothing fills them in (no
 -- default, no identity; a generated column has a default).
-CREATE FUNCTION sync.required_columns(relation regclass) RETURNS name[]
+CREATE FUNCTION sync_internal.required_columns(relation regclass) RETURNS name[]
 LANGUAGE sql STABLE STRICT
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -104,19 +104,19 @@ AS $$
 $$;
 
 -- Refuses unless every column in `columns` exists in `relation`; `what` names the argument.
-CREATE FUNCTION sync.require_columns(relation regclass, columns name[], what text) RETURNS void
+CREATE FUNCTION sync_internal.require_columns(relation regclass, columns name[], what text) RETURNS void
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     missing name;
 BEGIN
-    SELECT c INTO missing FROM unnest(columns) c WHERE sync.column_type(relation, c) IS NULL LIMIT 1;
+    SELECT c INTO missing FROM unnest(columns) c WHERE sync_internal.column_type(relation, c) IS NULL LIMIT 1;
     IF missing IS NOT NULL THEN
         RAISE EXCEPTION '% names column "%", which table % does not have',
-                        what, missing, sync.relation_name(relation)
+                        what, missing, sync_internal.relation_name(relation)
             USING ERRCODE = 'undefined_column',
-                  HINT = format('The columns of %s are: %s.', sync.relation_name(relation),
+                  HINT = format('The columns of %s are: %s.', sync_internal.relation_name(relation),
                                 (SELECT string_agg(quote_ident(a.attname), ', ' ORDER BY a.attnum)
                                  FROM pg_attribute a
                                  WHERE a.attrelid = relation AND a.attnum > 0 AND NOT a.attisdropped));
@@ -126,7 +126,7 @@ $$;
 
 -- Installs the capture triggers on a relation: a row trigger that keeps each changed key until
 -- the transaction commits, and a statement trigger for TRUNCATE (src/capture/trigger.cpp).
-CREATE FUNCTION sync.install_capture(relation regclass, codec int, key_columns name[]) RETURNS void
+CREATE FUNCTION sync_internal.install_capture(relation regclass, codec int, key_columns name[]) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -134,7 +134,7 @@ DECLARE
     args text := (SELECT string_agg(quote_literal(a), ', ')
                   FROM unnest(ARRAY[codec::text] || key_columns::text[]) a);
 BEGIN
-    PERFORM sync.remove_capture(relation);
+    PERFORM sync_internal.remove_capture(relation);
     EXECUTE format('CREATE TRIGGER magic_sync_change AFTER INSERT OR UPDATE OR DELETE ON %s '
                    'FOR EACH ROW EXECUTE FUNCTION sync.capture(%s)', relation, args);
     EXECUTE format('CREATE TRIGGER magic_sync_truncate AFTER TRUNCATE ON %s '
@@ -142,8 +142,8 @@ BEGIN
 END
 $$;
 
--- Whether a relation has the triggers sync.install_capture makes.
-CREATE FUNCTION sync.capture_installed(relation regclass) RETURNS boolean
+-- Whether a relation has the triggers sync_internal.install_capture makes.
+CREATE FUNCTION sync_internal.capture_installed(relation regclass) RETURNS boolean
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -152,7 +152,7 @@ AS $$
     WHERE t.tgrelid = relation AND t.tgfoid = 'sync.capture()'::regprocedure
 $$;
 
-CREATE FUNCTION sync.remove_capture(relation regclass) RETURNS void
+CREATE FUNCTION sync_internal.remove_capture(relation regclass) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -169,7 +169,7 @@ END
 $$;
 
 -- Refuses a `live` expression that does not parse over `relation` or is not boolean.
-CREATE FUNCTION sync.require_live(relation regclass, live text) RETURNS void
+CREATE FUNCTION sync_internal.require_live(relation regclass, live text) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -184,7 +184,7 @@ BEGIN
     EXCEPTION WHEN syntax_error OR undefined_column OR undefined_function OR datatype_mismatch
                    OR undefined_table OR ambiguous_column THEN
         RAISE EXCEPTION 'live expression "%" is not valid over %: %',
-                        live, sync.relation_name(relation), SQLERRM
+                        live, sync_internal.relation_name(relation), SQLERRM
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'live is a boolean SQL expression over the columns of the replicas '
                          'relation, such as ''active'' or ''status = ''''open''''''.';
@@ -206,17 +206,17 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     kind "char" := (SELECT c.relkind FROM pg_class c WHERE c.oid = relation);
-    id_type regtype := sync.column_type(relation, 'id');
+    id_type regtype := sync_internal.column_type(relation, 'id');
     previous regclass := (SELECT s.relation FROM sync.replica_set s);
     lacking text;
 BEGIN
     IF kind NOT IN ('r', 'p', 'v', 'm', 'f') THEN
-        RAISE EXCEPTION '% is not a table or a view', sync.relation_name(relation)
+        RAISE EXCEPTION '% is not a table or a view', sync_internal.relation_name(relation)
             USING ERRCODE = 'wrong_object_type';
     END IF;
     IF id_type IS DISTINCT FROM 'uuid'::regtype THEN
         RAISE EXCEPTION 'replicas relation % has no column "id" of type uuid%',
-                        sync.relation_name(relation),
+                        sync_internal.relation_name(relation),
                         CASE WHEN id_type IS NULL THEN '' ELSE format(' (its "id" is %s)', id_type) END
             USING ERRCODE = 'invalid_table_definition',
                   HINT = 'Each row of the replicas relation is a replica, identified by an id '
@@ -227,11 +227,11 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value',
                   HINT = 'The name shows in messages and logs, e.g. ''registers''.';
     END IF;
-    PERFORM sync.require_live(relation, coalesce(live, 'true'));
+    PERFORM sync_internal.require_live(relation, coalesce(live, 'true'));
     IF partitioned_by IS NOT NULL THEN
-        PERFORM sync.require_columns(relation, ARRAY[partitioned_by], 'partitioned_by');
+        PERFORM sync_internal.require_columns(relation, ARRAY[partitioned_by], 'partitioned_by');
         SELECT string_agg(c.table_name, ', ' ORDER BY c.table_name) INTO lacking
-        FROM sync.codec c WHERE sync.column_type(c.relation, partitioned_by) IS NULL;
+        FROM sync.codec c WHERE sync_internal.column_type(c.relation, partitioned_by) IS NULL;
         IF lacking IS NOT NULL THEN
             RAISE EXCEPTION 'column "%", which the replicas would be partitioned by, is missing from synced table(s) %',
                             partitioned_by, lacking
@@ -242,24 +242,24 @@ BEGIN
     END IF;
 
     IF previous IS NOT NULL AND previous <> relation THEN
-        PERFORM sync.remove_capture(previous);
+        PERFORM sync_internal.remove_capture(previous);
     END IF;
     INSERT INTO sync.replica_set AS s (relation, relation_name, name, live, partitioned_by)
-    VALUES (relation, sync.relation_name(relation), name, coalesce(live, 'true'), partitioned_by)
+    VALUES (relation, sync_internal.relation_name(relation), name, coalesce(live, 'true'), partitioned_by)
     ON CONFLICT (singleton) DO UPDATE
         SET relation = excluded.relation, relation_name = excluded.relation_name,
             name = excluded.name, live = excluded.live, partitioned_by = excluded.partitioned_by;
     IF kind IN ('r', 'p') THEN
-        PERFORM sync.install_capture(relation, 0, ARRAY['id']::name[]);
+        PERFORM sync_internal.install_capture(relation, 0, ARRAY['id']::name[]);
     END IF;
     -- Every replica is looked at again by the next pass.
     INSERT INTO sync.note (codec, key) VALUES (0, NULL);
-    PERFORM sync.wake();
+    PERFORM sync_internal.wake();
 END
 $$;
 
 -- The replicas columns that group codecs match on: a replica's groups are a scope each.
-CREATE FUNCTION sync.group_columns() RETURNS name[]
+CREATE FUNCTION sync_internal.group_columns() RETURNS name[]
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -269,7 +269,7 @@ $$;
 
 -- After a declaration changed: the next pass looks at every row of the codec, and at every
 -- replica too when the columns that group them changed (they join or leave those scopes).
-CREATE FUNCTION sync.declared(codec int, groups_before name[]) RETURNS void
+CREATE FUNCTION sync_internal.declared(codec int, groups_before name[]) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -277,15 +277,15 @@ BEGIN
     IF codec IS NOT NULL THEN
         INSERT INTO sync.note (codec, key) VALUES (declared.codec, NULL);
     END IF;
-    IF sync.group_columns() IS DISTINCT FROM groups_before THEN
+    IF sync_internal.group_columns() IS DISTINCT FROM groups_before THEN
         INSERT INTO sync.note (codec, key) VALUES (0, NULL);
     END IF;
-    PERFORM sync.wake();
+    PERFORM sync_internal.wake();
 END
 $$;
 
 -- Declares how a table syncs. sync.catalog(), sync.record() and sync.both() are sugar for it.
-CREATE FUNCTION sync.codec("table" regclass, kind text, "to" text DEFAULT NULL,
+CREATE FUNCTION sync_internal.codec("table" regclass, kind text, "to" text DEFAULT NULL,
                            columns name[] DEFAULT NULL, replica_columns name[] DEFAULT '{}',
                            stamp name[] DEFAULT '{}') RETURNS void
 LANGUAGE plpgsql
@@ -293,13 +293,13 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     relation regclass := "table";
-    table_name text := sync.relation_name("table");
+    table_name text := sync_internal.relation_name("table");
     relkind "char" := (SELECT c.relkind FROM pg_class c WHERE c.oid = "table");
-    keys name[] := sync.key_columns("table");
+    keys name[] := sync_internal.key_columns("table");
     replica_set sync.replica_set;
     previous sync.codec;
     holder regclass;
-    groups_before name[] := sync.group_columns();
+    groups_before name[] := sync_internal.group_columns();
     parsed text[];
     audience text;
     to_column name;
@@ -327,13 +327,13 @@ BEGIN
     SELECT * INTO replica_set FROM sync.replica_set;
     SELECT * INTO previous FROM sync.codec c WHERE c.relation = "table";
     SELECT c.relation INTO holder FROM sync.codec c
-    WHERE c.table_name = sync.relation_name("table") AND c.relation <> "table";
+    WHERE c.table_name = sync_internal.relation_name("table") AND c.relation <> "table";
     IF holder IS NOT NULL THEN
         RAISE EXCEPTION 'the name % is still declared for table %, which was renamed', table_name,
-                        coalesce(sync.relation_name(holder), '(dropped)')
+                        coalesce(sync_internal.relation_name(holder), '(dropped)')
             USING ERRCODE = 'duplicate_object',
                   HINT = format('Redeclare that table under its new name first, or sync.drop(%L).',
-                                coalesce(sync.relation_name(holder), table_name));
+                                coalesce(sync_internal.relation_name(holder), table_name));
     END IF;
 
     -- Who receives a row: 'all', 'col' (holds a replica id), 'col = replica_col', or NULL. Parsed
@@ -354,8 +354,8 @@ BEGIN
         to_column := parsed[1];
         replica_column := parsed[2];
         audience := CASE WHEN replica_column IS NULL THEN 'own' ELSE 'group' END;
-        PERFORM sync.require_columns("table", ARRAY[to_column], 'to');
-        own_type := sync.column_type("table", to_column);
+        PERFORM sync_internal.require_columns("table", ARRAY[to_column], 'to');
+        own_type := sync_internal.column_type("table", to_column);
         IF audience = 'own' THEN
             IF own_type <> 'uuid'::regtype THEN
                 RAISE EXCEPTION 'to => ''%'': column %.% is of type %, but a column that names the '
@@ -370,7 +370,7 @@ BEGIN
                     USING ERRCODE = 'object_not_in_prerequisite_state',
                           HINT = 'Declare them first with sync.replicas().';
             END IF;
-            replica_type := sync.column_type(replica_set.relation, replica_column);
+            replica_type := sync_internal.column_type(replica_set.relation, replica_column);
             IF replica_type IS NULL THEN
                 RAISE EXCEPTION 'to => ''%'': the replicas relation % has no column "%"',
                                 "to", replica_set.relation_name, replica_column
@@ -387,7 +387,7 @@ BEGIN
     END IF;
 
     IF columns IS NOT NULL THEN
-        PERFORM sync.require_columns("table", columns, 'columns');
+        PERFORM sync_internal.require_columns("table", columns, 'columns');
         SELECT k INTO offending FROM unnest(keys) k WHERE k <> ALL (columns) LIMIT 1;
         IF offending IS NOT NULL THEN
             RAISE EXCEPTION 'columns must include the key column "%" of %', offending, table_name
@@ -401,7 +401,7 @@ BEGIN
         RAISE EXCEPTION 'replica_columns are only for tables both sides write (sync.both()), not % tables', kind
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM sync.require_columns("table", replica_columns, 'replica_columns');
+    PERFORM sync_internal.require_columns("table", replica_columns, 'replica_columns');
     SELECT k INTO offending FROM unnest(keys) k WHERE k = ANY (replica_columns) LIMIT 1;
     IF offending IS NOT NULL THEN
         RAISE EXCEPTION 'replica_columns may not include the key column "%" of %', offending, table_name
@@ -422,10 +422,10 @@ BEGIN
         RAISE EXCEPTION 'stamp is for tables filed from uploads (record, both), not catalog tables'
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
-    PERFORM sync.require_columns("table", stamp, 'stamp');
+    PERFORM sync_internal.require_columns("table", stamp, 'stamp');
 
     IF replica_set.partitioned_by IS NOT NULL
-       AND sync.column_type("table", replica_set.partitioned_by) IS NULL THEN
+       AND sync_internal.column_type("table", replica_set.partitioned_by) IS NULL THEN
         RAISE EXCEPTION 'table % has no column "%", which the replicas are partitioned by',
                         table_name, replica_set.partitioned_by
             USING ERRCODE = 'undefined_column',
@@ -437,14 +437,14 @@ BEGIN
     -- old name) and a new one begins, whose rows are all sent again.
     IF previous.id IS NOT NULL
        AND (previous.table_name <> table_name OR previous.key_columns <> keys
-            OR previous.key_types IS DISTINCT FROM sync.column_types("table", keys)) THEN
+            OR previous.key_types IS DISTINCT FROM sync_internal.column_types("table", keys)) THEN
         PERFORM sync.end_codec(previous.id);
     END IF;
     INSERT INTO sync.codec AS c (relation, table_name, kind, "to", audience, to_column, replica_column,
                                  columns, replica_columns, stamp, key_columns, key_types, shape)
     VALUES (relation, table_name, kind, "to", audience, to_column, replica_column,
-            columns, replica_columns, stamp, keys, sync.column_types("table", keys),
-            sync.table_shape("table"))
+            columns, replica_columns, stamp, keys, sync_internal.column_types("table", keys),
+            sync_internal.table_shape("table"))
     ON CONFLICT ON CONSTRAINT codec_relation_key DO UPDATE
         SET table_name = excluded.table_name, kind = excluded.kind, "to" = excluded."to",
             audience = excluded.audience, to_column = excluded.to_column,
@@ -452,8 +452,8 @@ BEGIN
             replica_columns = excluded.replica_columns, stamp = excluded.stamp,
             key_columns = excluded.key_columns, key_types = excluded.key_types, shape = excluded.shape
     RETURNING c.id INTO codec_id;
-    PERFORM sync.install_capture(relation, codec_id, keys);
-    PERFORM sync.declared(codec_id, groups_before);
+    PERFORM sync_internal.install_capture(relation, codec_id, keys);
+    PERFORM sync_internal.declared(codec_id, groups_before);
 END
 $$;
 
@@ -462,21 +462,21 @@ CREATE FUNCTION sync.catalog("table" regclass, "to" text DEFAULT 'all', columns 
 RETURNS void
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT sync.codec("table", 'catalog', "to", columns) $$;
+AS $$ SELECT sync_internal.codec("table", 'catalog', "to", columns) $$;
 
 -- Facts a replica creates, filed insert-if-absent by primary key. Up only unless `to`.
 CREATE FUNCTION sync.record("table" regclass, "to" text DEFAULT NULL, columns name[] DEFAULT NULL,
                             stamp name[] DEFAULT '{}') RETURNS void
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT sync.codec("table", 'record', "to", columns, '{}', stamp) $$;
+AS $$ SELECT sync_internal.codec("table", 'record', "to", columns, '{}', stamp) $$;
 
 -- Rows both sides write: down whole, up only the replica_columns.
 CREATE FUNCTION sync.both("table" regclass, "to" text DEFAULT NULL, replica_columns name[] DEFAULT '{}',
                           columns name[] DEFAULT NULL, stamp name[] DEFAULT '{}') RETURNS void
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT sync.codec("table", 'both', "to", columns, replica_columns, stamp) $$;
+AS $$ SELECT sync_internal.codec("table", 'both', "to", columns, replica_columns, stamp) $$;
 
 -- Ends a codec: its declaration goes, and the next pass forgets its rows, its notes and what was
 -- set aside of it, and has every replica that holds some drop the table (sync.dropped_codec). It
@@ -487,13 +487,13 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    groups_before name[] := sync.group_columns();
+    groups_before name[] := sync_internal.group_columns();
 BEGIN
     INSERT INTO sync.dropped_codec (codec, table_name)
     SELECT c.id, c.table_name FROM sync.codec c WHERE c.id = end_codec.codec
     ON CONFLICT DO NOTHING;
     DELETE FROM sync.codec c WHERE c.id = end_codec.codec;
-    PERFORM sync.declared(NULL, groups_before);
+    PERFORM sync_internal.declared(NULL, groups_before);
 END
 $$;
 
@@ -507,11 +507,11 @@ DECLARE
     codec_id int := (SELECT c.id FROM sync.codec c WHERE c.relation = "table");
 BEGIN
     IF codec_id IS NULL THEN
-        RAISE EXCEPTION 'table % does not sync: it has no codec', sync.relation_name("table")
+        RAISE EXCEPTION 'table % does not sync: it has no codec', sync_internal.relation_name("table")
             USING ERRCODE = 'undefined_object',
                   HINT = 'SELECT table_name FROM sync.codec lists the tables that sync.';
     END IF;
-    PERFORM sync.remove_capture("table");
+    PERFORM sync_internal.remove_capture("table");
     PERFORM sync.end_codec(codec_id);
 END
 $$;
@@ -550,8 +550,8 @@ END
 $$;
 
 -- What is wrong with the replicas' declaration now, one row each, and how to fix it. `refuses`: a
--- schema change that causes it is refused (sync.on_ddl), since nothing could sync meanwhile.
-CREATE FUNCTION sync.replica_set_problems()
+-- schema change that causes it is refused (sync_internal.on_ddl), since nothing could sync meanwhile.
+CREATE FUNCTION sync_internal.replica_set_problems()
 RETURNS TABLE (problem text, fix text, refuses boolean)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -564,7 +564,7 @@ BEGIN
     IF r.relation IS NULL THEN
         RETURN;
     END IF;
-    current_name := sync.relation_name(r.relation);
+    current_name := sync_internal.relation_name(r.relation);
     IF current_name IS NULL THEN
         RETURN QUERY SELECT format('relation %s was dropped', r.relation_name),
                             'Create it again and redeclare it with sync.replicas().', false;
@@ -575,17 +575,17 @@ BEGIN
                             format('Redeclare it: SELECT sync.replicas(%L, %L, %L).', current_name,
                                    r.name, r.live), false;
     END IF;
-    IF sync.column_type(r.relation, 'id') IS DISTINCT FROM 'uuid'::regtype THEN
+    IF sync_internal.column_type(r.relation, 'id') IS DISTINCT FROM 'uuid'::regtype THEN
         RETURN QUERY SELECT format('%s has no column "id" of type uuid any more', current_name),
                             'Add it back: every replica is identified by an id uuid.', true;
     END IF;
-    IF r.partitioned_by IS NOT NULL AND sync.column_type(r.relation, r.partitioned_by) IS NULL THEN
+    IF r.partitioned_by IS NOT NULL AND sync_internal.column_type(r.relation, r.partitioned_by) IS NULL THEN
         RETURN QUERY SELECT format('%s has no column "%s" (partitioned_by) any more', current_name,
                                    r.partitioned_by),
                             'Add it back, or redeclare the replicas without partitioned_by.', true;
     END IF;
     BEGIN
-        PERFORM sync.require_live(r.relation, r.live);
+        PERFORM sync_internal.require_live(r.relation, r.live);
     EXCEPTION WHEN OTHERS THEN
         RETURN QUERY SELECT SQLERRM, 'Redeclare the replicas with a live expression that holds now.', true;
     END;
@@ -593,15 +593,15 @@ END
 $$;
 
 -- What is wrong with a codec's declaration now, one row each, and how to fix it (`refuses`: as for
--- sync.replica_set_problems).
-CREATE FUNCTION sync.codec_problems(c sync.codec)
+-- sync_internal.replica_set_problems).
+CREATE FUNCTION sync_internal.codec_problems(c sync.codec)
 RETURNS TABLE (problem text, fix text, refuses boolean)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     r sync.replica_set;
-    current_name text := sync.relation_name(c.relation);
+    current_name text := sync_internal.relation_name(c.relation);
     wanted name;
     lost name[];
     own_type regtype;
@@ -622,41 +622,41 @@ BEGIN
     SELECT array_agg(x) INTO lost
     FROM unnest(c.key_columns || coalesce(c.columns, '{}') || c.replica_columns || c.stamp
                 || array_remove(ARRAY[c.to_column], NULL)) x
-    WHERE sync.column_type(c.relation, x) IS NULL;
+    WHERE sync_internal.column_type(c.relation, x) IS NULL;
     FOREACH wanted IN ARRAY coalesce(lost, '{}') LOOP
         RETURN QUERY SELECT format('column "%s" of %s, named in its declaration, was dropped', wanted,
                                    current_name),
                             format('Add the column back, or redeclare %s without it.', current_name), true;
     END LOOP;
     IF c.replica_column IS NOT NULL AND r.relation IS NOT NULL
-       AND sync.column_type(r.relation, c.replica_column) IS NULL THEN
+       AND sync_internal.column_type(r.relation, c.replica_column) IS NULL THEN
         RETURN QUERY SELECT format('to => %L matches column "%s" of the replicas, which %s no longer has',
                                    c."to", c.replica_column, r.relation_name),
                             format('Add the column back, or redeclare %s with another "to".', current_name),
                             true;
     END IF;
-    own_type := sync.column_type(c.relation, c.to_column);
+    own_type := sync_internal.column_type(c.relation, c.to_column);
     IF c.audience = 'own' AND own_type <> 'uuid'::regtype
        OR c.audience = 'group' AND r.relation IS NOT NULL
-          AND own_type <> sync.column_type(r.relation, c.replica_column) THEN
+          AND own_type <> sync_internal.column_type(r.relation, c.replica_column) THEN
         RETURN QUERY SELECT format('to => %L: column %s.%s is of type %s now', c."to", current_name,
                                    c.to_column, own_type),
                             format('Change it back, or redeclare %s with another "to".', current_name),
                             true;
     END IF;
-    IF sync.key_columns(c.relation) IS DISTINCT FROM c.key_columns THEN
+    IF sync_internal.key_columns(c.relation) IS DISTINCT FROM c.key_columns THEN
         RETURN QUERY SELECT format('the primary key of %s changed from (%s) to (%s)', current_name,
                                    array_to_string(c.key_columns, ', '),
-                                   coalesce(array_to_string(sync.key_columns(c.relation), ', '), 'none')),
+                                   coalesce(array_to_string(sync_internal.key_columns(c.relation), ', '), 'none')),
                             format('Redeclare %s so its rows are keyed by the new primary key.', current_name),
                             true;
-    ELSIF sync.column_types(c.relation, c.key_columns) IS DISTINCT FROM c.key_types THEN
+    ELSIF sync_internal.column_types(c.relation, c.key_columns) IS DISTINCT FROM c.key_types THEN
         RETURN QUERY SELECT format('the type of the key of %s changed from (%s) to (%s)', current_name,
                                    array_to_string(c.key_types, ', '),
-                                   array_to_string(sync.column_types(c.relation, c.key_columns), ', ')),
+                                   array_to_string(sync_internal.column_types(c.relation, c.key_columns), ', ')),
                             format('Redeclare %s: its rows have other keys now.', current_name), false;
     END IF;
-    IF NOT sync.capture_installed(c.relation) THEN
+    IF NOT sync_internal.capture_installed(c.relation) THEN
         RETURN QUERY SELECT format('the capture triggers of %s are missing', current_name),
                             format('Redeclare %s: its changes are not being noted.', current_name), false;
     END IF;
@@ -670,7 +670,7 @@ $$;
 -- absent (INSERT ... ON CONFLICT (key) DO NOTHING: INSERT, and SELECT on the key); a both row is
 -- inserted or its replica_columns changed (also UPDATE on those, and SELECT on them and on the
 -- columns that say whose it is: its "to" column and the partition column).
-CREATE FUNCTION sync.filing_grant_problems()
+CREATE FUNCTION sync_internal.filing_grant_problems()
 RETURNS TABLE (declaration text, problem text, fix text)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -695,7 +695,7 @@ AS $$
                                    -- what a both row cannot be without and the replica may not
                                    -- write is read from the stored row
                                    ('SELECT', CASE WHEN c.kind = 'both' THEN ARRAY(
-                                       SELECT col FROM unnest(sync.required_columns(c.relation)) col
+                                       SELECT col FROM unnest(sync_internal.required_columns(c.relation)) col
                                        WHERE col <> ALL (c.key_columns || c.replica_columns || c.stamp)) END))
                            AS n(privilege, columns)
         WHERE c.kind IN ('record', 'both') AND (n.privilege = 'INSERT' OR n.columns IS NOT NULL)),
@@ -738,13 +738,13 @@ LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT format('replicas %s (%s)', r.name, r.relation_name), p.problem, p.fix
-    FROM sync.replica_set r, sync.replica_set_problems() p
+    FROM sync.replica_set r, sync_internal.replica_set_problems() p
     UNION ALL
     (SELECT format('%s %s', c.kind, c.table_name), p.problem, p.fix
-     FROM sync.codec c, sync.codec_problems(c) p
+     FROM sync.codec c, sync_internal.codec_problems(c) p
      ORDER BY c.table_name)
     UNION ALL
-    SELECT * FROM sync.filing_grant_problems()
+    SELECT * FROM sync_internal.filing_grant_problems()
 $$;
 
 -- What is declared, for psql: the replicas relation first, then one row per synced table with
@@ -783,7 +783,7 @@ UNION ALL
 -- travel in their new shape (only those whose canonical form changed). After an ALTER TABLE of the
 -- replicas relation: the same refusals, and every replica is looked at again (its groups, its
 -- liveness may have changed). SECURITY DEFINER: it runs for whoever alters a table.
-CREATE FUNCTION sync.on_ddl() RETURNS event_trigger
+CREATE FUNCTION sync_internal.on_ddl() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -799,38 +799,38 @@ BEGIN
         RETURN;
     END IF;
     IF replicas = ANY (altered) THEN
-        SELECT * INTO broken FROM sync.replica_set_problems() p WHERE p.refuses LIMIT 1;
+        SELECT * INTO broken FROM sync_internal.replica_set_problems() p WHERE p.refuses LIMIT 1;
         IF FOUND THEN
             RAISE EXCEPTION 'this change of % breaks its declaration as the replicas: %',
-                            sync.relation_name(replicas), broken.problem
+                            sync_internal.relation_name(replicas), broken.problem
                 USING ERRCODE = 'dependent_objects_still_exist', HINT = broken.fix;
         END IF;
         FOR c IN SELECT * FROM sync.codec x WHERE x.replica_column IS NOT NULL LOOP
-            SELECT * INTO broken FROM sync.codec_problems(c) p WHERE p.refuses LIMIT 1;
+            SELECT * INTO broken FROM sync_internal.codec_problems(c) p WHERE p.refuses LIMIT 1;
             IF FOUND THEN
                 RAISE EXCEPTION 'this change of % breaks the declaration of %: %',
-                                sync.relation_name(replicas), c.table_name, broken.problem
+                                sync_internal.relation_name(replicas), c.table_name, broken.problem
                     USING ERRCODE = 'dependent_objects_still_exist', HINT = broken.fix;
             END IF;
         END LOOP;
         INSERT INTO sync.note (codec, key) VALUES (0, NULL);
-        PERFORM sync.wake();
+        PERFORM sync_internal.wake();
     END IF;
     FOR c IN SELECT * FROM sync.codec x WHERE x.relation = ANY (altered) LOOP
-        SELECT * INTO broken FROM sync.codec_problems(c) p WHERE p.refuses LIMIT 1;
+        SELECT * INTO broken FROM sync_internal.codec_problems(c) p WHERE p.refuses LIMIT 1;
         IF FOUND THEN
             RAISE EXCEPTION 'this change of % breaks its sync declaration: %', c.table_name,
                             broken.problem
                 USING ERRCODE = 'dependent_objects_still_exist',
                       HINT = broken.fix || format(' Or stop syncing it first: SELECT sync.drop(%L).',
-                                                  sync.relation_name(c.relation));
+                                                  sync_internal.relation_name(c.relation));
         END IF;
-        IF sync.column_types(c.relation, c.key_columns) IS DISTINCT FROM c.key_types THEN
-            PERFORM sync.codec(c.relation, c.kind, c."to", c.columns, c.replica_columns, c.stamp);
-        ELSIF sync.table_shape(c.relation) <> c.shape THEN
-            UPDATE sync.codec x SET shape = sync.table_shape(c.relation) WHERE x.id = c.id;
+        IF sync_internal.column_types(c.relation, c.key_columns) IS DISTINCT FROM c.key_types THEN
+            PERFORM sync_internal.codec(c.relation, c.kind, c."to", c.columns, c.replica_columns, c.stamp);
+        ELSIF sync_internal.table_shape(c.relation) <> c.shape THEN
+            UPDATE sync.codec x SET shape = sync_internal.table_shape(c.relation) WHERE x.id = c.id;
             INSERT INTO sync.note (codec, key) VALUES (c.id, NULL);
-            PERFORM sync.wake();
+            PERFORM sync_internal.wake();
         END IF;
     END LOOP;
 END
@@ -838,7 +838,7 @@ $$;
 
 -- After a DROP of a synced table: it stops syncing, as with sync.drop(), and every replica drops
 -- its rows.
-CREATE FUNCTION sync.on_drop() RETURNS event_trigger
+CREATE FUNCTION sync_internal.on_drop() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -850,9 +850,9 @@ END
 $$;
 
 CREATE EVENT TRIGGER magic_sync_ddl ON ddl_command_end WHEN TAG IN ('ALTER TABLE')
-EXECUTE FUNCTION sync.on_ddl();
+EXECUTE FUNCTION sync_internal.on_ddl();
 CREATE EVENT TRIGGER magic_sync_drop ON sql_drop WHEN TAG IN ('DROP TABLE', 'DROP SCHEMA', 'DROP OWNED')
-EXECUTE FUNCTION sync.on_drop();
+EXECUTE FUNCTION sync_internal.on_drop();
 
 -- The routing rule of a codec as SQL, its one owner: a boolean expression that is true when the
 -- row aliased `row_alias` (a row of the codec's table) is in the audience of the replica aliased

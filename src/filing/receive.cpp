@@ -4,8 +4,8 @@
 // sync.confirmation, sync.holding, sync.set_aside), through the SECURITY DEFINER helpers of
 // receive.sql, and never a row that the relay pass locks.
 //
-// sync.refile(ids) files again what receive kept (the retry of set_aside.sql): each kept item
-// as the role and under the settings the route had, after the same hooks, by the same code.
+// sync_internal.refile(ids) files again what receive kept (the retry of set_aside.sql): each kept
+// item as the role and under the settings the route had, after the same hooks, by the same code.
 #include <algorithm>
 #include <map>
 #include <optional>
@@ -76,7 +76,7 @@ struct Known {
     Value replica_row;
     Value replicas;  // the replicas relation, quoted
     // The last change of what filing depends on committed before the declarations were read: a
-    // row kept now is tried again after any later one (sync.keep_upload).
+    // row kept now is tried again after any later one (sync_internal.keep_upload).
     Value change;
 };
 
@@ -90,7 +90,7 @@ std::map<std::string, FilingCodec> load_codecs(Spi& spi, const std::vector<proto
     std::vector<pg::Row> undeclared;
     pg::as_extension_owner([&] {
         declared = state::load_codecs(spi, {}, tables);
-        undeclared = spi.query("SELECT * FROM sync.receive_undeclared($1::text[])",
+        undeclared = spi.query("SELECT * FROM sync_internal.receive_undeclared($1::text[])",
                                {Param::text_array(tables)});
     });
     std::map<std::string, FilingCodec> codecs;
@@ -434,7 +434,7 @@ std::vector<Kept> file_rows(Spi& spi, const std::vector<protocol::UpRow>& rows, 
 Value seen_before(Spi& spi, const std::string& replica, const std::string& id) {
     Value kept;
     pg::as_extension_owner([&] {
-        kept = spi.scalar("SELECT sync.upload_begin($1::uuid, $2::uuid)::text",
+        kept = spi.scalar("SELECT sync_internal.upload_begin($1::uuid, $2::uuid)::text",
                           {Param::uuid(replica), Param::uuid(id)});
     });
     return kept;
@@ -450,7 +450,7 @@ void finish_upload(Spi& spi, const std::string& replica, const std::string& id,
     pg::as_extension_owner([&] {
         spi.execute(
             R"sql(
-            SELECT sync.upload_end($1::uuid, $2::uuid, $3::jsonb, $4::bigint, $5::jsonb,
+            SELECT sync_internal.upload_end($1::uuid, $2::uuid, $3::jsonb, $4::bigint, $5::jsonb,
             $6::jsonb, $7::boolean, $8::name, $9::bigint))sql",
             {Param::uuid(replica), Param::uuid(id), Param::jsonb(kept), applied,
              Param::jsonb(untaken), Param::jsonb(holds), answered, role, change});
@@ -473,7 +473,7 @@ std::string keep_whole(Spi& spi, const std::string& replica, const std::string& 
     const Value role = filing_role(spi);
     pg::as_extension_owner([&] {
         spi.execute(
-            "SELECT sync.keep_message($1::uuid, $2, $3, $4::name, $5::uuid, $6)",
+            "SELECT sync_internal.keep_message($1::uuid, $2, $3, $4::name, $5::uuid, $6)",
             {Param::uuid(replica), Param::bytea(message), reason, role, Param::uuid(id), waits});
     });
     if (!id) return "kept";
@@ -533,7 +533,7 @@ Known known_replica(Spi& spi, const std::string& replica) {
         setup = spi.query(
                        R"sql(
                        SELECT known, filing, live, replica_row, replicas, change
-                       FROM sync.receive_setup($1::uuid))sql",
+                       FROM sync_internal.receive_setup($1::uuid))sql",
                        {Param::uuid(replica)})
                     .at(0);
     });
@@ -619,7 +619,7 @@ std::string receive(Spi& spi, const std::string& replica, const std::string& mes
         if (!echoes.empty())
             pg::as_extension_owner([&] {
                 spi.execute(
-                    "SELECT sync.upload_echoes($1::uuid, $2::uuid, $3::jsonb)",
+                    "SELECT sync_internal.upload_echoes($1::uuid, $2::uuid, $3::jsonb)",
                     {Param::uuid(replica), Param::uuid(upload.id), Param::jsonb(echoes + "]")});
             });
         status = "filed";
@@ -863,7 +863,8 @@ MAGIC_SYNC_FUNCTION(magic_sync_receive) {
     return magic_sync::pg::text_datum(status);
 }
 
-// sync.refile(ids bigint[]) → jsonb: the kept uploads `ids`, filed again (set_aside.sql), as
+// sync_internal.refile(ids bigint[]) → jsonb: the kept uploads `ids`, filed again (set_aside.sql),
+// as
 // [{"id", "filed", "answered", "key", "reason", "waits"}, ...].
 MAGIC_SYNC_FUNCTION(magic_sync_refile) {
     const std::vector<int64_t> ids = magic_sync::pg::int64_array_arg(fcinfo, 0);

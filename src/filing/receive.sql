@@ -21,7 +21,7 @@ SET plan_cache_mode = force_generic_plan;
 -- The senders' hooks as qualified function names (NULL: the default), whether the replica is
 -- live, which is what the default known() asks, and its row of the replicas relation (what a
 -- both row's audience is worked out against) with that relation's quoted name.
-CREATE FUNCTION sync.receive_setup(replica uuid, OUT known text, OUT filing text, OUT live boolean,
+CREATE FUNCTION sync_internal.receive_setup(replica uuid, OUT known text, OUT filing text, OUT live boolean,
                                    OUT replica_row jsonb, OUT replicas text, OUT change bigint)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -29,7 +29,7 @@ AS $$
 DECLARE
     relation regclass := (SELECT s.relation FROM sync.replica_set s);
 BEGIN
-    change := sync.filing_change_committed();
+    change := sync_internal.filing_change_committed();
     IF relation IS NOT NULL THEN
         replicas := relation::text;
         EXECUTE format('SELECT to_jsonb(r.*) FROM %s r WHERE r.id = $1', relation)
@@ -47,9 +47,9 @@ $$;
 
 -- Of `tables` (names as on the wire), those that are no codec's but a user table's (not yet
 -- declared): that table's primary key columns, in order (a declared table's columns:
--- sync.codec_columns). A row kept for such a table is named by its key, so the device can tell
+-- sync_internal.codec_columns). A row kept for such a table is named by its key, so the device can tell
 -- its rows apart and the retry, once the table is declared, answers which of them it filed.
-CREATE FUNCTION sync.receive_undeclared(tables text[])
+CREATE FUNCTION sync_internal.receive_undeclared(tables text[])
 RETURNS TABLE (table_name text, column_name text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -67,12 +67,12 @@ BEGIN
         EXCEPTION WHEN OTHERS THEN  -- not a name at all ("a.b.c.d", "x; DROP ...")
             user_table := NULL;
         END;
-        CONTINUE WHEN user_table IS NULL OR sync.relation_name(user_table) <> undeclared;
+        CONTINUE WHEN user_table IS NULL OR sync_internal.relation_name(user_table) <> undeclared;
         RETURN QUERY
         SELECT undeclared, k.attname::text
         FROM pg_class t
         JOIN pg_namespace n ON n.oid = t.relnamespace
-        CROSS JOIN LATERAL unnest(sync.key_columns(t.oid)) WITH ORDINALITY AS k(attname, ord)
+        CROSS JOIN LATERAL unnest(sync_internal.key_columns(t.oid)) WITH ORDINALITY AS k(attname, ord)
         WHERE t.oid = user_table AND t.relkind IN ('r', 'p')
           AND n.nspname NOT IN ('pg_catalog', 'information_schema', 'sync')
         ORDER BY k.ord;
@@ -83,7 +83,7 @@ $$;
 -- Records that `replica` sent upload `upload`, first: a second receive of the same id waits here
 -- until the first commits, and then finds it. Returns NULL for a new upload, else the kept list
 -- it was answered with.
-CREATE FUNCTION sync.upload_begin(replica uuid, upload uuid) RETURNS jsonb
+CREATE FUNCTION sync_internal.upload_begin(replica uuid, upload uuid) RETURNS jsonb
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -103,7 +103,7 @@ $$;
 -- The role an upload is kept for, to be filed again as (sync.set_aside.filed_as): the role that
 -- receive ran as, if the session's login may become it, else the login itself. A caller that
 -- names a role of its own choosing gets no role it could not take anyway.
-CREATE FUNCTION sync.filer(filed_as name) RETURNS name
+CREATE FUNCTION sync_internal.filer(filed_as name) RETURNS name
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -115,9 +115,9 @@ $$;
 -- After the rows: sets aside the kept rows that carry a body, remembers and answers the kept list
 -- (t, k, why), and takes what the upload says of the replica: `applied` (confirmed by the next
 -- pass), `untaken` (set aside, per replica and row) and `holds` (kept for verification).
--- `filed_as`: the role receive ran as (see sync.filer). The answer remembered is the last one: a
+-- `filed_as`: the role receive ran as (see sync_internal.filer). The answer remembered is the last one: a
 -- message kept whole and filed by the retry is answered with what was filed of it.
-CREATE FUNCTION sync.upload_end(replica uuid, upload uuid, kept jsonb, applied bigint,
+CREATE FUNCTION sync_internal.upload_end(replica uuid, upload uuid, kept jsonb, applied bigint,
                                 untaken jsonb, holds jsonb, answered boolean,
                                 filed_as name DEFAULT NULL, change_seen bigint DEFAULT NULL)
 RETURNS void
@@ -133,8 +133,8 @@ DECLARE
     last_sent bigint;
 BEGIN
     IF kept <> '[]' THEN
-        PERFORM sync.keep_upload(upload_end.replica, upload_end.upload,
-                                 sync.filer(upload_end.filed_as), kept,
+        PERFORM sync_internal.keep_upload(upload_end.replica, upload_end.upload,
+                                 sync_internal.filer(upload_end.filed_as), kept,
                                  change_seen => upload_end.change_seen);
     END IF;
     UPDATE sync.upload u SET kept = answer
@@ -143,7 +143,7 @@ BEGIN
     -- would be one more message for the replica to confirm, and nothing to tell it.
     IF answered THEN
         INSERT INTO sync.answer (replica, kind, payload)
-        VALUES (upload_end.replica, 'filed', sync.filed_payload(upload_end.upload, answer));
+        VALUES (upload_end.replica, 'filed', sync_internal.filed_payload(upload_end.upload, answer));
     END IF;
 
     SELECT r.next_seq - 1 INTO last_sent FROM sync.replica r WHERE r.id = upload_end.replica;
@@ -157,7 +157,7 @@ BEGIN
     END IF;
 
     IF untaken <> '[]' THEN
-        PERFORM sync.keep_untaken(upload_end.replica, untaken);
+        PERFORM sync_internal.keep_untaken(upload_end.replica, untaken);
     END IF;
 
     IF holds <> '{}' THEN
@@ -167,7 +167,7 @@ BEGIN
                least(coalesce(upload_end.applied, 0), coalesce(last_sent, 0))
         FROM jsonb_each(holds) e
         -- Only the scopes it belongs to: an upload names what it likes.
-        JOIN (SELECT sync.scope_name(s.match, s.value, s.partition) AS name
+        JOIN (SELECT sync_internal.scope_name(s.match, s.value, s.partition) AS name
               FROM sync.member m JOIN sync.scope s ON s.id = m.scope
               WHERE m.replica = upload_end.replica) mine ON mine.name = e.key
         ON CONFLICT (replica, scope) DO UPDATE
@@ -180,21 +180,21 @@ END
 $$;
 
 -- A message that could not be decoded, kept as it came, under its id when that could be read.
--- `filed_as`: as for upload_end. `waits`: as for sync.keep_upload (a message over the size limit
+-- `filed_as`: as for upload_end. `waits`: as for sync_internal.keep_upload (a message over the size limit
 -- does not wait: it is filed once the limit is raised).
-CREATE FUNCTION sync.keep_message(replica uuid, message bytea, reason text, filed_as name DEFAULT NULL,
+CREATE FUNCTION sync_internal.keep_message(replica uuid, message bytea, reason text, filed_as name DEFAULT NULL,
                                   upload uuid DEFAULT NULL, waits boolean DEFAULT true)
 RETURNS void
 LANGUAGE sql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT sync.keep_upload(keep_message.replica, keep_message.upload,
-                            sync.filer(keep_message.filed_as), NULL, keep_message.message,
+    SELECT sync_internal.keep_upload(keep_message.replica, keep_message.upload,
+                            sync_internal.filer(keep_message.filed_as), NULL, keep_message.message,
                             keep_message.reason, keep_message.waits)
 $$;
 
 -- The `both` rows of an upload that were filed, as uploaded: [{"t", "k", "r"}] (see sync.echo).
-CREATE FUNCTION sync.upload_echoes(replica uuid, upload uuid, echoes jsonb) RETURNS void
+CREATE FUNCTION sync_internal.upload_echoes(replica uuid, upload uuid, echoes jsonb) RETURNS void
 LANGUAGE sql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -205,11 +205,11 @@ $$;
 
 -- The receiver calls sync.receive; nothing else. sync.receive runs the helpers as the extension's
 -- owner (pg::as_extension_owner), so no caller can run them past known() or for another replica.
-REVOKE ALL ON FUNCTION sync.receive(uuid, bytea), sync.encode_filed(uuid, bigint, bigint, jsonb),
-    sync.filed_parts(uuid, jsonb, bigint),
-    sync.receive_setup(uuid), sync.receive_undeclared(text[]), sync.upload_begin(uuid, uuid),
-    sync.upload_end(uuid, uuid, jsonb, bigint, jsonb, jsonb, boolean, name, bigint),
-    sync.keep_message(uuid, bytea, text, name, uuid, boolean), sync.filer(name),
-    sync.upload_echoes(uuid, uuid, jsonb)
+REVOKE ALL ON FUNCTION sync.receive(uuid, bytea), sync_internal.encode_filed(uuid, bigint, bigint, jsonb),
+    sync_internal.filed_parts(uuid, jsonb, bigint),
+    sync_internal.receive_setup(uuid), sync_internal.receive_undeclared(text[]), sync_internal.upload_begin(uuid, uuid),
+    sync_internal.upload_end(uuid, uuid, jsonb, bigint, jsonb, jsonb, boolean, name, bigint),
+    sync_internal.keep_message(uuid, bytea, text, name, uuid, boolean), sync_internal.filer(name),
+    sync_internal.upload_echoes(uuid, uuid, jsonb)
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sync.receive(uuid, bytea) TO sync_receiver;

@@ -18,19 +18,19 @@ CREATE SEQUENCE sync.filing_change;
 SELECT pg_catalog.pg_extension_config_dump('sync.filing_change', '');
 CREATE TABLE sync.filing_change_log (n bigint PRIMARY KEY);
 
-CREATE FUNCTION sync.filing_changed() RETURNS bigint
+CREATE FUNCTION sync_internal.filing_changed() RETURNS bigint
 LANGUAGE sql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$ INSERT INTO sync.filing_change_log VALUES (nextval('sync.filing_change')) RETURNING n $$;
 
 -- The last change committed.
-CREATE FUNCTION sync.filing_change_committed() RETURNS bigint
+CREATE FUNCTION sync_internal.filing_change_committed() RETURNS bigint
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$ SELECT coalesce(max(n), 0) FROM sync.filing_change_log $$;
 
 -- Temporary tables (the relay plans in some) change nothing filing depends on.
-CREATE FUNCTION sync.note_ddl() RETURNS event_trigger
+CREATE FUNCTION sync_internal.note_ddl() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -38,31 +38,31 @@ BEGIN
     IF NOT EXISTS (SELECT FROM pg_event_trigger_ddl_commands())
        OR EXISTS (SELECT FROM pg_event_trigger_ddl_commands() c
                   WHERE coalesce(c.schema_name, '') NOT LIKE 'pg\_temp%') THEN
-        PERFORM sync.filing_changed();
+        PERFORM sync_internal.filing_changed();
     END IF;
 END
 $$;
 CREATE EVENT TRIGGER magic_sync_filing_change ON ddl_command_end
-EXECUTE FUNCTION sync.note_ddl();
+EXECUTE FUNCTION sync_internal.note_ddl();
 
-CREATE FUNCTION sync.note_declaration() RETURNS trigger
+CREATE FUNCTION sync_internal.note_declaration() RETURNS trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM sync.filing_changed();
+    PERFORM sync_internal.filing_changed();
     RETURN NULL;
 END
 $$;
 CREATE TRIGGER filing_change AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON sync.codec
-FOR EACH STATEMENT EXECUTE FUNCTION sync.note_declaration();
+FOR EACH STATEMENT EXECUTE FUNCTION sync_internal.note_declaration();
 CREATE TRIGGER filing_change AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON sync.sender_rule
-FOR EACH STATEMENT EXECUTE FUNCTION sync.note_declaration();
+FOR EACH STATEMENT EXECUTE FUNCTION sync_internal.note_declaration();
 
 -- The settings a value's text is read under when filing converts it to its column's type: dates
 -- and times, intervals, money, xml, arrays. Kept with what receive keeps, as the route had them,
 -- and set again when the retry files it.
-CREATE FUNCTION sync.filing_settings() RETURNS jsonb
+CREATE FUNCTION sync_internal.filing_settings() RETURNS jsonb
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 RETURN (SELECT jsonb_object_agg(name, current_setting(name))
@@ -71,7 +71,7 @@ RETURN (SELECT jsonb_object_agg(name, current_setting(name))
 
 -- How long a kept upload whose failure the data may cure waits after its `tries`-th try: no
 -- time after the first (the next retry), then 1, 3, 7, ... up to 63 times magic_sync.retry_every.
-CREATE FUNCTION sync.backoff(tries int) RETURNS interval
+CREATE FUNCTION sync_internal.backoff(tries int) RETURNS interval
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 RETURN sync.setting('retry_every')::interval * (2 ^ least(tries - 1, 6) - 1);
@@ -80,7 +80,7 @@ RETURN sync.setting('retry_every')::interval * (2 ^ least(tries - 1, 6) - 1);
 
 -- Keeps notes or rows (`kind` 'note' or 'row') the pass could not plan or send, with their
 -- reasons; one kept already is counted again, its reason the latest. Returns how many.
-CREATE FUNCTION sync.keep(kind text, codecs int[], keys jsonb[], reasons text[]) RETURNS bigint
+CREATE FUNCTION sync_internal.keep(kind text, codecs int[], keys jsonb[], reasons text[]) RETURNS bigint
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -97,7 +97,7 @@ $$;
 
 -- Keeps the rows `replica` reported it could not take ([{"seq", "t", "k", "why"}]), the latest
 -- report of a row counted again.
-CREATE FUNCTION sync.keep_untaken(replica uuid, untaken jsonb) RETURNS void
+CREATE FUNCTION sync_internal.keep_untaken(replica uuid, untaken jsonb) RETURNS void
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -121,7 +121,7 @@ $$;
 -- change of what filing depends on can cure it; otherwise it is tried again, backed off.
 -- `change_seen`: the last change committed before filing read the declarations (NULL: now), so
 -- that a change that committed while the upload was being filed makes it tried again.
-CREATE FUNCTION sync.keep_upload(replica uuid, upload uuid, filed_as name, kept jsonb,
+CREATE FUNCTION sync_internal.keep_upload(replica uuid, upload uuid, filed_as name, kept jsonb,
                                  message bytea DEFAULT NULL, reason text DEFAULT NULL,
                                  waits boolean DEFAULT true, change_seen bigint DEFAULT NULL)
 RETURNS void
@@ -133,9 +133,9 @@ AS $$
     SELECT 'upload', keep_upload.replica, keep_upload.upload, e->>'t', c.id, e->'k',
            coalesce(keep_upload.message, convert_to(e->>'body', 'UTF8')),
            coalesce(e->>'reason', keep_upload.reason),
-           keep_upload.filed_as, sync.filing_settings(),
+           keep_upload.filed_as, sync_internal.filing_settings(),
            CASE WHEN coalesce((e->'waits')::boolean, keep_upload.waits) THEN NULL ELSE now() END,
-           coalesce(keep_upload.change_seen, sync.filing_change_committed())
+           coalesce(keep_upload.change_seen, sync_internal.filing_change_committed())
     FROM (SELECT e, i FROM jsonb_array_elements(keep_upload.kept) WITH ORDINALITY AS x(e, i)
           WHERE e ? 'body'
           UNION ALL SELECT NULL, 1 WHERE keep_upload.kept IS NULL) AS x
@@ -147,7 +147,7 @@ $$;
 
 -- Releases what the pass planned now: its notes, and its rows set aside (planned again, a row
 -- is sent as its new version, or withheld again).
-CREATE FUNCTION sync.release_planned(codecs int[], keys jsonb[]) RETURNS void
+CREATE FUNCTION sync_internal.release_planned(codecs int[], keys jsonb[]) RETURNS void
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -157,7 +157,7 @@ $$;
 
 -- Releases what the relay set aside of codecs that ended (sync.drop(), a dropped table): their
 -- notes, rows and untaken rows. Kept uploads stay: a table declared again files them.
-CREATE FUNCTION sync.release_codecs(codecs int[]) RETURNS void
+CREATE FUNCTION sync_internal.release_codecs(codecs int[]) RETURNS void
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -169,7 +169,7 @@ $$;
 
 -- Files the kept uploads `ids` again (src/filing/receive.cpp): [{"id", "filed", "answered", "key",
 -- "reason", "waits"}], one per item.
-CREATE FUNCTION sync.refile(ids bigint[]) RETURNS jsonb
+CREATE FUNCTION sync_internal.refile(ids bigint[]) RETURNS jsonb
 AS 'MODULE_PATHNAME', 'magic_sync_refile'
 LANGUAGE C VOLATILE STRICT
 SET search_path = pg_catalog, pg_temp
@@ -179,7 +179,7 @@ SET plan_cache_mode = force_generic_plan;
 -- too big, or that a replica could not take, are sent again (a new seq in their scope, their
 -- content unchanged), so a deploy that fixed the cause lets them through. Run on the relay's
 -- retry_every timer and when it takes the lock. Returns what it did, as log lines.
-CREATE FUNCTION sync.retry_notes_and_rows() RETURNS TABLE (level text, line text)
+CREATE FUNCTION sync_internal.retry_notes_and_rows() RETURNS TABLE (level text, line text)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -187,14 +187,14 @@ DECLARE
     notes bigint;
     rows_again bigint;
 BEGIN
-    PERFORM sync.relay_lock();
+    PERFORM sync_internal.relay_lock();
     INSERT INTO sync.note (codec, key) SELECT s.codec, s.key FROM sync.set_aside s WHERE s.kind = 'note';
     GET DIAGNOSTICS notes = ROW_COUNT;
     WITH again AS (
         DELETE FROM sync.set_aside s WHERE s.kind IN ('row', 'untaken') RETURNING s.codec, s.key),
     bumped AS (
         UPDATE sync.row r SET seq = nextval('sync.row_seq')
-        FROM (SELECT DISTINCT sync.key_hash(c.table_name, a.key) AS k
+        FROM (SELECT DISTINCT sync_internal.key_hash(c.table_name, a.key) AS k
               FROM again a JOIN sync.codec c ON c.id = a.codec) a
         WHERE r.k = a.k AND NOT r.gone
         RETURNING r.scope, r.seq)
@@ -228,14 +228,14 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    change bigint := sync.filing_change_committed();
+    change bigint := sync_internal.filing_change_committed();
     started timestamptz := clock_timestamp();
     chunk int;
     due bigint[];
     chunk_filed bigint;
     chunk_kept bigint;
 BEGIN
-    PERFORM sync.relay_lock();
+    PERFORM sync_internal.relay_lock();
     DELETE FROM sync.filing_change_log l WHERE l.n < change;
     filed := 0;
     kept := 0;
@@ -260,7 +260,7 @@ BEGIN
         EXIT WHEN due IS NULL;
 
         WITH outcome AS MATERIALIZED (
-            SELECT o.* FROM jsonb_to_recordset(sync.refile(due))
+            SELECT o.* FROM jsonb_to_recordset(sync_internal.refile(due))
                 AS o(id bigint, filed boolean, answered boolean, key jsonb, reason text, waits boolean)),
         released AS (
             DELETE FROM sync.set_aside s USING outcome o
@@ -275,7 +275,7 @@ BEGIN
             SET reason = o.reason, key = coalesce(o.key, s.key),
                 codec = (SELECT c.id FROM sync.codec c WHERE c.table_name = s.table_name),
                 tries = s.tries + 1, last_try_at = now(), change_seen = change,
-                next_try_at = CASE WHEN o.waits THEN NULL ELSE now() + sync.backoff(s.tries + 1) END
+                next_try_at = CASE WHEN o.waits THEN NULL ELSE now() + sync_internal.backoff(s.tries + 1) END
             FROM outcome o
             WHERE s.id = o.id AND NOT o.filed)
         SELECT count(*) FILTER (WHERE o.filed), count(*) FILTER (WHERE NOT o.filed)
@@ -300,7 +300,7 @@ BEGIN
               AND (s.next_try_at <= now() OR s.change_seen < change))
         RETURNING u.replica, u.id, u.kept)
     INSERT INTO sync.answer (replica, kind, payload)
-    SELECT a.replica, 'filed', sync.filed_payload(a.id, a.kept) FROM answered a;
+    SELECT a.replica, 'filed', sync_internal.filed_payload(a.id, a.kept) FROM answered a;
 
     more := coalesce((SELECT min(s.next_try_at) FROM sync.set_aside s WHERE s.kind = 'upload')
                      <= now(), false)
@@ -320,7 +320,7 @@ DECLARE
     filed bigint := 0;
     kept bigint := 0;
 BEGIN
-    RETURN QUERY SELECT * FROM sync.retry_notes_and_rows();
+    RETURN QUERY SELECT * FROM sync_internal.retry_notes_and_rows();
     LOOP
         slice := sync.retry_uploads();
         filed := filed + slice.filed;

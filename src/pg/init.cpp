@@ -33,7 +33,7 @@ void _PG_init(void) {
     if (process_shared_preload_libraries_in_progress) magic_sync::relay::register_relay_workers();
 }
 
-// sync.wake(): the relay runs as soon as the current transaction commits.
+// sync_internal.wake(): the relay runs as soon as the current transaction commits.
 MAGIC_SYNC_FUNCTION(magic_sync_wake) {
     magic_sync::pg::wake_relay_at_commit();
     return Datum(0);

@@ -214,8 +214,8 @@ std::string encode_rows(const RowsMessage& message, const std::vector<std::strin
 std::string encode_key_notes(const std::vector<KeyNote>& notes);
 
 // A filed answer's fields after its header, as one object: {"upload":..,"kept":[..],"more":true?}.
-// SQL keeps an answer in this form (sync.answer.payload, sync.filed_payload) until the relay
-// numbers its message.
+// SQL keeps an answer in this form (sync.answer.payload, sync_internal.filed_payload) until the
+// relay numbers its message.
 std::string encode_filed_payload(const FiledMessage& message);
 // The filed message with `header` and the fields of `payload` (an object of
 // encode_filed_payload's form), checked as decode_down checks a filed message (DecodeError).

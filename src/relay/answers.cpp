@@ -15,10 +15,10 @@ int64_t move_answers(pg::Spi& spi) {
         INSERT INTO pg_temp.magic_sync_enqueue (replica, position, kind, payload)
         SELECT m.replica, row_number() OVER (PARTITION BY m.replica ORDER BY m.id, p.n), m.kind,
          p.payload FROM moved m
-        CROSS JOIN LATERAL jsonb_array_elements(sync.filed_parts(m.replica, m.payload,
+        CROSS JOIN LATERAL jsonb_array_elements(sync_internal.filed_parts(m.replica, m.payload,
          $1::bigint)) WITH ORDINALITY AS p(payload, n))sql",
         {settings::bytes_per_message});
-    return spi.scalar("SELECT sync.enqueue()").integer_or(0);
+    return spi.scalar("SELECT sync_internal.enqueue()").integer_or(0);
 }
 
 }  // namespace magic_sync::relay

@@ -10,8 +10,8 @@
 namespace magic_sync::relay {
 
 // Moves the answers the pass saw when it took its notes into their replicas' outboxes
-// (sync.enqueue, in answer order), and drops those of replicas that are not live. Returns the
-// number of messages written.
+// (sync_internal.enqueue, in answer order), and drops those of replicas that are not live. Returns
+// the number of messages written.
 int64_t move_answers(pg::Spi& spi);
 
 }  // namespace magic_sync::relay

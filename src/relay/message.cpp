@@ -33,7 +33,7 @@ std::string assemble(magic_sync::pg::Spi& spi, const std::string& replica, int64
     message.drop = outbox["drops"].texts();
     message.drop_tables = outbox["table_drops"].texts();
     for (const auto& note : spi.query(R"sql(
-                   SELECT w->>'t' AS table_name, sync.canonical(w->'k') AS key, w->>'why' AS why,
+                   SELECT w->>'t' AS table_name, sync_internal.canonical(w->'k') AS key, w->>'why' AS why,
                    w->>'kh' AS key_hash FROM sync.outbox o,
                    unnest(o.chunks) WITH ORDINALITY AS u(id, position)
                    JOIN sync.chunk c ON c.id = u.id, jsonb_array_elements(c.withheld) w

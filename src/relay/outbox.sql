@@ -7,7 +7,7 @@
 -- (a filed answer encoded from its payload, a ranges or repair message stamped with its header; a
 -- rows message is assembled as it is sent, sync.message), and next_seq moves past them. Returns
 -- the number of messages written.
-CREATE FUNCTION sync.enqueue() RETURNS bigint
+CREATE FUNCTION sync_internal.enqueue() RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -24,8 +24,8 @@ BEGIN
                                  advances, body)
         SELECT n.replica, n.seq, n.gen, n.kind, n.chunks, n.reset, n.drops, n.table_drops,
                n.advances,
-               CASE WHEN n.kind = 'filed' THEN sync.encode_filed(n.replica, n.gen, n.seq, n.payload)
-                    WHEN n.body IS NOT NULL THEN sync.stamp_message(n.body, n.replica, n.gen, n.seq)
+               CASE WHEN n.kind = 'filed' THEN sync_internal.encode_filed(n.replica, n.gen, n.seq, n.payload)
+                    WHEN n.body IS NOT NULL THEN sync_internal.stamp_message(n.body, n.replica, n.gen, n.seq)
                END
         FROM numbered n
         RETURNING replica),
@@ -42,7 +42,7 @@ $$;
 -- owner (another role sees no start of sessions that are not its own); true for no session
 -- (nobody named: the lease holds by its time alone). Per transaction, PostgreSQL takes one view of
 -- the sessions: a session that ends during it lives on for it.
-CREATE FUNCTION sync.session_lives(pid int, backend_start timestamptz) RETURNS boolean
+CREATE FUNCTION sync_internal.session_lives(pid int, backend_start timestamptz) RETURNS boolean
 LANGUAGE sql STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -59,23 +59,23 @@ $$;
 -- the time runs out (the bound for a sender that hangs with its session open).
 -- A body of SQL's standard form, resolved when created, and so inlined where it is used: the
 -- session is looked at only for a lease whose time has not run out.
-CREATE FUNCTION sync.lease_holds(o sync.outbox) RETURNS boolean
+CREATE FUNCTION sync_internal.lease_holds(o sync.outbox) RETURNS boolean
 LANGUAGE sql STABLE
 RETURN o.sent_at IS NULL AND coalesce(o.lease_until > now(), false)
-       AND sync.session_lives(o.lease_pid, o.lease_backend_start);
+       AND sync_internal.session_lives(o.lease_pid, o.lease_backend_start);
 
 -- Finds each replica's head message without walking what was sent and is not confirmed yet.
 CREATE INDEX outbox_unsent ON sync.outbox (replica, seq) WHERE sent_at IS NULL;
 
 -- A message's id, as senders send it (header message-id) and the pull transport's devices name it:
 -- the replica's generation and the message's seq.
-CREATE FUNCTION sync.message_id(gen int, seq bigint) RETURNS text
+CREATE FUNCTION sync_internal.message_id(gen int, seq bigint) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 SET search_path = pg_catalog, pg_temp
 AS $$ SELECT gen || '.' || seq $$;
 
 -- Leases the head message (lowest unsent seq) of up to `n` live replicas that are not in backoff
--- and whose head's lease does not hold (sync.lease_holds), oldest first, to this session: the
+-- and whose head's lease does not hold (sync_internal.lease_holds), oldest first, to this session: the
 -- lease holds for `lease` and ends at once with the session. A replica whose head is leased or
 -- locked by another sender is skipped, never served its second message: one message at a time per
 -- replica, in order.
@@ -132,7 +132,7 @@ BEGIN
         CROSS JOIN LATERAL (
             SELECT o.replica, o.seq FROM sync.outbox o
             WHERE o.replica = heads.replica AND o.seq = heads.seq AND o.sent_at IS NULL
-              AND NOT sync.lease_holds(o)
+              AND NOT sync_internal.lease_holds(o)
             FOR UPDATE SKIP LOCKED
         ) free
         LIMIT n
@@ -147,7 +147,7 @@ BEGIN
         FROM chosen
         WHERE o.replica = chosen.replica AND o.seq = chosen.seq
     )
-    SELECT following.replica, following.seq, sync.message_id(following.gen, following.seq),
+    SELECT following.replica, following.seq, sync_internal.message_id(following.gen, following.seq),
            coalesce(following.body, sync.message(following.replica, following.seq))
     FROM chosen
     CROSS JOIN LATERAL (
@@ -204,7 +204,7 @@ BEGIN
     )
     SELECT ending.id FROM ending WHERE ending.was_backing_off;
     -- The relay refills the windows as soon as this commits.
-    PERFORM sync.wake();
+    PERFORM sync_internal.wake();
 END
 $$;
 
@@ -269,7 +269,7 @@ $$;
 -- The pull transport (magic-sync-sender --transport pull): a device behind NAT asks for its
 -- replica's head message and acknowledges it, through the sender's HTTP server.
 -- pull_head leases the replica's head (its lowest unsent seq) for `lease` and returns it, when the
--- replica is live. A pull lease names no session: it holds by its time alone (sync.lease_holds),
+-- replica is live. A pull lease names no session: it holds by its time alone (sync_internal.lease_holds),
 -- because the device holds the message, not the database session that happened to serve it. So a
 -- device that asks again (its answer was lost, it restarted) gets the same head, through whichever
 -- sender and connection, and its lease is renewed. While the lease holds the head stays the head:
@@ -303,21 +303,21 @@ BEGIN
         FOR UPDATE;
         EXIT WHEN FOUND;
     END LOOP;
-    IF head.lease_pid IS NOT NULL AND sync.lease_holds(head) THEN
+    IF head.lease_pid IS NOT NULL AND sync_internal.lease_holds(head) THEN
         RETURN;
     END IF;
     UPDATE sync.outbox o
     SET lease_until = now() + lease, lease_pid = NULL, lease_backend_start = NULL,
         tries = o.tries + 1
     WHERE o.replica = head.replica AND o.seq = head.seq;
-    RETURN QUERY SELECT head.seq, sync.message_id(head.gen, head.seq),
+    RETURN QUERY SELECT head.seq, sync_internal.message_id(head.gen, head.seq),
                         coalesce(head.body, sync.message(head.replica, head.seq));
 END
 $$;
 
 -- The seq of the replica's head when `message_id` names it, locked (two devices' or two requests'
 -- answers about one message at once: the second finds it sent); NULL otherwise.
-CREATE FUNCTION sync.pull_named_head(replica uuid, message_id text) RETURNS bigint
+CREATE FUNCTION sync_internal.pull_named_head(replica uuid, message_id text) RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -328,7 +328,7 @@ BEGIN
     WHERE o.replica = pull_named_head.replica AND o.sent_at IS NULL
     ORDER BY o.seq LIMIT 1
     FOR UPDATE;
-    IF NOT FOUND OR sync.message_id(head.gen, head.seq) IS DISTINCT FROM pull_named_head.message_id THEN
+    IF NOT FOUND OR sync_internal.message_id(head.gen, head.seq) IS DISTINCT FROM pull_named_head.message_id THEN
         RETURN NULL;
     END IF;
     RETURN head.seq;
@@ -345,7 +345,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    seq bigint := sync.pull_named_head(pull_ack.replica, pull_ack.message_id);
+    seq bigint := sync_internal.pull_named_head(pull_ack.replica, pull_ack.message_id);
 BEGIN
     IF seq IS NULL THEN
         RETURN false;
@@ -366,7 +366,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    seq bigint := sync.pull_named_head(pull_refused.replica, pull_refused.message_id);
+    seq bigint := sync_internal.pull_named_head(pull_refused.replica, pull_refused.message_id);
 BEGIN
     IF seq IS NULL THEN
         RETURN false;

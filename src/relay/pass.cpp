@@ -27,9 +27,10 @@ using pg::Value;
 using state::Codec;
 
 // A temporary table is never analyzed by autovacuum: after filling one with many rows, analyze
-// it (sync.pass_analyze_if_large). `rows`: its rows, counted by the caller; none: counted there.
+// it (sync_internal.pass_analyze_if_large). `rows`: its rows, counted by the caller; none: counted
+// there.
 void analyze_if_large(Spi& spi, const char* table, Value rows = std::nullopt) {
-    spi.execute("SELECT sync.pass_analyze_if_large($1, $2::bigint)", {table, rows});
+    spi.execute("SELECT sync_internal.pass_analyze_if_large($1, $2::bigint)", {table, rows});
 }
 
 struct ReplicaSet {
@@ -43,8 +44,8 @@ struct ReplicaSet {
 
 ReplicaSet replica_set(Spi& spi) {
     ReplicaSet set;
-    auto rows =
-        spi.query("SELECT * FROM sync.pass_replica_set($1::int)", {settings::replica_scan_s});
+    auto rows = spi.query("SELECT * FROM sync_internal.pass_replica_set($1::int)",
+                          {settings::replica_scan_s});
     if (rows.empty()) return set;
     const auto& row = rows.front();
     set.declared = true;
@@ -68,11 +69,11 @@ struct ReplicaCounts {
 
 // Each noted replica as its relation has it now (pg_temp.magic_sync_replica): whether it is live,
 // its partition, and the value of each replicas column that `to => 'col = replica_col'` codecs
-// match on (sync.group_columns).
+// match on (sync_internal.group_columns).
 void read_noted_replicas(Spi& spi, const ReplicaSet& replicas) {
     std::string groups = "jsonb_build_object(";
     const std::vector<std::string> group_columns =
-        spi.scalar("SELECT sync.group_columns()::text[]").texts();
+        spi.scalar("SELECT sync_internal.group_columns()::text[]").texts();
     for (size_t i = 0; i < group_columns.size(); ++i) {
         const std::string& name = group_columns[i];
         groups += (i ? ", " : "") + pg::quote_literal(name) + ", t." + pg::quote_identifier(name) +
@@ -95,13 +96,14 @@ void read_noted_replicas(Spi& spi, const ReplicaSet& replicas) {
 ReplicaCounts plan_replicas(Spi& spi, const ReplicaSet& replicas) {
     ReplicaCounts counts;
     if (!replicas.declared) return counts;
-    if (replicas.is_view && replicas.scan_due) spi.execute("SELECT sync.pass_scan_replica_view()");
-    if (!spi.flag("SELECT sync.pass_replicas_noted()")) return counts;
+    if (replicas.is_view && replicas.scan_due)
+        spi.execute("SELECT sync_internal.pass_scan_replica_view()");
+    if (!spi.flag("SELECT sync_internal.pass_replicas_noted()")) return counts;
     read_noted_replicas(spi, replicas);
-    counts.forgotten = spi.scalar("SELECT sync.pass_forget_replicas()").integer();
-    spi.execute("SELECT sync.pass_want_scopes()");
-    counts.provisioned = spi.scalar("SELECT sync.pass_provision_replicas()").integer();
-    spi.execute("SELECT sync.pass_move_members()");
+    counts.forgotten = spi.scalar("SELECT sync_internal.pass_forget_replicas()").integer();
+    spi.execute("SELECT sync_internal.pass_want_scopes()");
+    counts.provisioned = spi.scalar("SELECT sync_internal.pass_provision_replicas()").integer();
+    spi.execute("SELECT sync_internal.pass_move_members()");
     return counts;
 }
 
@@ -161,12 +163,13 @@ std::string encode_statement(const Codec& codec, const ReplicaSet& replicas,
     // The row is `t.*`, never a bare `t`, which a column named t would capture.
     return R"sql(
            INSERT INTO pg_temp.magic_sync_row (codec, key, k, match, value, part, body, hash)
-           SELECT $1::int, n.key, sync.key_hash($2, n.key), )sql" +
+           SELECT $1::int, n.key, sync_internal.key_hash($2, n.key), )sql" +
            pg::quote_literal(audience.match) +
-           ", e.value, e.part, e.body, sync.row_hash(e.body) FROM " + noted_rows(codec, only_key) +
-           " CROSS JOIN LATERAL (SELECT a.value, a.part, CASE WHEN " + present +
-           " AND a.value IS NOT NULL THEN coalesce(sync.encode_row(t.*, $3::text[]),"
-           " sync.canonical(to_jsonb(t.*) - $3::text[])) END AS body"
+           ", e.value, e.part, e.body, sync_internal.row_hash(e.body) FROM " +
+           noted_rows(codec, only_key) + " CROSS JOIN LATERAL (SELECT a.value, a.part, CASE WHEN " +
+           present +
+           " AND a.value IS NOT NULL THEN coalesce(sync_internal.encode_row(t.*, $3::text[]),"
+           " sync_internal.canonical(to_jsonb(t.*) - $3::text[])) END AS body"
            " FROM (SELECT " +
            audience.value + " AS value, " + partition_expression(replicas.partition_column, "t") +
            " AS part) a OFFSET 0) e";
@@ -182,7 +185,7 @@ int64_t encode_codec(Spi& spi, const Codec& codec, const ReplicaSet& replicas) {
                         {codec.id, codec.table_name, Param::text_array(codec.hidden())});
         });
     } catch (const pg::PgError&) {
-        auto keys = spi.query("SELECT sync.pass_noted_keys($1::int)", {codec.id});
+        auto keys = spi.query("SELECT sync_internal.pass_noted_keys($1::int)", {codec.id});
         const std::string statement = encode_statement(codec, replicas, " AND x.key = $4::jsonb");
         for (const auto& key : keys) {
             try {
@@ -191,15 +194,17 @@ int64_t encode_codec(Spi& spi, const Codec& codec, const ReplicaSet& replicas) {
                                             Param::text_array(codec.hidden()), key[0]});
                 });
             } catch (const pg::PgError& e) {
-                spi.execute("SELECT sync.keep('note', ARRAY[$1::int], ARRAY[$2::jsonb], ARRAY[$3])",
-                            {codec.id, key[0], std::string("could not plan the row: ") + e.what()});
+                spi.execute(
+                    "SELECT sync_internal.keep('note', ARRAY[$1::int], ARRAY[$2::jsonb], "
+                    "ARRAY[$3])",
+                    {codec.id, key[0], std::string("could not plan the row: ") + e.what()});
                 ++set_aside;
             }
         }
     }
     Audience audience = audience_of(codec);
     if (!audience.names_replica.empty() && replicas.declared) {
-        set_aside += spi.scalar("SELECT sync.pass_set_aside_unknown_replicas($1::int, $2)",
+        set_aside += spi.scalar("SELECT sync_internal.pass_set_aside_unknown_replicas($1::int, $2)",
                                 {codec.id, audience.names_replica})
                          .integer();
     }
@@ -209,10 +214,10 @@ int64_t encode_codec(Spi& spi, const Codec& codec, const ReplicaSet& replicas) {
 // 5. Compare with what the relay planned before; record the differences with new seqs, leave
 // tombstones where rows went or moved, and keep every scope's fingerprint.
 int64_t record_changes(Spi& spi) {
-    const int64_t changed = spi.scalar("SELECT sync.pass_find_changes()").integer();
+    const int64_t changed = spi.scalar("SELECT sync_internal.pass_find_changes()").integer();
     if (changed == 0) return 0;
     analyze_if_large(spi, "magic_sync_change", Value::integer(changed));
-    spi.execute("SELECT sync.pass_record_changes()");
+    spi.execute("SELECT sync_internal.pass_record_changes()");
     return changed;
 }
 
@@ -220,16 +225,18 @@ int64_t record_changes(Spi& spi) {
 // room in its window. Chunks that replicas need and that are not built yet are built, up to
 // `rounds_left` ahead (this round counts). Returns the number of messages written.
 int64_t write_messages(Spi& spi, int rounds_left) {
-    spi.execute("SELECT sync.pass_find_needs($1::int)", {settings::window});
-    if (spi.flag("SELECT sync.pass_attach_chunks()")) {
-        spi.execute("SELECT sync.pass_pick_rows($1::int, $2::int, $3::int)",
+    spi.execute("SELECT sync_internal.pass_find_needs($1::int)", {settings::window});
+    if (spi.flag("SELECT sync_internal.pass_attach_chunks()")) {
+        spi.execute("SELECT sync_internal.pass_pick_rows($1::int, $2::int, $3::int)",
                     {settings::rows_per_message, settings::bytes_per_message, rounds_left});
-        spi.execute("SELECT sync.pass_build_chunks($1::int)", {settings::bytes_per_message});
-        spi.execute("SELECT sync.pass_attach_chunks()");
+        spi.execute("SELECT sync_internal.pass_build_chunks($1::int)",
+                    {settings::bytes_per_message});
+        spi.execute("SELECT sync_internal.pass_attach_chunks()");
     }
-    spi.execute("SELECT sync.pass_pick_chunks($1::int, $2::int)",
+    spi.execute("SELECT sync_internal.pass_pick_chunks($1::int, $2::int)",
                 {settings::rows_per_message, settings::bytes_per_message});
-    return spi.scalar("SELECT sync.pass_queue_messages($1::int)", {settings::window}).integer();
+    return spi.scalar("SELECT sync_internal.pass_queue_messages($1::int)", {settings::window})
+        .integer();
 }
 
 // Rows this backend's passes changed since it last analyzed sync.row, and messages written and
@@ -240,12 +247,12 @@ int64_t replica_rows_since_analyze = 0;
 }  // namespace
 
 PassCounts run_pass(Spi& spi) {
-    spi.execute("SELECT sync.pass_begin()");
+    spi.execute("SELECT sync_internal.pass_begin()");
     PassCounts counts;
-    spi.execute("SELECT sync.pass_note_rows_the_limit_changed($1::int)",
+    spi.execute("SELECT sync_internal.pass_note_rows_the_limit_changed($1::int)",
                 {settings::bytes_per_message});
-    spi.execute("SELECT sync.pass_forget_dropped_codecs()");
-    counts.notes = spi.scalar("SELECT sync.pass_take_notes($1::bigint)",
+    spi.execute("SELECT sync_internal.pass_forget_dropped_codecs()");
+    counts.notes = spi.scalar("SELECT sync_internal.pass_take_notes($1::bigint)",
                               {static_cast<int64_t>(settings::notes_per_pass)})
                        .integer();
     // Read after the notes are taken: each statement sees what committed before it began, so a
@@ -253,18 +260,18 @@ PassCounts run_pass(Spi& spi) {
     // replica, in one transaction or two) is seen by the statements that plan those notes. Read
     // before, it was not, and the notes were planned as if no replicas were declared: dropped.
     ReplicaSet replicas = replica_set(spi);
-    spi.execute("SELECT sync.pass_expand_whole_notes($1)", {replicas.declared});
+    spi.execute("SELECT sync_internal.pass_expand_whole_notes($1)", {replicas.declared});
     analyze_if_large(spi, "magic_sync_note");
     ReplicaCounts replica_counts = plan_replicas(spi, replicas);
     counts.provisioned = replica_counts.provisioned;
     counts.forgotten = replica_counts.forgotten;
-    const auto codecs = spi.scalar("SELECT sync.pass_noted_codecs()").integers();
+    const auto codecs = spi.scalar("SELECT sync_internal.pass_noted_codecs()").integers();
     for (const Codec& codec : state::load_codecs(spi, codecs, {}))
         counts.set_aside += encode_codec(spi, codec, replicas);
     analyze_if_large(spi, "magic_sync_row");
     counts.rows_changed = record_changes(spi);
-    spi.execute("SELECT sync.pass_recount_drifted_scopes()");
-    spi.execute("SELECT sync.pass_apply_confirmations()");
+    spi.execute("SELECT sync_internal.pass_recount_drifted_scopes()");
+    spi.execute("SELECT sync_internal.pass_apply_confirmations()");
     counts.messages += move_answers(spi);
     counts.messages += plan_repairs(spi);
     for (int round = 0; round < settings::window; ++round) {
@@ -281,7 +288,7 @@ PassCounts run_pass(Spi& spi) {
     const bool analyze_replicas = replica_rows_since_analyze >= kAnalyzeAfterRows;
     if (analyze_rows) rows_changed_since_analyze = 0;
     if (analyze_replicas) replica_rows_since_analyze = 0;
-    spi.execute("SELECT sync.pass_end($1, $2, $3, $4, $5, $6, $7, $8)",
+    spi.execute("SELECT sync_internal.pass_end($1, $2, $3, $4, $5, $6, $7, $8)",
                 {counts.notes, counts.rows_changed, counts.provisioned, counts.forgotten,
                  counts.messages, counts.set_aside, analyze_rows, analyze_replicas});
     return counts;

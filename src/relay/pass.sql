@@ -3,13 +3,13 @@
 -- sync.pass() (src/relay/pass.cpp) runs these steps in this order, in one transaction on the session
 -- that holds the relay lock, and builds the statements that depend on a codec (re-reading and
 -- encoding its noted rows) or on the replicas relation. Every step is set-wise SQL over the pass's
--- working tables (pg_temp.magic_sync_*), which sync.pass_begin() makes once per session. The steps
+-- working tables (pg_temp.magic_sync_*), which sync_internal.pass_begin() makes once per session. The steps
 -- are plpgsql so that each statement's plan is kept for the session, as the pass runs the same
 -- statements every time.
 
 -- The end of a replica's generation: its cursors and its outbox go (it is forgotten, alarmed, or
 -- provisioned again from nothing). The one place that says what a generation holds.
-CREATE FUNCTION sync.end_generation(replicas uuid[]) RETURNS void
+CREATE FUNCTION sync_internal.end_generation(replicas uuid[]) RETURNS void
 LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -19,7 +19,7 @@ $$;
 
 -- The window rule: how many more messages a replica's outbox takes (magic_sync.window less the
 -- unsent ones). A body of SQL's standard form, inlined where it is used.
-CREATE FUNCTION sync.outbox_room(replica uuid, window_size int) RETURNS bigint
+CREATE FUNCTION sync_internal.outbox_room(replica uuid, window_size int) RETURNS bigint
 LANGUAGE sql STABLE
 RETURN window_size - (SELECT count(*) FROM sync.outbox o
                       WHERE o.replica = outbox_room.replica AND o.sent_at IS NULL);
@@ -31,7 +31,7 @@ RETURN window_size - (SELECT count(*) FROM sync.outbox o
 -- hundred small passes the chunk pick was 60 MB, read from disk in every round. A table past 1 MB
 -- is truncated (a new file: a catalog update and an invalidation, too dear for every small pass);
 -- the others are emptied by DELETE.
-CREATE FUNCTION sync.pass_begin() RETURNS void
+CREATE FUNCTION sync_internal.pass_begin() RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -42,7 +42,7 @@ DECLARE
     large text[];
     working_table text;
 BEGIN
-    PERFORM sync.relay_lock();
+    PERFORM sync_internal.relay_lock();
     -- The last table made exists only when all were.
     IF to_regclass('pg_temp.magic_sync_picked') IS NULL THEN
         CREATE TEMP TABLE magic_sync_note (codec int NOT NULL, key jsonb);
@@ -66,7 +66,7 @@ BEGIN
             fits boolean, dropped boolean, last_fetched boolean, echo boolean);
         -- The answers visible when the pass took its notes: the ones it moves.
         CREATE TEMP TABLE magic_sync_answer_seen (id bigint NOT NULL);
-        -- The messages of one step, for sync.enqueue(), which numbers them and empties it.
+        -- The messages of one step, for sync_internal.enqueue(), which numbers them and empties it.
         CREATE TEMP TABLE magic_sync_enqueue (replica uuid NOT NULL, position bigint NOT NULL,
             kind text NOT NULL, chunks bigint[] NOT NULL DEFAULT '{}',
             reset text[] NOT NULL DEFAULT '{}', drops text[] NOT NULL DEFAULT '{}',
@@ -86,7 +86,7 @@ $$;
 -- A temporary table is never analyzed by autovacuum: after one is filled with many rows, it is
 -- analyzed, so the next statements join it by plan rather than by guess. `known_rows`: its rows,
 -- when the caller counted them.
-CREATE FUNCTION sync.pass_analyze_if_large(working_table text, known_rows bigint DEFAULT NULL)
+CREATE FUNCTION sync_internal.pass_analyze_if_large(working_table text, known_rows bigint DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -107,7 +107,7 @@ $$;
 -- Whether a row is withheld depends on magic_sync.bytes_per_message: when it changed, the rows
 -- whose flag it changed are noted, so the pass plans them again (sent, or withheld, and their
 -- scopes' fingerprints with them).
-CREATE FUNCTION sync.pass_note_rows_the_limit_changed(message_bytes int) RETURNS void
+CREATE FUNCTION sync_internal.pass_note_rows_the_limit_changed(message_bytes int) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -118,8 +118,8 @@ BEGIN
     SELECT r.codec, r.key FROM sync.row r
     JOIN sync.codec c ON c.id = r.codec JOIN sync.scope s ON s.id = r.scope
     WHERE EXISTS (SELECT FROM changed) AND NOT r.gone
-      AND r.withheld = sync.row_travels(sync.scope_name(s.match, s.value, s.partition),
-                                        c.table_name, sync.canonical(r.key), r.body);
+      AND r.withheld = sync_internal.row_travels(sync_internal.scope_name(s.match, s.value, s.partition),
+                                        c.table_name, sync_internal.canonical(r.key), r.body);
 END
 $$;
 
@@ -128,7 +128,7 @@ $$;
 -- the table (the name its rows travelled under). Each such scope gets a new head: a chunk built
 -- over those rows is not reused, and a holding reported before is not compared again. What was
 -- set aside of them goes too; their notes, if any are left, are taken and find no codec.
-CREATE FUNCTION sync.pass_forget_dropped_codecs() RETURNS void
+CREATE FUNCTION sync_internal.pass_forget_dropped_codecs() RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -145,12 +145,12 @@ BEGIN
     gone AS (DELETE FROM sync.row r USING dropped d WHERE r.codec = d.codec
              RETURNING r.scope, r.k, r.hash, r.gone OR r.withheld AS uncounted, d.table_name),
     per_scope AS (SELECT scope,
-                  sync.fp_sum(sync.fp_element(k, hash)) FILTER (WHERE NOT uncounted) AS minus,
+                  sync_internal.fp_sum(sync_internal.fp_element(k, hash)) FILTER (WHERE NOT uncounted) AS minus,
                   count(*) FILTER (WHERE NOT uncounted) AS dn,
                   array_agg(DISTINCT table_name) AS tables
                   FROM gone GROUP BY scope),
     scopes AS (UPDATE sync.scope s
-               SET fp = sync.fp_sub(s.fp, coalesce(p.minus, sync.fp_zero())),
+               SET fp = sync_internal.fp_sub(s.fp, coalesce(p.minus, sync_internal.fp_zero())),
                    n = s.n - p.dn, head = nextval('sync.row_seq')
                FROM per_scope p WHERE s.id = p.scope),
     told AS (SELECT m.replica, array_agg(DISTINCT t) AS tables
@@ -162,7 +162,7 @@ BEGIN
                  FROM told t WHERE r.id = t.replica AND r.live)
     SELECT array_agg(codec) INTO forgotten FROM dropped;
     IF forgotten IS NOT NULL THEN
-        PERFORM sync.release_codecs(forgotten);
+        PERFORM sync_internal.release_codecs(forgotten);
     END IF;
 END
 $$;
@@ -174,7 +174,7 @@ $$;
 -- moved before them, by a pass that began before they committed, left its row to be sent back to
 -- the replica that filed it: the end-to-end test saw it now and then). Returns the number of keys
 -- taken.
-CREATE FUNCTION sync.pass_take_notes(notes_per_pass bigint) RETURNS bigint
+CREATE FUNCTION sync_internal.pass_take_notes(notes_per_pass bigint) RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -204,7 +204,7 @@ BEGIN
     SELECT coalesce(sum(key_count), 0)::bigint INTO whole FROM taken;
     -- A note of one key (or of a whole table) is never cut: its `inside` is 0.
     IF inside > 0 THEN
-        UPDATE sync.note SET keys = sync.note_keys_from(keys, inside::int + 1),
+        UPDATE sync.note SET keys = sync_internal.note_keys_from(keys, inside::int + 1),
                              key_count = key_count - inside::int
         WHERE seq = cut_note;
     END IF;
@@ -215,7 +215,7 @@ $$;
 -- The declared replicas relation (none: no row), as the pass reads it: the relation, its name, its
 -- `live` expression, its partition column, whether it is a view (re-read every
 -- magic_sync.replica_scan, `scan_due`).
-CREATE FUNCTION sync.pass_replica_set(replica_scan_s int)
+CREATE FUNCTION sync_internal.pass_replica_set(replica_scan_s int)
 RETURNS TABLE (relation text, relation_name text, live text, partitioned_by text,
                is_view boolean, scan_due boolean)
 LANGUAGE sql STABLE
@@ -229,7 +229,7 @@ AS $$
 $$;
 
 -- Notes every replica the relation lists and every one the relay knows, to be looked at again.
-CREATE FUNCTION sync.pass_note_every_replica() RETURNS void
+CREATE FUNCTION sync_internal.pass_note_every_replica() RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -243,19 +243,19 @@ $$;
 
 -- A replicas relation that is a view is read again every magic_sync.replica_scan: every replica
 -- is noted.
-CREATE FUNCTION sync.pass_scan_replica_view() RETURNS void
+CREATE FUNCTION sync_internal.pass_scan_replica_view() RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    PERFORM sync.pass_note_every_replica();
+    PERFORM sync_internal.pass_note_every_replica();
     UPDATE sync.relay_state SET replicas_scanned_at = now();
 END
 $$;
 
 -- 2. A note with no key means every row of its codec: what the table has now and what the relay
 -- last planned for it. Codec 0 is the replicas relation: every replica.
-CREATE FUNCTION sync.pass_expand_whole_notes(replicas_declared boolean) RETURNS void
+CREATE FUNCTION sync_internal.pass_expand_whole_notes(replicas_declared boolean) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -270,7 +270,7 @@ BEGIN
     LOOP
         IF whole.codec = 0 THEN
             IF replicas_declared THEN
-                PERFORM sync.pass_note_every_replica();
+                PERFORM sync_internal.pass_note_every_replica();
             END IF;
         ELSIF whole.relation IS NOT NULL THEN
             -- Key column names were validated when declared.
@@ -290,7 +290,7 @@ END
 $$;
 
 -- Whether the notes taken name any replica, to be looked at again.
-CREATE FUNCTION sync.pass_replicas_noted() RETURNS boolean
+CREATE FUNCTION sync_internal.pass_replicas_noted() RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -301,7 +301,7 @@ $$;
 
 -- 3. Replicas (pg_temp.magic_sync_replica holds each noted one as its relation has it now).
 -- Replicas no longer live are forgotten. Returns how many.
-CREATE FUNCTION sync.pass_forget_replicas() RETURNS bigint
+CREATE FUNCTION sync_internal.pass_forget_replicas() RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -314,13 +314,13 @@ BEGIN
     IF gone IS NULL THEN
         RETURN 0;
     END IF;
-    PERFORM sync.end_generation(gone);
+    PERFORM sync_internal.end_generation(gone);
     RETURN cardinality(gone);
 END
 $$;
 
 -- The scopes each live replica belongs to: all of its partition, its own, one per group column.
-CREATE FUNCTION sync.pass_want_scopes() RETURNS void
+CREATE FUNCTION sync_internal.pass_want_scopes() RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -340,7 +340,7 @@ $$;
 
 -- A replica that becomes live, or moves to another partition, starts over: a new generation,
 -- nothing sent, a reset first. Returns how many.
-CREATE FUNCTION sync.pass_provision_replicas() RETURNS bigint
+CREATE FUNCTION sync_internal.pass_provision_replicas() RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -360,7 +360,7 @@ BEGIN
     IF provisioned IS NULL THEN
         RETURN 0;
     END IF;
-    PERFORM sync.end_generation(provisioned);
+    PERFORM sync_internal.end_generation(provisioned);
     -- A row set aside because it named a replica nobody listed may name one of these.
     INSERT INTO pg_temp.magic_sync_note (codec, key)
     SELECT codec, key FROM sync.set_aside WHERE kind = 'note';
@@ -372,7 +372,7 @@ $$;
 -- the ones it newly belongs to are joined at cursor 0. A chunk that left out a row its only
 -- member had uploaded must not reach a member that joins: its scope's chunks over such rows are
 -- reused no more.
-CREATE FUNCTION sync.pass_move_members() RETURNS void
+CREATE FUNCTION sync_internal.pass_move_members() RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -383,7 +383,7 @@ BEGIN
                                          WHERE w.replica = m.replica AND w.scope = m.scope)
                          RETURNING m.replica, m.scope),
     names AS (SELECT l.replica,
-              array_agg(sync.scope_name(s.match, s.value, s.partition) ORDER BY s.id) AS scopes
+              array_agg(sync_internal.scope_name(s.match, s.value, s.partition) ORDER BY s.id) AS scopes
               FROM left_scopes l JOIN sync.scope s ON s.id = l.scope GROUP BY l.replica)
     UPDATE sync.replica r SET pending_drops = r.pending_drops || names.scopes
     FROM names WHERE r.id = names.replica;
@@ -397,8 +397,8 @@ BEGIN
 END
 $$;
 
--- 4. The codecs the notes name (their columns: sync.codec_columns).
-CREATE FUNCTION sync.pass_noted_codecs() RETURNS bigint[]
+-- 4. The codecs the notes name (their columns: sync_internal.codec_columns).
+CREATE FUNCTION sync_internal.pass_noted_codecs() RETURNS bigint[]
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -408,7 +408,7 @@ END
 $$;
 
 -- A codec's noted keys, one by one, for a codec whose rows failed to encode as a set.
-CREATE FUNCTION sync.pass_noted_keys(codec int) RETURNS SETOF jsonb
+CREATE FUNCTION sync_internal.pass_noted_keys(codec int) RETURNS SETOF jsonb
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -420,7 +420,7 @@ $$;
 
 -- Rows of an `own` codec (`to_column` names the replica) whose replica the relation does not list
 -- are set aside, not planned. Returns how many.
-CREATE FUNCTION sync.pass_set_aside_unknown_replicas(codec int, to_column text) RETURNS bigint
+CREATE FUNCTION sync_internal.pass_set_aside_unknown_replicas(codec int, to_column text) RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -434,7 +434,7 @@ BEGIN
                     AND p.body IS NOT NULL
                     AND NOT EXISTS (SELECT FROM %s r WHERE r.id::text = p.value)
                     RETURNING p.codec, p.key, p.value)
-                    SELECT sync.keep(''note'', array_agg(codec), array_agg(key),
+                    SELECT sync_internal.keep(''note'', array_agg(codec), array_agg(key),
                       array_agg(format(''%%s names replica %%s, which %%s does not list'',
                                        $2, value, $3)))
                     FROM unknown HAVING count(*) > 0', replicas)
@@ -449,8 +449,8 @@ $$;
 -- pass, after the changes): the messages that carried the previous version then come before the
 -- answer, so the replica holds it when it takes the answer. A row uploaded twice (two writes, or
 -- two replicas) before the pass is sent back. Whether the row goes back to the replica is decided
--- per message (sync.pass_pick_rows).
-CREATE FUNCTION sync.pass_mark_echoes() RETURNS void
+-- per message (sync_internal.pass_pick_rows).
+CREATE FUNCTION sync_internal.pass_mark_echoes() RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -459,7 +459,7 @@ BEGIN
     FROM sync.echo e, sync.row r
     WHERE e.codec = c.codec AND e.key = c.key AND c.old_scope = c.new_scope
       AND r.k = c.k AND r.scope = c.old_scope AND NOT r.gone
-      AND c.body = sync.canonical(r.body::jsonb || e.body)
+      AND c.body = sync_internal.canonical(r.body::jsonb || e.body)
       AND NOT EXISTS (SELECT FROM sync.echo other WHERE other.codec = e.codec
                       AND other.key = e.key AND other.id <> e.id)
       AND EXISTS (SELECT FROM sync.answer a WHERE a.replica = e.replica
@@ -469,14 +469,14 @@ $$;
 
 -- 5. Compares the rows encoded (pg_temp.magic_sync_row) with what the relay planned before: the
 -- differences go to pg_temp.magic_sync_change, with new seqs. Returns how many.
-CREATE FUNCTION sync.pass_find_changes() RETURNS bigint
+CREATE FUNCTION sync_internal.pass_find_changes() RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     changed bigint;
 BEGIN
-    PERFORM sync.release_planned(array_agg(p.codec), array_agg(p.key))
+    PERFORM sync_internal.release_planned(array_agg(p.codec), array_agg(p.key))
     FROM pg_temp.magic_sync_row p JOIN sync.set_aside s
       ON s.kind IN ('note', 'row') AND s.codec = p.codec AND s.key = p.key
     HAVING count(*) > 0;
@@ -494,15 +494,15 @@ BEGIN
     LEFT JOIN sync.scope s ON p.body IS NOT NULL AND s.match = p.match
      AND s.value = p.value AND s.partition = p.part
     LEFT JOIN sync.row r ON r.k = p.k AND NOT r.gone
-    CROSS JOIN LATERAL (SELECT s.id IS NOT NULL AND NOT sync.row_travels(
-     sync.scope_name(s.match, s.value, s.partition), c.table_name, sync.canonical(p.key),
+    CROSS JOIN LATERAL (SELECT s.id IS NOT NULL AND NOT sync_internal.row_travels(
+     sync_internal.scope_name(s.match, s.value, s.partition), c.table_name, sync_internal.canonical(p.key),
      p.body) AS withheld FROM sync.codec c WHERE c.id = p.codec) w
     WHERE r.scope IS DISTINCT FROM s.id OR r.hash IS DISTINCT FROM p.hash
        OR coalesce(r.withheld, false) <> w.withheld;
     GET DIAGNOSTICS changed = ROW_COUNT;
     IF EXISTS (SELECT FROM sync.echo) THEN
         IF changed > 0 THEN
-            PERFORM sync.pass_mark_echoes();
+            PERFORM sync_internal.pass_mark_echoes();
         END IF;
         DELETE FROM sync.echo e USING pg_temp.magic_sync_row p
         WHERE e.codec = p.codec AND e.key = p.key;
@@ -513,7 +513,7 @@ $$;
 
 -- Records the changes found: tombstones where rows went or moved, the rows' new versions, and
 -- every scope's fingerprint and head.
-CREATE FUNCTION sync.pass_record_changes() RETURNS void
+CREATE FUNCTION sync_internal.pass_record_changes() RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -532,18 +532,18 @@ BEGIN
         echo_of = excluded.echo_of, echo_prev = excluded.echo_prev;
     WITH d AS (
         SELECT old_scope AS scope,
-               CASE WHEN NOT old_withheld THEN sync.fp_element(k, old_hash) END AS e,
+               CASE WHEN NOT old_withheld THEN sync_internal.fp_element(k, old_hash) END AS e,
                CASE WHEN old_withheld THEN 0 ELSE -1 END AS sign, tomb_seq AS seq
         FROM pg_temp.magic_sync_change WHERE old_scope IS NOT NULL
         UNION ALL
-        SELECT new_scope, CASE WHEN NOT new_withheld THEN sync.fp_element(k, new_hash) END,
+        SELECT new_scope, CASE WHEN NOT new_withheld THEN sync_internal.fp_element(k, new_hash) END,
                CASE WHEN new_withheld THEN 0 ELSE 1 END, new_seq
         FROM pg_temp.magic_sync_change WHERE new_scope IS NOT NULL),
     per_scope AS (SELECT scope,
-                  coalesce(sync.fp_sum(e) FILTER (WHERE sign = 1), sync.fp_zero()) AS plus,
-                  coalesce(sync.fp_sum(e) FILTER (WHERE sign = -1), sync.fp_zero()) AS minus,
+                  coalesce(sync_internal.fp_sum(e) FILTER (WHERE sign = 1), sync_internal.fp_zero()) AS plus,
+                  coalesce(sync_internal.fp_sum(e) FILTER (WHERE sign = -1), sync_internal.fp_zero()) AS minus,
                   sum(sign) AS dn, max(seq) AS head FROM d GROUP BY scope)
-    UPDATE sync.scope s SET fp = sync.fp_sub(sync.fp_add(s.fp, p.plus), p.minus),
+    UPDATE sync.scope s SET fp = sync_internal.fp_sub(sync_internal.fp_add(s.fp, p.plus), p.minus),
                             n = s.n + p.dn, head = greatest(s.head, coalesce(p.head, 0))
     FROM per_scope p WHERE s.id = p.scope;
 END
@@ -551,14 +551,14 @@ $$;
 
 -- Scopes the truth audit found drifted from their tables (sync.drifted_scope): their running
 -- fingerprints counted again from sync.row, which the codecs the audit noted whole plan again.
-CREATE FUNCTION sync.pass_recount_drifted_scopes() RETURNS void
+CREATE FUNCTION sync_internal.pass_recount_drifted_scopes() RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     WITH drifted AS (DELETE FROM sync.drifted_scope RETURNING scope),
     counted AS (SELECT d.scope,
-                coalesce(sync.fp_sum(sync.fp_element(r.k, r.hash)), sync.fp_zero()) AS fp,
+                coalesce(sync_internal.fp_sum(sync_internal.fp_element(r.k, r.hash)), sync_internal.fp_zero()) AS fp,
                 count(r.k) AS n
                 FROM drifted d LEFT JOIN sync.row r ON r.scope = d.scope
                  AND NOT r.gone AND NOT r.withheld
@@ -570,13 +570,13 @@ $$;
 -- Confirmations left by sync.receive(): messages a replica applied leave its outbox and confirm
 -- the cursors they carried, whether or not the sender has recorded them as sent yet (a replica
 -- may apply and confirm a message before its sender's sync.sent() commits). All but one: a head
--- whose lease holds (sync.lease_holds: its time has not run out and its sender's session lives)
+-- whose lease holds (sync_internal.lease_holds: its time has not run out and its sender's session lives)
 -- stays until its sender records it or the lease ends, because its lease covers the run the
 -- sender is still sending; pruned, it would leave the rest of the run unleased for another sender
 -- to take while this one sends it. The confirmation stays for the next pass.
 -- The lease is tested on the row the delete finds, so a lease taken since the statement began
 -- keeps its row too; what was kept is what the statement saw in range less what it deleted.
-CREATE FUNCTION sync.pass_apply_confirmations() RETURNS void
+CREATE FUNCTION sync_internal.pass_apply_confirmations() RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -584,7 +584,7 @@ BEGIN
     WITH c AS (DELETE FROM sync.confirmation RETURNING replica, applied),
     latest AS (SELECT replica, max(applied) AS applied FROM c GROUP BY replica),
     done AS (DELETE FROM sync.outbox o USING latest l WHERE o.replica = l.replica
-             AND o.seq <= l.applied AND NOT sync.lease_holds(o)
+             AND o.seq <= l.applied AND NOT sync_internal.lease_holds(o)
              RETURNING o.replica, o.advances),
     pruned AS (SELECT replica, count(*) AS n FROM done GROUP BY replica),
     kept AS (INSERT INTO sync.confirmation (replica, applied)
@@ -599,9 +599,9 @@ END
 $$;
 
 -- 6. One round of messages begins: the cursors that are behind their scope's head, of the
--- replicas with room in their window (sync.outbox_room), and whether a sender is delivering to
+-- replicas with room in their window (sync_internal.outbox_room), and whether a sender is delivering to
 -- the replica (a lease holds).
-CREATE FUNCTION sync.pass_find_needs(window_size int) RETURNS void
+CREATE FUNCTION sync_internal.pass_find_needs(window_size int) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -612,12 +612,12 @@ BEGIN
     DELETE FROM pg_temp.magic_sync_picked;
     DELETE FROM pg_temp.magic_sync_pick;
     INSERT INTO pg_temp.magic_sync_need (replica, scope, sent, head, scope_name, room, in_flight)
-    SELECT m.replica, m.scope, m.sent, s.head, sync.scope_name(s.match, s.value, s.partition),
+    SELECT m.replica, m.scope, m.sent, s.head, sync_internal.scope_name(s.match, s.value, s.partition),
            u.room, u.in_flight
     FROM sync.member m JOIN sync.scope s ON s.id = m.scope
     JOIN sync.replica r ON r.id = m.replica AND r.live
-    CROSS JOIN LATERAL (SELECT sync.outbox_room(m.replica, window_size) AS room,
-     coalesce((SELECT bool_or(sync.lease_holds(o)) FROM sync.outbox o
+    CROSS JOIN LATERAL (SELECT sync_internal.outbox_room(m.replica, window_size) AS room,
+     coalesce((SELECT bool_or(sync_internal.lease_holds(o)) FROM sync.outbox o
                WHERE o.replica = m.replica AND o.sent_at IS NULL), false) AS in_flight) u
     WHERE m.sent < s.head AND u.room > 0;
 END
@@ -625,7 +625,7 @@ $$;
 
 -- The newest chunk built from each needed cursor whose scope has not moved since, attached to the
 -- needs that have none yet. Returns whether some need is left without one.
-CREATE FUNCTION sync.pass_attach_chunks() RETURNS boolean
+CREATE FUNCTION sync_internal.pass_attach_chunks() RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -661,7 +661,7 @@ $$;
 -- named by its hash when need be, fits any but the smallest limits). A row too big for any
 -- message takes no room: it is withheld. The row's size is worked out where its key is encoded
 -- (OFFSET 0: pulled up, the key was encoded once for the row and again for its size).
-CREATE FUNCTION sync.pass_pick_rows(rows_limit int, bytes_limit int, ahead int) RETURNS void
+CREATE FUNCTION sync_internal.pass_pick_rows(rows_limit int, bytes_limit int, ahead int) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -671,7 +671,7 @@ BEGIN
     SELECT p.origin, p.scope, p.grp, p.head, p.scope_name, p.budget, p.seq, p.codec, p.key,
     p.table_name, p.ktext, p.body, p.hash, p.size, p.fits, CASE WHEN p.grp = 0 THEN
      p.position > 1 AND sum(CASE WHEN p.fits THEN p.size + 1
-      ELSE sync.withheld_size(p.scope_name, p.table_name, p.ktext, p.body) END)
+      ELSE sync_internal.withheld_size(p.scope_name, p.table_name, p.ktext, p.body) END)
      OVER (PARTITION BY p.scope, p.origin ORDER BY p.seq) > p.budget
      WHEN p.grp > 0 THEN false END,
     p.position % rows_limit = 0, p.echo
@@ -679,13 +679,13 @@ BEGIN
      w.budget, r.seq, r.codec, r.key, r.table_name, r.ktext, r.body, r.hash, r.size,
      NOT r.withheld AND r.size + 1 <= w.budget AS fits, r.position, r.echo
      FROM (SELECT n.scope, n.sent AS origin, n.head, n.scope_name,
-      bytes_limit - sync.envelope_size('{*}', '{}')
-      - sync.chunk_size(n.scope_name, n.sent, n.head) - 1 AS budget,
+      bytes_limit - sync_internal.envelope_size('{*}', '{}')
+      - sync_internal.chunk_size(n.scope_name, n.sent, n.head) - 1 AS budget,
       CASE WHEN n.sent > 0 THEN least(max(n.room), ahead) ELSE 1 END AS chunks
       FROM pg_temp.magic_sync_need n WHERE n.chunk IS NULL
       GROUP BY n.scope, n.sent, n.head, n.scope_name) w
-     LEFT JOIN LATERAL (SELECT k.*, sync.row_size(k.table_name, k.ktext, k.body) AS size
-      FROM (SELECT x.seq, x.codec, x.key, c.table_name, sync.canonical(x.key) AS ktext,
+     LEFT JOIN LATERAL (SELECT k.*, sync_internal.row_size(k.table_name, k.ktext, k.body) AS size
+      FROM (SELECT x.seq, x.codec, x.key, c.table_name, sync_internal.canonical(x.key) AS ktext,
        x.body, encode(x.hash, 'hex') AS hash, x.withheld, x.position, x.echo
        FROM (SELECT y.*, row_number() OVER (ORDER BY y.seq) AS position
         FROM (SELECT seq, codec, key, body, hash, withheld, echo_of IS NOT NULL AS echo
@@ -701,9 +701,9 @@ $$;
 
 -- The chunks of the rows picked. A chunk covers the scope up to its head, or up to its last row
 -- when it was cut short. Its rows are aggregated in one order, unsorted, and put in seq order by
--- sync.encode_chunk: five aggregates each sorting its own input cost more than the encoding. The
+-- sync_internal.encode_chunk: five aggregates each sorting its own input cost more than the encoding. The
 -- rows withheld from the chunks built are set aside; returns how many.
-CREATE FUNCTION sync.pass_build_chunks(bytes_limit int) RETURNS bigint
+CREATE FUNCTION sync_internal.pass_build_chunks(bytes_limit int) RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -716,7 +716,7 @@ BEGIN
      max(seq) FILTER (WHERE NOT dropped) AS last_seq,
      count(*) FILTER (WHERE fits AND NOT dropped) AS rows,
      coalesce(sum(size + 1) FILTER (WHERE fits AND NOT dropped), 0)
-     + coalesce(sum(sync.withheld_size(scope_name, table_name, ktext, body))
+     + coalesce(sum(sync_internal.withheld_size(scope_name, table_name, ktext, body))
       FILTER (WHERE NOT fits AND NOT dropped), 0) AS row_bytes,
      coalesce(bool_or(echo), false) AS echoes,
      array_agg(seq) FILTER (WHERE fits AND NOT dropped) AS seqs,
@@ -724,17 +724,17 @@ BEGIN
      array_agg(ktext) FILTER (WHERE fits AND NOT dropped) AS keys,
      array_agg(body) FILTER (WHERE fits AND NOT dropped) AS bodies,
      array_agg(hash) FILTER (WHERE fits AND NOT dropped) AS hashes,
-     jsonb_agg(sync.withheld_note(scope_name, table_name, ktext, body)
+     jsonb_agg(sync_internal.withheld_note(scope_name, table_name, ktext, body)
       ORDER BY seq) FILTER (WHERE NOT fits AND NOT dropped) AS withheld,
-     sum(sync.withheld_size(scope_name, table_name, ktext, body))
+     sum(sync_internal.withheld_size(scope_name, table_name, ktext, body))
       FILTER (WHERE NOT fits AND NOT dropped) AS withheld_bytes
      FROM pg_temp.magic_sync_pick GROUP BY origin, scope, coalesce(grp, 0)),
     started AS (SELECT r.*, CASE WHEN r.grp = 0 THEN r.origin ELSE
      lag(r.last_seq) OVER (PARTITION BY r.origin, r.scope ORDER BY r.grp) END AS from_seq
      FROM runs r),
     linked AS (SELECT s.*, bool_and(CASE WHEN s.grp = 0 THEN NOT s.cut_by_bytes
-      ELSE NOT s.echoes AND s.row_bytes <= bytes_limit - sync.envelope_size('{*}', '{}')
-       - sync.chunk_size(s.scope_name, s.from_seq, s.head) - 1 END)
+      ELSE NOT s.echoes AND s.row_bytes <= bytes_limit - sync_internal.envelope_size('{*}', '{}')
+       - sync_internal.chunk_size(s.scope_name, s.from_seq, s.head) - 1 END)
      OVER (PARTITION BY s.origin, s.scope ORDER BY s.grp) AS chained FROM started s),
     built AS (INSERT INTO sync.chunk (scope, from_seq, to_seq, built_head, rows, bytes, body,
      withheld)
@@ -743,13 +743,13 @@ BEGIN
      FROM linked l
      CROSS JOIN LATERAL (SELECT CASE WHEN l.cut_short THEN l.last_seq ELSE l.head END
       AS to_seq) t
-     CROSS JOIN LATERAL (SELECT sync.encode_chunk(l.scope_name, l.from_seq, t.to_seq,
+     CROSS JOIN LATERAL (SELECT sync_internal.encode_chunk(l.scope_name, l.from_seq, t.to_seq,
       l.seqs, l.tables, l.keys, l.bodies, l.hashes) AS body OFFSET 0) b
      WHERE l.grp = 0 OR l.chained RETURNING scope, from_seq, to_seq)
-    SELECT sync.keep('row', array_agg(w.codec), array_agg(w.key), array_agg(w.reason))
+    SELECT sync_internal.keep('row', array_agg(w.codec), array_agg(w.key), array_agg(w.reason))
     INTO withheld_rows
     FROM (SELECT DISTINCT ON (p.codec, p.key) p.codec, p.key,
-    sync.withheld_reason(p.scope_name, p.table_name, p.ktext, p.body) AS reason
+    sync_internal.withheld_reason(p.scope_name, p.table_name, p.ktext, p.body) AS reason
     FROM pg_temp.magic_sync_pick p JOIN built b ON b.scope = p.scope AND p.seq > b.from_seq
      AND p.seq <= b.to_seq
     WHERE NOT p.fits AND NOT p.dropped ORDER BY p.codec, p.key, p.budget) w
@@ -764,7 +764,7 @@ $$;
 -- for that delivery to end (sync.sent wakes the relay), and takes what changed until then with
 -- it. Otherwise, under a steady trickle of writes, every pass queued a small message behind the
 -- one being delivered, and a change waited for a window of them to go, one at a time.
-CREATE FUNCTION sync.pass_pick_chunks(rows_limit int, bytes_limit int) RETURNS void
+CREATE FUNCTION sync_internal.pass_pick_chunks(rows_limit int, bytes_limit int) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -775,7 +775,7 @@ BEGIN
       OVER (PARTITION BY n.replica) AS takes_full,
      row_number() OVER w AS position, sum(n.chunk_rows) OVER w AS rows_so_far,
      sum(n.chunk_bytes + 1) OVER w AS bytes_so_far,
-     bytes_limit - sync.envelope_size(CASE WHEN r.reset_pending THEN '{*}'::text[]
+     bytes_limit - sync_internal.envelope_size(CASE WHEN r.reset_pending THEN '{*}'::text[]
       ELSE '{}' END, r.pending_drops, r.pending_table_drops) AS budget,
      cardinality(r.pending_drops) + cardinality(r.pending_table_drops) > 0 AS drops
      FROM pg_temp.magic_sync_need n JOIN sync.replica r ON r.id = n.replica
@@ -789,7 +789,7 @@ $$;
 -- with room in its window) and advances the cursors. Drops go in the order they came, as many as
 -- fit; the rest wait for the next message (which a message with chunks never precedes: those wait
 -- until every drop fits). Returns the number of messages written.
-CREATE FUNCTION sync.pass_queue_messages(window_size int) RETURNS bigint
+CREATE FUNCTION sync_internal.pass_queue_messages(window_size int) RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -802,9 +802,9 @@ BEGIN
      WHERE r.live AND (r.reset_pending OR cardinality(r.pending_drops) > 0
       OR cardinality(r.pending_table_drops) > 0)
      AND NOT EXISTS (SELECT FROM pg_temp.magic_sync_picked p WHERE p.replica = r.id)
-     AND sync.outbox_room(r.id, window_size) > 0),
+     AND sync_internal.outbox_room(r.id, window_size) > 0),
     cut AS (SELECT m.*, r.reset_pending, r.pending_drops,
-     r.pending_table_drops, sync.drops_fitting(CASE WHEN r.reset_pending THEN '{*}'::text[]
+     r.pending_table_drops, sync_internal.drops_fitting(CASE WHEN r.reset_pending THEN '{*}'::text[]
       ELSE '{}' END, r.pending_drops, r.pending_table_drops) AS n,
      cardinality(r.pending_drops) AS scope_drops
      FROM message m JOIN sync.replica r ON r.id = m.replica),
@@ -818,7 +818,7 @@ BEGIN
      FROM cut c WHERE r.id = c.replica)
     UPDATE sync.member m SET sent = p.chunk_to
     FROM pg_temp.magic_sync_picked p WHERE m.replica = p.replica AND m.scope = p.scope;
-    RETURN sync.enqueue();
+    RETURN sync_internal.enqueue();
 END
 $$;
 
@@ -829,7 +829,7 @@ $$;
 -- to keep 200; 100,000 replicas provisioned 10,000 a pass left the outbox "empty", and the
 -- planner matched every confirmation against every message, 25-38 s a pass. Senders are woken
 -- when there are messages, and the pass's counts are kept for sync.relay_health.
-CREATE FUNCTION sync.pass_end(notes bigint, rows_changed bigint, provisioned bigint,
+CREATE FUNCTION sync_internal.pass_end(notes bigint, rows_changed bigint, provisioned bigint,
                               forgotten bigint, messages bigint, set_aside bigint,
                               analyze_rows boolean, analyze_replicas boolean) RETURNS void
 LANGUAGE plpgsql

@@ -2,7 +2,7 @@
 
 -- One pass: takes the relay lock (or refuses), plans, writes the outbox. Returns its counts. It
 -- writes keys, rows and scope values under fixed settings (TimeZone, DateStyle, IntervalStyle,
--- extra_float_digits, bytea_output, lc_monetary: sync.pin_output_settings), as sync.expected
+-- extra_float_digits, bytea_output, lc_monetary: sync_internal.pin_output_settings), as sync.expected
 -- reads them: a row's canonical form is the same whatever the server's or a session's settings.
 -- The pass analyzes its temporary tables when it fills them and sync.row after many changes, so
 -- the statements after join them by plan: the planner needs their sizes and ranges, not fine
@@ -14,7 +14,7 @@ AS 'MODULE_PATHNAME', 'magic_sync_pass'
 LANGUAGE C VOLATILE
 SET search_path = pg_catalog, pg_temp
 SET default_statistics_target = 10;
-SELECT sync.pin_output_settings('sync.pass()');
+SELECT sync_internal.pin_output_settings('sync.pass()');
 
 -- A message of a replica's outbox, assembled exactly as the sender sends it.
 CREATE FUNCTION sync.message(replica uuid, seq bigint) RETURNS bytea
@@ -63,7 +63,7 @@ $$;
 CREATE VIEW sync.health AS
 SELECT (SELECT coalesce(sum(key_count), 0) FROM sync.note) AS notes_backlog,
        (SELECT extract(epoch FROM now() - min(noted_at)) FROM sync.note) AS oldest_note_seconds,
-       sync.relay_lock_holder() AS relay_pid,
+       sync_internal.relay_lock_holder() AS relay_pid,
        st.last_pass_at,
        (st.last_pass->>'notes')::bigint AS last_pass_notes,
        (st.last_pass->>'rows_changed')::bigint AS last_pass_rows_changed,

@@ -13,13 +13,13 @@ LANGUAGE C VOLATILE
 SET search_path = pg_catalog, pg_temp;
 
 -- The relay runs as soon as the current transaction commits.
-CREATE FUNCTION sync.wake() RETURNS void
+CREATE FUNCTION sync_internal.wake() RETURNS void
 AS 'MODULE_PATHNAME', 'magic_sync_wake'
 LANGUAGE C VOLATILE
 SET search_path = pg_catalog, pg_temp;
 
 -- What needs someone, one line each, saying whether to wait (the network) or deploy a fix (a bug).
-CREATE FUNCTION sync.report() RETURNS TABLE (level text, line text)
+CREATE FUNCTION sync_internal.report() RETURNS TABLE (level text, line text)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -77,7 +77,7 @@ $$;
 -- Alarms: a replica that left what it was sent unconfirmed longer than
 -- magic_sync.unconfirmed_after, or whose head message was refused magic_sync.max_refusals times,
 -- is dropped and provisioned again by the next pass. Returns one line per replica, and why.
-CREATE FUNCTION sync.alarms() RETURNS TABLE (replica uuid, line text)
+CREATE FUNCTION sync_internal.alarms() RETURNS TABLE (replica uuid, line text)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -87,7 +87,7 @@ DECLARE
     alarmed uuid[];
     reasons text[];
 BEGIN
-    PERFORM sync.relay_lock();
+    PERFORM sync_internal.relay_lock();
     SELECT array_agg(r.id),
            array_agg(CASE WHEN r.refusals >= max_refusals
                           THEN format('its messages were refused %s times (last: %s)', r.refusals, r.last_error)
@@ -101,7 +101,7 @@ BEGIN
         RETURN;
     END IF;
     UPDATE sync.replica r SET live = false WHERE r.id = ANY (alarmed);
-    PERFORM sync.end_generation(alarmed);
+    PERFORM sync_internal.end_generation(alarmed);
     INSERT INTO sync.note (codec, key) SELECT 0, jsonb_build_object('id', a) FROM unnest(alarmed) a;
     RETURN QUERY
     SELECT a.id, format('replica %s is provisioned again: %s', a.id, a.why)

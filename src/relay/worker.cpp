@@ -208,7 +208,8 @@ bool relay_step(RelayState* state) {
         wait_for(state, reason);
         return false;
     }
-    char* holder = single_value("SELECT sync.relay_lock_holder()::text", 0, nullptr, nullptr);
+    char* holder =
+        single_value("SELECT sync_internal.relay_lock_holder()::text", 0, nullptr, nullptr);
     if (holder != nullptr && atoi(holder) != MyProcPid) {
         snprintf(reason, sizeof reason,
                  "standing by: the relay lock of database \"%s\" is held by pid %s",
@@ -218,12 +219,12 @@ bool relay_step(RelayState* state) {
         return false;
     }
     if (!state->holding) {
-        single_value("SELECT sync.relay_lock()", 0, nullptr, nullptr);
+        single_value("SELECT sync_internal.relay_lock()", 0, nullptr, nullptr);
         state->holding = true;
         pg::register_relay_latch();
         // Taking the lock is when a deploy shows: try again what was set aside, kept uploads
         // that wait for a change included.
-        single_value("SELECT sync.filing_changed()", 0, nullptr, nullptr);
+        single_value("SELECT sync_internal.filing_changed()", 0, nullptr, nullptr);
         state->last_retry = 0;
         state->retrying = false;
         snprintf(reason, sizeof reason, "took the relay lock of database \"%s\"; relaying",
@@ -232,7 +233,7 @@ bool relay_step(RelayState* state) {
     }
     become_relay_role();
     if (!state->retrying && due(state->last_retry, settings::retry_every_s)) {
-        log_lines("SELECT level, line FROM sync.retry_notes_and_rows()");
+        log_lines("SELECT level, line FROM sync_internal.retry_notes_and_rows()");
         state->retrying = true;
         state->refiled = 0;
         state->kept_again = 0;
@@ -240,7 +241,7 @@ bool relay_step(RelayState* state) {
     pgstat_report_activity(STATE_RUNNING, "magic_sync relay: pass");
     char* work = single_value("SELECT (notes > 0 OR messages > 0)::text FROM sync.pass()", 0,
                               nullptr, nullptr);
-    log_lines("SELECT 'WARNING', line FROM sync.alarms()");
+    log_lines("SELECT 'WARNING', line FROM sync_internal.alarms()");
     // The first audit waits a whole period: a relay starting over does not read every table.
     if (state->last_audit == 0) state->last_audit = GetCurrentTimestamp();
     if (settings::audit_every_s > 0 && due(state->last_audit, settings::audit_every_s)) {
@@ -258,7 +259,7 @@ bool relay_step(RelayState* state) {
         state->last_prune = GetCurrentTimestamp();
     }
     if (due(state->last_report, settings::report_every_s)) {
-        if (state->last_report != 0) log_lines("SELECT level, line FROM sync.report()");
+        if (state->last_report != 0) log_lines("SELECT level, line FROM sync_internal.report()");
         state->last_report = GetCurrentTimestamp();
     }
     return work != nullptr && strcmp(work, "true") == 0;

@@ -21,8 +21,9 @@ std::vector<std::string> Codec::hidden() const {
 std::vector<Codec> load_codecs(pg::Spi& spi, const std::vector<int64_t>& ids,
                                const std::vector<std::string>& tables) {
     std::vector<Codec> codecs;
-    auto rows = spi.query("SELECT * FROM sync.codec_columns($1::bigint[]::int[], $2::text[])",
-                          {pg::Param::bigint_array(ids), pg::Param::text_array(tables)});
+    auto rows =
+        spi.query("SELECT * FROM sync_internal.codec_columns($1::bigint[]::int[], $2::text[])",
+                  {pg::Param::bigint_array(ids), pg::Param::text_array(tables)});
     for (const pg::Row& row : rows) {
         const int64_t id = row["id"].integer();
         if (codecs.empty() || codecs.back().id != id) {

@@ -1,6 +1,6 @@
-// A codec as the engine reads it (sync.codec_columns, src/state/codec.sql): the one reading of a
-// declaration and its table's columns, for the pass that encodes rows and for filing that writes
-// them.
+// A codec as the engine reads it (sync_internal.codec_columns, src/state/codec.sql): the one
+// reading of a declaration and its table's columns, for the pass that encodes rows and for filing
+// that writes them.
 #pragma once
 
 #include <cstdint>

@@ -7,7 +7,7 @@
 -- column's type when its jsonb field casts straight to it (a scalar whose text form to_jsonb
 -- writes), else ''. both_audience: a both codec's rule as SQL over the row `t` and the replica's
 -- row `r` of the replicas relation (sync.audience_sql).
-CREATE FUNCTION sync.codec_columns(codecs int[], tables text[])
+CREATE FUNCTION sync_internal.codec_columns(codecs int[], tables text[])
 RETURNS TABLE (id int, table_name text, relation text, kind text, audience text, to_column text,
                replica_column text, both_audience text, column_name text, is_key boolean,
                travels boolean, may_file boolean, is_stamp boolean, is_required boolean,
@@ -37,7 +37,7 @@ BEGIN
     FROM sync.codec c
     JOIN pg_class t ON t.oid = c.relation
     JOIN pg_namespace n ON n.oid = t.relnamespace
-    CROSS JOIN LATERAL sync.required_columns(c.relation) AS required(columns)
+    CROSS JOIN LATERAL sync_internal.required_columns(c.relation) AS required(columns)
     JOIN pg_attribute a ON a.attrelid = c.relation AND a.attnum > 0 AND NOT a.attisdropped
     JOIN pg_type y ON y.oid = a.atttypid
     WHERE c.id = ANY (codecs) OR c.table_name = ANY (tables)

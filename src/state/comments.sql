@@ -29,6 +29,10 @@ COMMENT ON FUNCTION sync.senders(regprocedure, regprocedure) IS
 COMMENT ON FUNCTION sync.drop(regclass) IS
 'Stops syncing a table: every replica that holds rows of it is told to drop the table, and the '
 'relay forgets its rows.';
+COMMENT ON FUNCTION sync.end_codec(integer) IS
+'Stops syncing a table by its codec id (as sync."check"() names it), for a table that no longer '
+'exists: every replica that holds rows of it is told to drop the table, and the relay forgets its '
+'rows.';
 COMMENT ON FUNCTION sync."check"() IS
 'One row per problem with the declarations now (a schema change that broke one, a grant filing '
 'lacks), with the fix to run. No rows: nothing to fix.';
@@ -41,6 +45,9 @@ COMMENT ON FUNCTION sync.audience_sql(integer, text, text) IS
 'audience of the replicas-relation row aliased replica_alias, partition included.';
 COMMENT ON VIEW sync.noted IS
 'The changes waiting for the relay: one row per noted key (a NULL key: the whole table).';
+COMMENT ON FUNCTION sync.capture() IS
+'The trigger that notes each change of a synced table (and of the replicas relation) for the '
+'relay; declaring a table installs it, sync.drop removes it. Not called by hand.';
 COMMENT ON FUNCTION sync.note_keys(bytea) IS
 'The keys a capture note holds (sync.note.keys), as jsonb, in the order they were noted.';
 COMMENT ON FUNCTION sync.note_keys(bytea, integer) IS

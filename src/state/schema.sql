@@ -14,6 +14,11 @@ BEGIN
 END
 $encoding$;
 
+-- The routines a user calls live in `sync`, each with its comment (src/state/comments.sql); the
+-- ones that only the engine calls live in `sync_internal`, which no role but the extension's
+-- owner may use. The state's tables and views are in `sync`.
+CREATE SCHEMA sync_internal;
+
 -- Roles for the processes that talk to the engine from outside (the sender, the up route, a
 -- monitoring agent). Cluster-wide, so created only when absent and never dropped with the
 -- extension.
@@ -63,7 +68,7 @@ CREATE TABLE sync.codec (
     key_columns name[] NOT NULL,
     -- The key columns' types when declared: a change of them changes every row's key.
     key_types regtype[] NOT NULL,
-    -- The table's columns and their types when declared or last planned whole (sync.table_shape):
+    -- The table's columns and their types when declared or last planned whole (sync_internal.table_shape):
     -- a schema change that alters them plans the table again.
     shape text NOT NULL DEFAULT ''
 );
@@ -127,7 +132,7 @@ CREATE TABLE sync.row (
     hash bytea,
     body text,
     gone boolean NOT NULL DEFAULT false,
-    -- Too big for any message (sync.row_travels): sent as a withheld note, and outside the
+    -- Too big for any message (sync_internal.row_travels): sent as a withheld note, and outside the
     -- scope's fingerprint on both sides, so repair never chases it.
     withheld boolean NOT NULL DEFAULT false,
     -- A version filed from this replica's upload that it holds already (sync.echo), and the seq
@@ -245,12 +250,12 @@ CREATE TABLE sync.set_aside (
     first_at timestamptz NOT NULL DEFAULT now(),
     tries int NOT NULL DEFAULT 1,
     last_try_at timestamptz NOT NULL DEFAULT now(),
-    -- An upload's: the role whose sync.receive kept it (sync.filer). The retry files it again as
+    -- An upload's: the role whose sync.receive kept it (sync_internal.filer). The retry files it again as
     -- that role, so what the route's privileges and row policies refused stays refused.
     filed_as name,
     -- An upload's, too: the id it came under (NULL: a message whose id could not be read), the
     -- table its row names on the wire (NULL: the message kept whole), and the settings the route
-    -- filed under (sync.filing_settings), which the retry files it under again.
+    -- filed under (sync_internal.filing_settings), which the retry files it under again.
     upload uuid,
     table_name text,
     settings jsonb,

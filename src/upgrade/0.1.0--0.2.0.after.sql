@@ -34,7 +34,7 @@ BEGIN
         -- here to pass its checks and made right when it is declared again below.
         extra_columns := CASE old_table.relname WHEN 'codec' THEN ', audience, key_types' ELSE '' END;
         extra_expressions := CASE old_table.relname
-            WHEN 'codec' THEN ', ''nobody'', coalesce(sync.column_types(relation, key_columns), ''{}'')'
+            WHEN 'codec' THEN ', ''nobody'', coalesce(sync_internal.column_types(relation, key_columns), ''{}'')'
             ELSE '' END;
         EXECUTE format('DELETE FROM sync.%I', old_table.relname);
         EXECUTE format('INSERT INTO sync.%I (%s%s) OVERRIDING SYSTEM VALUE SELECT %s%s FROM sync_0_1_0.%I',
@@ -69,7 +69,7 @@ BEGIN
             NULL;  -- not JSON: a message kept whole
         END;
     END LOOP;
-    UPDATE sync.set_aside SET next_try_at = now(), change_seen = sync.filing_change_committed()
+    UPDATE sync.set_aside SET next_try_at = now(), change_seen = sync_internal.filing_change_committed()
     WHERE kind = 'upload';
 END
 $kept_uploads$;
@@ -81,13 +81,13 @@ DECLARE
 BEGIN
     IF EXISTS (SELECT FROM sync.replica_set s JOIN pg_class c ON c.oid = s.relation
                WHERE c.relkind IN ('r', 'p')) THEN
-        PERFORM sync.install_capture((SELECT s.relation FROM sync.replica_set s), 0,
+        PERFORM sync_internal.install_capture((SELECT s.relation FROM sync.replica_set s), 0,
                                      ARRAY['id']::name[]);
     END IF;
     INSERT INTO sync.note (codec, key) SELECT 0, NULL FROM sync.replica_set;
     FOR declared IN SELECT * FROM sync.codec ORDER BY id LOOP
         IF EXISTS (SELECT FROM pg_class c WHERE c.oid = declared.relation) THEN
-            PERFORM sync.codec(declared.relation, declared.kind, declared."to", declared.columns,
+            PERFORM sync_internal.codec(declared.relation, declared.kind, declared."to", declared.columns,
                                declared.replica_columns, declared.stamp);
         ELSE
             -- Dropped under 0.1.0, which did not notice: it ends now, and every replica that

@@ -76,14 +76,14 @@ struct Target {
     std::string answers;  // the holding's ranges, jsonb text
 };
 
-// The header a message is encoded with before it is numbered: sync.enqueue stamps it with its gen
-// and seq.
+// The header a message is encoded with before it is numbered: sync_internal.enqueue stamps it with
+// its gen and seq.
 protocol::MessageHeader unnumbered(const Target& target) { return {target.replica, 0, 0}; }
 
-// Puts an unnumbered message in the target's outbox (sync.repair_put). Returns its seq.
+// Puts an unnumbered message in the target's outbox (sync_internal.repair_put). Returns its seq.
 int64_t put(Spi& spi, const Target& target, const char* kind, const std::string& body) {
     return spi
-        .scalar("SELECT sync.repair_put($1, $2, $3)",
+        .scalar("SELECT sync_internal.repair_put($1, $2, $3)",
                 {Param::uuid(target.replica), std::string(kind), Param::bytea(body)})
         .integer();
 }
@@ -224,7 +224,7 @@ int64_t send_whole(Spi& spi, const Target& target, const std::vector<std::string
     const size_t level = leaves.front().size();
     std::map<std::string, std::vector<LeafRow>> rows;
     for (const auto& row :
-         spi.query("SELECT * FROM sync.repair_rows($1::bigint, $2::int, $3::text[])",
+         spi.query("SELECT * FROM sync_internal.repair_rows($1::bigint, $2::int, $3::text[])",
                    {target.scope, static_cast<int64_t>(level), Param::text_array(leaves)})) {
         LeafRow leaf;
         leaf.k = row["k"].value();
@@ -240,17 +240,19 @@ int64_t send_whole(Spi& spi, const Target& target, const std::vector<std::string
 
 // Counts a round for the repair; false when it is one too many: the breaker trips instead.
 bool begin_round(Spi& spi, const Target& target) {
-    return spi.flag("SELECT sync.repair_count_round($1, $2::bigint, $3::int)",
+    return spi.flag("SELECT sync_internal.repair_count_round($1, $2::bigint, $3::int)",
                     {Param::uuid(target.replica), target.scope, settings::storm_window_ms});
 }
 
-// The round's messages were sent (sync.repair_sent).
+// The round's messages were sent (sync_internal.repair_sent).
 void record_sent(Spi& spi, const Target& target, const char* phase, int64_t level,
                  const std::vector<std::string>& ranges, int64_t waiting, int64_t ranges_asked,
                  int64_t rows_sent) {
-    spi.execute("SELECT sync.repair_sent($1, $2::bigint, $3, $4::int, $5::text[], $6, $7::int, $8)",
-                {Param::uuid(target.replica), target.scope, std::string(phase), level,
-                 Param::text_array(ranges), waiting, ranges_asked, rows_sent});
+    spi.execute(
+        "SELECT sync_internal.repair_sent($1, $2::bigint, $3, $4::int, $5::text[], $6, $7::int, "
+        "$8)",
+        {Param::uuid(target.replica), target.scope, std::string(phase), level,
+         Param::text_array(ranges), waiting, ranges_asked, rows_sent});
 }
 
 // The top: a ranges message for the 16 ranges of level 1.
@@ -277,7 +279,7 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
     std::map<std::pair<std::string, std::string>, std::pair<std::string, int64_t>> answers;
     if (!target.answers.empty()) {
         for (const auto& row :
-             spi.query("SELECT * FROM sync.repair_answers($1::jsonb)", {target.answers}))
+             spi.query("SELECT * FROM sync_internal.repair_answers($1::jsonb)", {target.answers}))
             answers[{row["lo"].value_or(""), row["hi"].value_or("")}] = {row["fp"].value_or(""),
                                                                          row["n"].integer_or(0)};
     }
@@ -288,9 +290,9 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
     }
     // The server's fingerprints of the asked ranges: one scan of the scope's rows.
     std::map<std::string, std::pair<std::string, int64_t>> server;
-    for (const auto& row :
-         spi.query("SELECT * FROM sync.repair_fingerprints($1::bigint, $2::int, $3::text[])",
-                   {target.scope, static_cast<int64_t>(level), Param::text_array(target.asked)}))
+    for (const auto& row : spi.query(
+             "SELECT * FROM sync_internal.repair_fingerprints($1::bigint, $2::int, $3::text[])",
+             {target.scope, static_cast<int64_t>(level), Param::text_array(target.asked)}))
         server[row["prefix"].value()] = {row["fp"].value(), row["n"].integer_or(0)};
     const std::string zero(kDigits, '0');
     std::vector<std::string> mismatched;
@@ -317,7 +319,7 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
     }
     if (leaves.empty() && deeper.empty()) {
         // Every range matched, yet the whole did not: compare the whole again.
-        spi.execute("SELECT sync.repair_check_again($1, $2::bigint)",
+        spi.execute("SELECT sync_internal.repair_check_again($1, $2::bigint)",
                     {Param::uuid(target.replica), target.scope});
         return 0;
     }
@@ -339,8 +341,8 @@ int64_t answer_ranges(Spi& spi, const Target& target) {
 }  // namespace
 
 int64_t plan_repairs(Spi& spi) {
-    spi.execute("SELECT sync.repair_end_moot()");
-    auto rows = spi.query("SELECT * FROM sync.repair_targets()");
+    spi.execute("SELECT sync_internal.repair_end_moot()");
+    auto rows = spi.query("SELECT * FROM sync_internal.repair_targets()");
     int64_t written = 0;
     for (const auto& row : rows) {
         Target target;
@@ -352,7 +354,7 @@ int64_t plan_repairs(Spi& spi) {
         target.answers = row["answers"].value_or("");
         target.asked = row["asked"].texts();
         if (target.phase.empty()) {
-            spi.execute("SELECT sync.repair_begin($1, $2::bigint, $3::int)",
+            spi.execute("SELECT sync_internal.repair_begin($1, $2::bigint, $3::int)",
                         {Param::uuid(target.replica), target.scope, target.gen});
         }
         if (target.phase == "asking") {

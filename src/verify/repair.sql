@@ -28,11 +28,11 @@ CREATE TABLE sync.repair (
 );
 
 -- What the server's rows of a scope fingerprint to, from scratch: Σ SHA-256(k ‖ v), count.
-CREATE FUNCTION sync.scope_fingerprint(scope bigint, OUT fp bytea, OUT n bigint)
+CREATE FUNCTION sync_internal.scope_fingerprint(scope bigint, OUT fp bytea, OUT n bigint)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT sync.fp_sum(sha256(r.k || r.hash)), count(*)
+    SELECT sync_internal.fp_sum(sha256(r.k || r.hash)), count(*)
     FROM sync.row r WHERE r.scope = scope_fingerprint.scope AND NOT r.gone AND NOT r.withheld
 $$;
 
@@ -44,17 +44,17 @@ RETURNS TABLE (scope text, expected_fp text, running_fp text, expected_n bigint,
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT sync.scope_name(s.match, s.value, s.partition), encode(e.fp, 'hex'), encode(s.fp, 'hex'),
+    SELECT sync_internal.scope_name(s.match, s.value, s.partition), encode(e.fp, 'hex'), encode(s.fp, 'hex'),
            e.n, s.n, e.fp = s.fp AND e.n = s.n
     FROM sync.member m
     JOIN sync.scope s ON s.id = m.scope
-    CROSS JOIN LATERAL sync.scope_fingerprint(s.id) e
+    CROSS JOIN LATERAL sync_internal.scope_fingerprint(s.id) e
     WHERE m.replica = verify.replica
     ORDER BY 1
 $$;
 
 -- The breaker tripped: said once per trip, with the scope and the tables it holds rows of.
-CREATE FUNCTION sync.repair_storm(replica uuid, scope bigint, rounds int, attempts int,
+CREATE FUNCTION sync_internal.repair_storm(replica uuid, scope bigint, rounds int, attempts int,
                                   backoff interval) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -63,7 +63,7 @@ DECLARE
     name text;
     tables text;
 BEGIN
-    SELECT sync.scope_name(s.match, s.value, s.partition) INTO name
+    SELECT sync_internal.scope_name(s.match, s.value, s.partition) INTO name
     FROM sync.scope s WHERE s.id = repair_storm.scope;
     SELECT string_agg(t, ', ' ORDER BY t) INTO tables
     FROM (SELECT DISTINCT c.table_name AS t FROM sync.row r JOIN sync.codec c ON c.id = r.codec
@@ -81,7 +81,7 @@ $$;
 -- scope; the scope moved on, so what was asked is moot (a tripped breaker is remembered, so changes
 -- to the scope do not hide a storm: it waits for a report at the new head); or it converged (the
 -- replica reports the server's fingerprint at the head).
-CREATE FUNCTION sync.repair_end_moot() RETURNS void
+CREATE FUNCTION sync_internal.repair_end_moot() RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -95,7 +95,7 @@ BEGIN
     FROM sync.scope s WHERE s.id = p.scope AND s.head <> p.head;
     DELETE FROM sync.repair p USING sync.member m, sync.scope s, sync.holding h
     WHERE m.replica = p.replica AND m.scope = p.scope AND s.id = p.scope
-      AND h.replica = p.replica AND h.scope = sync.scope_name(s.match, s.value, s.partition)
+      AND h.replica = p.replica AND h.scope = sync_internal.scope_name(s.match, s.value, s.partition)
       AND m.sent = s.head AND m.confirmed >= s.head AND h.through = s.head
       AND h.fp = s.fp AND h.n = s.n
       AND (p.waiting IS NULL OR NOT EXISTS (SELECT FROM sync.outbox o
@@ -108,7 +108,7 @@ $$;
 -- ranges it asked (`asked`, hex prefixes) and the replica's answers (`answers`,
 -- its holding's ranges). Reports of replicas that are not live or of scopes they are not members
 -- of never join.
-CREATE FUNCTION sync.repair_targets()
+CREATE FUNCTION sync_internal.repair_targets()
 RETURNS TABLE (replica uuid, scope bigint, scope_name text, gen int, phase text, asked text[],
                answers text)
 LANGUAGE plpgsql
@@ -117,13 +117,13 @@ AS $$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
-    SELECT m.replica, m.scope, sync.scope_name(s.match, s.value, s.partition), r.gen,
+    SELECT m.replica, m.scope, sync_internal.scope_name(s.match, s.value, s.partition), r.gen,
            p.phase, p.ranges, h.ranges::text
     FROM sync.member m
     JOIN sync.replica r ON r.id = m.replica AND r.live
     JOIN sync.scope s ON s.id = m.scope
     JOIN sync.holding h ON h.replica = m.replica
-     AND h.scope = sync.scope_name(s.match, s.value, s.partition)
+     AND h.scope = sync_internal.scope_name(s.match, s.value, s.partition)
     LEFT JOIN sync.repair p ON p.replica = m.replica AND p.scope = m.scope
     WHERE m.sent = s.head AND m.confirmed >= s.head AND h.through = s.head
       AND CASE WHEN p.replica IS NULL THEN h.fp <> s.fp OR h.n <> s.n
@@ -135,7 +135,7 @@ END
 $$;
 
 -- A repair begins for a report that differs, against the scope's head.
-CREATE FUNCTION sync.repair_begin(replica uuid, scope bigint, gen int) RETURNS void
+CREATE FUNCTION sync_internal.repair_begin(replica uuid, scope bigint, gen int) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -148,8 +148,8 @@ $$;
 
 -- Counts a round (a batch of messages) for the repair; false when it is one too many: more than 8
 -- within magic_sync.storm_window trip the breaker instead, which holds the repair back for 30 s ×
--- the times it tripped without converging, and says so (sync.repair_storm).
-CREATE FUNCTION sync.repair_count_round(replica uuid, scope bigint, storm_window_ms int)
+-- the times it tripped without converging, and says so (sync_internal.repair_storm).
+CREATE FUNCTION sync_internal.repair_count_round(replica uuid, scope bigint, storm_window_ms int)
 RETURNS boolean
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -178,23 +178,23 @@ BEGIN
         first_round_at = NULL, attempts = counted.attempts,
         storm_until = now() + make_interval(secs => storm_backoff_s * counted.attempts)
     WHERE p.replica = repair_count_round.replica AND p.scope = repair_count_round.scope;
-    PERFORM sync.repair_storm(repair_count_round.replica, repair_count_round.scope,
+    PERFORM sync_internal.repair_storm(repair_count_round.replica, repair_count_round.scope,
                               counted.rounds - 1, counted.attempts,
                               make_interval(secs => storm_backoff_s * counted.attempts));
     RETURN false;
 END
 $$;
 
--- Puts an unnumbered repair or ranges message in the replica's outbox (sync.enqueue numbers and
+-- Puts an unnumbered repair or ranges message in the replica's outbox (sync_internal.enqueue numbers and
 -- stamps it). Returns its seq.
-CREATE FUNCTION sync.repair_put(replica uuid, kind text, body bytea) RETURNS bigint
+CREATE FUNCTION sync_internal.repair_put(replica uuid, kind text, body bytea) RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
     INSERT INTO pg_temp.magic_sync_enqueue (replica, position, kind, body)
     VALUES (repair_put.replica, 1, repair_put.kind, repair_put.body);
-    PERFORM sync.enqueue();
+    PERFORM sync_internal.enqueue();
     RETURN (SELECT r.next_seq - 1 FROM sync.replica r WHERE r.id = repair_put.replica);
 END
 $$;
@@ -202,7 +202,7 @@ $$;
 -- The messages of a round were sent: the repair's phase (asking: the fingerprints of `ranges`, of
 -- `level` hex digits, were asked; checking: repairs were sent), the seq of its last message, and
 -- what it asked and sent.
-CREATE FUNCTION sync.repair_sent(replica uuid, scope bigint, phase text, level int, ranges text[],
+CREATE FUNCTION sync_internal.repair_sent(replica uuid, scope bigint, phase text, level int, ranges text[],
                                  waiting bigint, ranges_asked int, rows_sent bigint) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -217,7 +217,7 @@ END
 $$;
 
 -- Every range asked matched, yet the whole did not: the whole is compared again.
-CREATE FUNCTION sync.repair_check_again(replica uuid, scope bigint) RETURNS void
+CREATE FUNCTION sync_internal.repair_check_again(replica uuid, scope bigint) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -228,7 +228,7 @@ END
 $$;
 
 -- The replica's answers to the ranges asked (its holding's `ranges`): [lo, hi, fp, n] each.
-CREATE FUNCTION sync.repair_answers(answers jsonb)
+CREATE FUNCTION sync_internal.repair_answers(answers jsonb)
 RETURNS TABLE (lo text, hi text, fp text, n bigint)
 LANGUAGE sql IMMUTABLE
 SET search_path = pg_catalog, pg_temp
@@ -243,7 +243,7 @@ $$;
 -- of its rows. The ranges are matched by a hashed IN, not = ANY: a kept plan is generic, and
 -- = ANY of a parameter compares each row with every range (4,096 ranges of 100,000 rows took
 -- 50 s).
-CREATE FUNCTION sync.repair_fingerprints(scope bigint, level int, prefixes text[])
+CREATE FUNCTION sync_internal.repair_fingerprints(scope bigint, level int, prefixes text[])
 RETURNS TABLE (prefix text, fp text, n bigint)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -251,7 +251,7 @@ AS $$
 BEGIN
     RETURN QUERY
     SELECT left(encode(r.k, 'hex'), repair_fingerprints.level),
-           encode(sync.fp_sum(sha256(r.k || r.hash)), 'hex'), count(*)
+           encode(sync_internal.fp_sum(sha256(r.k || r.hash)), 'hex'), count(*)
     FROM sync.row r
     WHERE r.scope = repair_fingerprints.scope AND NOT r.gone AND NOT r.withheld
       AND left(encode(r.k, 'hex'), repair_fingerprints.level)
@@ -262,7 +262,7 @@ $$;
 
 -- The server's rows of the ranges `prefixes` (of `level` hex digits) of a scope, by k, as a
 -- repair message carries them.
-CREATE FUNCTION sync.repair_rows(scope bigint, level int, prefixes text[])
+CREATE FUNCTION sync_internal.repair_rows(scope bigint, level int, prefixes text[])
 RETURNS TABLE (prefix text, k text, table_name text, key text, body text, hash bytea)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -270,7 +270,7 @@ AS $$
 BEGIN
     RETURN QUERY
     SELECT left(encode(r.k, 'hex'), repair_rows.level), encode(r.k, 'hex'), c.table_name,
-           sync.canonical(r.key), r.body, r.hash
+           sync_internal.canonical(r.key), r.body, r.hash
     FROM sync.row r JOIN sync.codec c ON c.id = r.codec
     WHERE r.scope = repair_rows.scope AND NOT r.gone AND NOT r.withheld
       AND left(encode(r.k, 'hex'), repair_rows.level) IN (SELECT unnest(repair_rows.prefixes))

@@ -10,7 +10,7 @@
 -- The rows a codec's declaration puts in scopes, read from its table aliased t, as SQL: table_name,
 -- key and body (canonical JSON), and the scope each row lives in (match, value, part; value NULL:
 -- in none). With `for_replica`, only the rows of the audience of the live replica $1.
-CREATE FUNCTION sync.declared_rows_sql(codec int, for_replica boolean) RETURNS text
+CREATE FUNCTION sync_internal.declared_rows_sql(codec int, for_replica boolean) RETURNS text
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -28,8 +28,8 @@ BEGIN
     FROM pg_attribute a
     WHERE a.attrelid = c.relation AND a.attnum > 0 AND NOT a.attisdropped
       AND c.columns IS NOT NULL AND a.attname <> ALL (c.columns);
-    RETURN format('SELECT %L::text AS table_name, sync.canonical(jsonb_build_object(%s)) AS key, '
-                  'sync.canonical(to_jsonb(t.*) - %L::text[]) AS body, %L::text AS match, %s AS value, '
+    RETURN format('SELECT %L::text AS table_name, sync_internal.canonical(jsonb_build_object(%s)) AS key, '
+                  'sync_internal.canonical(to_jsonb(t.*) - %L::text[]) AS body, %L::text AS match, %s AS value, '
                   '%s AS part FROM %s t',
                   c.table_name, key_object, hidden,
                   CASE c.audience WHEN 'own' THEN 'id' WHEN 'group' THEN c.replica_column ELSE '*' END,
@@ -47,7 +47,7 @@ END
 $$;
 
 -- The codecs whose tables exist, in name order: what the truth functions read.
-CREATE FUNCTION sync.declared_codecs() RETURNS SETOF int
+CREATE FUNCTION sync_internal.declared_codecs() RETURNS SETOF int
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -71,21 +71,21 @@ BEGIN
     IF NOT EXISTS (SELECT FROM sync.replica_set) THEN
         RETURN;
     END IF;
-    FOR codec IN SELECT sync.declared_codecs() LOOP
+    FOR codec IN SELECT sync_internal.declared_codecs() LOOP
         RETURN QUERY EXECUTE format(
             'SELECT d.table_name, d.key, d.body, encode(sha256(convert_to(d.body, ''UTF8'')), ''hex''), '
-            'sync.scope_name(d.match, d.value, d.part), '
-            'NOT sync.row_travels(sync.scope_name(d.match, d.value, d.part), d.table_name, d.key, d.body) '
-            'FROM (%s) d ORDER BY d.key', sync.declared_rows_sql(codec, true))
+            'sync_internal.scope_name(d.match, d.value, d.part), '
+            'NOT sync_internal.row_travels(sync_internal.scope_name(d.match, d.value, d.part), d.table_name, d.key, d.body) '
+            'FROM (%s) d ORDER BY d.key', sync_internal.declared_rows_sql(codec, true))
         USING replica;
     END LOOP;
 END
 $$;
-SELECT sync.pin_output_settings('sync.expected(uuid)');
+SELECT sync_internal.pin_output_settings('sync.expected(uuid)');
 
 -- The scopes every live replica belongs to by the declarations, read from the replicas relation:
 -- all (of its partition), its own, and one for each replica column a group codec matches on.
-CREATE FUNCTION sync.declared_members() RETURNS TABLE (replica uuid, match text, value text, part text)
+CREATE FUNCTION sync_internal.declared_members() RETURNS TABLE (replica uuid, match text, value text, part text)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -108,7 +108,7 @@ BEGIN
         r.relation, r.live, coalesce(groups, ''));
 END
 $$;
-SELECT sync.pin_output_settings('sync.declared_members()');
+SELECT sync_internal.pin_output_settings('sync_internal.declared_members()');
 
 -- Scopes whose running fingerprint the last audit found unlike their tables': the next pass
 -- counts each again from sync.row, while the codecs noted whole plan sync.row again from the
@@ -134,9 +134,9 @@ AS $$
 DECLARE
     declared text;
 BEGIN
-    SELECT string_agg(format('SELECT %s AS codec, d.* FROM (%s) d', codec, sync.declared_rows_sql(codec, false)),
+    SELECT string_agg(format('SELECT %s AS codec, d.* FROM (%s) d', codec, sync_internal.declared_rows_sql(codec, false)),
                       ' UNION ALL ')
-    INTO declared FROM sync.declared_codecs() AS codec;
+    INTO declared FROM sync_internal.declared_codecs() AS codec;
     IF to_regclass('pg_temp.magic_sync_audit') IS NULL THEN
         CREATE TEMP TABLE magic_sync_audit (scope text, replica uuid, problem text, codecs int[],
                                             scope_id bigint);
@@ -146,7 +146,7 @@ BEGIN
         WITH noted AS (
             SELECT n.codec, n.key FROM sync.note n
             UNION SELECT s.codec, s.key FROM sync.set_aside s WHERE s.kind = 'note'),
-        noted_keys AS (SELECT DISTINCT n.codec, sync.canonical(n.key) AS key FROM noted n
+        noted_keys AS (SELECT DISTINCT n.codec, sync_internal.canonical(n.key) AS key FROM noted n
                        WHERE n.key IS NOT NULL),
         noted_whole AS (SELECT DISTINCT n.codec FROM noted n WHERE n.key IS NULL),
         tables AS (
@@ -156,36 +156,36 @@ BEGIN
                           || sha256(convert_to(d.body, 'UTF8'))) AS element
             FROM (%s) d
             WHERE d.value IS NOT NULL
-              AND sync.row_travels(sync.scope_name(d.match, d.value, d.part), d.table_name, d.key, d.body)
+              AND sync_internal.row_travels(sync_internal.scope_name(d.match, d.value, d.part), d.table_name, d.key, d.body)
               AND NOT EXISTS (SELECT FROM noted_whole w WHERE w.codec = d.codec)
               AND NOT EXISTS (SELECT FROM noted_keys n WHERE n.codec = d.codec AND n.key = d.key)),
         held AS (
-            SELECT r.scope, sync.fp_element(r.k, r.hash) AS element
+            SELECT r.scope, sync_internal.fp_element(r.k, r.hash) AS element
             FROM sync.row r
             WHERE NOT r.gone AND NOT r.withheld
               AND (EXISTS (SELECT FROM noted_whole w WHERE w.codec = r.codec)
                    -- A table that ended keeps its rows in the state until a pass forgets them.
                    OR EXISTS (SELECT FROM sync.dropped_codec d WHERE d.codec = r.codec)
                    OR EXISTS (SELECT FROM noted_keys n WHERE n.codec = r.codec
-                              AND n.key = sync.canonical(r.key)))),
+                              AND n.key = sync_internal.canonical(r.key)))),
         from_tables AS (
-            SELECT t.match, t.value, t.part, sync.fp_sum(t.element) AS fp, count(*) AS n,
+            SELECT t.match, t.value, t.part, sync_internal.fp_sum(t.element) AS fp, count(*) AS n,
                    array_agg(DISTINCT t.codec) AS codecs
             FROM tables t GROUP BY t.match, t.value, t.part),
         counted AS (
-            SELECT r.scope, sync.fp_sum(sync.fp_element(r.k, r.hash)) AS fp, count(*) AS n
+            SELECT r.scope, sync_internal.fp_sum(sync_internal.fp_element(r.k, r.hash)) AS fp, count(*) AS n
             FROM sync.row r WHERE NOT r.gone AND NOT r.withheld GROUP BY r.scope),
         from_state AS (
             SELECT s.id, s.match, s.value, s.partition AS part,
-                   sync.fp_sub(s.fp, coalesce(h.fp, sync.fp_zero())) AS fp, s.n - coalesce(h.n, 0) AS n,
-                   sync.fp_sub(coalesce(c.fp, sync.fp_zero()), coalesce(h.fp, sync.fp_zero())) AS rows_fp,
+                   sync_internal.fp_sub(s.fp, coalesce(h.fp, sync_internal.fp_zero())) AS fp, s.n - coalesce(h.n, 0) AS n,
+                   sync_internal.fp_sub(coalesce(c.fp, sync_internal.fp_zero()), coalesce(h.fp, sync_internal.fp_zero())) AS rows_fp,
                    coalesce(c.n, 0) - coalesce(h.n, 0) AS rows_n
             FROM sync.scope s
             LEFT JOIN counted c ON c.scope = s.id
-            LEFT JOIN (SELECT held.scope, sync.fp_sum(held.element) AS fp, count(*) AS n
+            LEFT JOIN (SELECT held.scope, sync_internal.fp_sum(held.element) AS fp, count(*) AS n
                        FROM held GROUP BY held.scope) h ON h.scope = s.id)
         INSERT INTO pg_temp.magic_sync_audit (scope, problem, codecs, scope_id)
-        SELECT sync.scope_name(coalesce(t.match, s.match), coalesce(t.value, s.value), coalesce(t.part, s.part)),
+        SELECT sync_internal.scope_name(coalesce(t.match, s.match), coalesce(t.value, s.value), coalesce(t.part, s.part)),
                format('the relay''s fingerprint of this scope is not its tables'': %%s rows there, %%s in '
                       'the relay''s state', coalesce(t.n, 0), coalesce(s.n, 0)),
                ARRAY(SELECT DISTINCT x FROM unnest(coalesce(t.codecs, '{}') || ARRAY(
@@ -194,9 +194,9 @@ BEGIN
         FROM from_tables t
         FULL JOIN from_state s ON s.match = t.match AND s.value = t.value AND s.part = t.part
         WHERE coalesce(t.n, 0) <> coalesce(s.n, 0)
-           OR coalesce(t.fp, sync.fp_zero()) <> coalesce(s.fp, sync.fp_zero())
+           OR coalesce(t.fp, sync_internal.fp_zero()) <> coalesce(s.fp, sync_internal.fp_zero())
            OR coalesce(t.n, 0) <> coalesce(s.rows_n, 0)
-           OR coalesce(t.fp, sync.fp_zero()) <> coalesce(s.rows_fp, sync.fp_zero())
+           OR coalesce(t.fp, sync_internal.fp_zero()) <> coalesce(s.rows_fp, sync_internal.fp_zero())
         $audit$, coalesce(declared, 'SELECT NULL::int AS codec, NULL::text AS table_name, NULL::text AS key, '
                                     'NULL::text AS body, NULL::text AS match, NULL::text AS value, '
                                     'NULL::text AS part WHERE false'));
@@ -205,12 +205,12 @@ BEGIN
     -- when it reads the view again (magic_sync.replica_scan), so what it holds of a view may be
     -- that old without anything being wrong.
     INSERT INTO pg_temp.magic_sync_audit (scope, replica, problem)
-    SELECT sync.scope_name(coalesce(d.match, m.match), coalesce(d.value, m.value),
+    SELECT sync_internal.scope_name(coalesce(d.match, m.match), coalesce(d.value, m.value),
                            coalesce(d.part, m.partition)),
            coalesce(d.replica, m.replica),
            CASE WHEN m.replica IS NULL THEN 'the replica belongs to this scope but is not a member'
                 ELSE 'the replica is a member of this scope but does not belong to it' END
-    FROM (SELECT d.* FROM sync.declared_members() d
+    FROM (SELECT d.* FROM sync_internal.declared_members() d
           WHERE NOT EXISTS (SELECT FROM sync.note n WHERE n.codec = 0
                             AND (n.key IS NULL OR n.key->>'id' = d.replica::text))) d
     FULL JOIN (SELECT m.replica, s.match, s.value, s.partition
@@ -231,13 +231,13 @@ BEGIN
     ON CONFLICT DO NOTHING;
     UPDATE sync.relay_state SET audited_at = now();
     IF EXISTS (SELECT FROM pg_temp.magic_sync_audit) THEN
-        PERFORM sync.wake();
+        PERFORM sync_internal.wake();
     END IF;
     RETURN QUERY SELECT a.scope, a.replica, a.problem FROM pg_temp.magic_sync_audit a
                  ORDER BY a.scope, a.replica;
 END
 $$;
-SELECT sync.pin_output_settings('sync.audit()');
+SELECT sync_internal.pin_output_settings('sync.audit()');
 
 -- One row per replica: live, generation, outbox depth and age, what is unconfirmed, backoff, the
 -- last error, what is set aside for it, and whether it is in sync, repairing, in a storm (the
@@ -248,10 +248,10 @@ SELECT sync.pin_output_settings('sync.audit()');
 -- of it drifted that the relay has not counted again.
 CREATE VIEW sync.status AS
 WITH declared AS MATERIALIZED (
-    SELECT d.replica, sync.scope_name(d.match, d.value, d.part) AS scope
-    FROM sync.declared_members() d),
+    SELECT d.replica, sync_internal.scope_name(d.match, d.value, d.part) AS scope
+    FROM sync_internal.declared_members() d),
 members AS MATERIALIZED (
-    SELECT m.replica, m.scope AS id, sync.scope_name(s.match, s.value, s.partition) AS scope,
+    SELECT m.replica, m.scope AS id, sync_internal.scope_name(s.match, s.value, s.partition) AS scope,
            s.head, s.fp, s.n
     FROM sync.member m JOIN sync.scope s ON s.id = m.scope),
 unproven AS (

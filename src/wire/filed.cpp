@@ -1,6 +1,6 @@
 // The filed answer on the wire, callable from SQL: the relay encodes each answer it moves into an
-// outbox (sync.encode_filed) and splits one too big for a message (sync.filed_parts) with the
-// protocol's own encoder and decoder.
+// outbox (sync_internal.encode_filed) and splits one too big for a message
+// (sync_internal.filed_parts) with the protocol's own encoder and decoder.
 #include <string>
 
 #include "pg/bridge.hpp"
@@ -31,27 +31,28 @@ protocol::FiledMessage filed_of(const std::string& function, const std::string& 
 
 }  // namespace
 
-// sync.encode_filed(replica uuid, gen bigint, seq bigint, payload jsonb) → bytea: the filed
-// message with that header.
+// sync_internal.encode_filed(replica uuid, gen bigint, seq bigint, payload jsonb) → bytea: the
+// filed message with that header.
 MAGIC_SYNC_FUNCTION(magic_sync_encode_filed) {
     const std::string replica = magic_sync::pg::uuid_arg(fcinfo, 0);
     const int64_t gen = magic_sync::pg::int64_arg(fcinfo, 1);
     const int64_t seq = magic_sync::pg::int64_arg(fcinfo, 2);
     const std::string payload = magic_sync::pg::jsonb_text_arg(fcinfo, 3);
     return magic_sync::pg::bytea_datum(
-        protocol::encode(filed_of("sync.encode_filed", replica, gen, seq, payload)));
+        protocol::encode(filed_of("sync_internal.encode_filed", replica, gen, seq, payload)));
 }
 
-// sync.filed_parts(replica uuid, payload jsonb, max_bytes bigint) → jsonb: the payloads of the
-// parts that answer, in order, each of which encodes within max_bytes (protocol::split_filed).
+// sync_internal.filed_parts(replica uuid, payload jsonb, max_bytes bigint) → jsonb: the payloads of
+// the parts that answer, in order, each of which encodes within max_bytes (protocol::split_filed).
 MAGIC_SYNC_FUNCTION(magic_sync_filed_parts) {
     const std::string replica = magic_sync::pg::uuid_arg(fcinfo, 0);
     const std::string payload = magic_sync::pg::jsonb_text_arg(fcinfo, 1);
     const int64_t max_bytes = magic_sync::pg::int64_arg(fcinfo, 2);
     if (max_bytes < 1)
-        throw magic_sync::Error("sync.filed_parts: max_bytes must be positive",
+        throw magic_sync::Error("sync_internal.filed_parts: max_bytes must be positive",
                                 ERRCODE_INVALID_PARAMETER_VALUE);
-    const protocol::FiledMessage answer = filed_of("sync.filed_parts", replica, 0, 0, payload);
+    const protocol::FiledMessage answer =
+        filed_of("sync_internal.filed_parts", replica, 0, 0, payload);
     std::string parts = "[";
     for (const protocol::FiledMessage& part :
          protocol::split_filed(answer, static_cast<size_t>(max_bytes))) {

@@ -55,13 +55,13 @@ protocol::Digest digest_arg(FunctionCallInfo fcinfo, int n) {
 
 }  // namespace
 
-// sync.canonical(jsonb) → text: the canonical JSON text of a value.
+// sync_internal.canonical(jsonb) → text: the canonical JSON text of a value.
 MAGIC_SYNC_FUNCTION(magic_sync_canonical) {
     return magic_sync::pg::text_datum(canonical_arg(fcinfo, 0));
 }
 
-// sync.encode_row(row record, hidden text[]) → text: sync.canonical(to_jsonb(row) - hidden),
-// written from the row's columns; NULL when a column's type is left to to_jsonb.
+// sync_internal.encode_row(row record, hidden text[]) → text: sync_internal.canonical(to_jsonb(row)
+// - hidden), written from the row's columns; NULL when a column's type is left to to_jsonb.
 MAGIC_SYNC_FUNCTION(magic_sync_encode_row) {
     std::vector<std::string> hidden;
     for (auto& name : magic_sync::pg::text_array_arg(fcinfo, 1))
@@ -71,26 +71,27 @@ MAGIC_SYNC_FUNCTION(magic_sync_encode_row) {
     return magic_sync::pg::text_datum(*text);
 }
 
-// sync.key_hash(table text, key jsonb) → bytea: k = SHA-256(table ‖ 0 ‖ canonical key).
+// sync_internal.key_hash(table text, key jsonb) → bytea: k = SHA-256(table ‖ 0 ‖ canonical key).
 MAGIC_SYNC_FUNCTION(magic_sync_key_hash) {
     auto k = protocol::key_hash(magic_sync::pg::text_arg(fcinfo, 0), canonical_arg(fcinfo, 1));
     return magic_sync::pg::bytea_datum(protocol::bytes_of(k));
 }
 
-// sync.row_hash(body text) → bytea: v = SHA-256 of the row's canonical JSON, whose bytes are
-// UTF-8 (the encoder refuses anything else).
+// sync_internal.row_hash(body text) → bytea: v = SHA-256 of the row's canonical JSON, whose bytes
+// are UTF-8 (the encoder refuses anything else).
 MAGIC_SYNC_FUNCTION(magic_sync_row_hash) {
     auto v = protocol::row_hash(magic_sync::pg::text_arg(fcinfo, 0));
     return magic_sync::pg::bytea_datum(protocol::bytes_of(v));
 }
 
-// sync.fp_element(k bytea, v bytea) → bytea: a row version's fingerprint element SHA-256(k ‖ v).
+// sync_internal.fp_element(k bytea, v bytea) → bytea: a row version's fingerprint element SHA-256(k
+// ‖ v).
 MAGIC_SYNC_FUNCTION(magic_sync_fp_element) {
     auto element = protocol::element(digest_arg(fcinfo, 0), digest_arg(fcinfo, 1));
     return magic_sync::pg::bytea_datum(protocol::bytes_of(element));
 }
 
-// sync.row_size(table text, key text, body text) → int: the bytes the row adds to a chunk
+// sync_internal.row_size(table text, key text, body text) → int: the bytes the row adds to a chunk
 // (key and body canonical; body NULL: the row is gone; no table or key: NULL).
 MAGIC_SYNC_FUNCTION(magic_sync_row_size) {
     if (magic_sync::pg::arg_is_null(fcinfo, 0) || magic_sync::pg::arg_is_null(fcinfo, 1))
@@ -104,7 +105,8 @@ MAGIC_SYNC_FUNCTION(magic_sync_row_size) {
     return Int32GetDatum(static_cast<int32>(size));
 }
 
-// sync.chunk_size(scope text, from bigint, to bigint) → int: a chunk's bytes without its rows.
+// sync_internal.chunk_size(scope text, from bigint, to bigint) → int: a chunk's bytes without its
+// rows.
 MAGIC_SYNC_FUNCTION(magic_sync_chunk_size) {
     size_t size = protocol::chunk_overhead(magic_sync::pg::text_arg(fcinfo, 0),
                                            magic_sync::pg::int64_arg(fcinfo, 1),
@@ -112,8 +114,9 @@ MAGIC_SYNC_FUNCTION(magic_sync_chunk_size) {
     return Int32GetDatum(static_cast<int32>(size));
 }
 
-// sync.envelope_size(reset text[], drops text[], table_drops text[]) → int: the most bytes a rows
-// message with these lists takes besides its chunks and withheld rows (any replica, gen and seq).
+// sync_internal.envelope_size(reset text[], drops text[], table_drops text[]) → int: the most bytes
+// a rows message with these lists takes besides its chunks and withheld rows (any replica, gen and
+// seq).
 MAGIC_SYNC_FUNCTION(magic_sync_envelope_size) {
     std::vector<std::string> lists[3];
     for (int list = 0; list < 3; ++list)
@@ -123,8 +126,8 @@ MAGIC_SYNC_FUNCTION(magic_sync_envelope_size) {
         static_cast<int32>(protocol::rows_envelope_size(lists[0], lists[1], lists[2])));
 }
 
-// sync.drops_fitting(reset text[], drops text[], table_drops text[]) → int: how many of the
-// drops, then of the table drops, one rows message carries within magic_sync.bytes_per_message
+// sync_internal.drops_fitting(reset text[], drops text[], table_drops text[]) → int: how many of
+// the drops, then of the table drops, one rows message carries within magic_sync.bytes_per_message
 // (protocol::drops_fitting); the rest wait for the next message.
 MAGIC_SYNC_FUNCTION(magic_sync_drops_fitting) {
     std::vector<std::string> lists[3];
@@ -136,9 +139,9 @@ MAGIC_SYNC_FUNCTION(magic_sync_drops_fitting) {
                                 static_cast<size_t>(magic_sync::settings::bytes_per_message))));
 }
 
-// sync.row_travels(scope text, table text, key text, body text) → boolean: whether the row can
-// travel at all: it fits a message of magic_sync.bytes_per_message and a double holds its numbers
-// (protocol::row_travels); one that does not is withheld.
+// sync_internal.row_travels(scope text, table text, key text, body text) → boolean: whether the row
+// can travel at all: it fits a message of magic_sync.bytes_per_message and a double holds its
+// numbers (protocol::row_travels); one that does not is withheld.
 MAGIC_SYNC_FUNCTION(magic_sync_row_travels) {
     return BoolGetDatum(protocol::row_travels(
         magic_sync::pg::text_arg(fcinfo, 0), magic_sync::pg::text_arg(fcinfo, 1),
@@ -159,7 +162,7 @@ protocol::KeyNote withheld_note_arg(FunctionCallInfo fcinfo) {
 
 }  // namespace
 
-// sync.withheld_note(scope text, table text, key text, body text) → jsonb: the note that
+// sync_internal.withheld_note(scope text, table text, key text, body text) → jsonb: the note that
 // announces a withheld row of the scope with why, naming its key or its hash
 // (protocol::withheld_note).
 MAGIC_SYNC_FUNCTION(magic_sync_withheld_note) {
@@ -167,14 +170,14 @@ MAGIC_SYNC_FUNCTION(magic_sync_withheld_note) {
     return magic_sync::pg::jsonb_datum(list.substr(1, list.size() - 2));
 }
 
-// sync.withheld_size(scope text, table text, key text, body text) → int: the bytes that note adds
-// to a rows message (its comma included).
+// sync_internal.withheld_size(scope text, table text, key text, body text) → int: the bytes that
+// note adds to a rows message (its comma included).
 MAGIC_SYNC_FUNCTION(magic_sync_withheld_size) {
     return Int32GetDatum(
         static_cast<int32>(protocol::withheld_note_size(withheld_note_arg(fcinfo))));
 }
 
-// sync.withheld_reason(scope text, table text, key text, body text) → text: why the row is
+// sync_internal.withheld_reason(scope text, table text, key text, body text) → text: why the row is
 // withheld and what to do, as it is set aside (protocol::withheld_reason).
 MAGIC_SYNC_FUNCTION(magic_sync_withheld_reason) {
     return magic_sync::pg::text_datum(protocol::withheld_reason(
@@ -183,10 +186,10 @@ MAGIC_SYNC_FUNCTION(magic_sync_withheld_reason) {
         static_cast<size_t>(magic_sync::settings::bytes_per_message)));
 }
 
-// sync.encode_chunk(scope, from, to, seqs bigint[], tables text[], keys text[], bodies text[],
-// hashes text[]) → text: one element of a message's "chunks", its rows in seq order (the arrays
-// are aligned, in any order, so the caller aggregates them without sorting each one); keys and
-// bodies canonical, hashes hex, a NULL body a gone row.
+// sync_internal.encode_chunk(scope, from, to, seqs bigint[], tables text[], keys text[], bodies
+// text[], hashes text[]) → text: one element of a message's "chunks", its rows in seq order (the
+// arrays are aligned, in any order, so the caller aggregates them without sorting each one); keys
+// and bodies canonical, hashes hex, a NULL body a gone row.
 MAGIC_SYNC_FUNCTION(magic_sync_encode_chunk) {
     protocol::Chunk chunk;
     chunk.scope = magic_sync::pg::text_arg(fcinfo, 0);
@@ -200,7 +203,7 @@ MAGIC_SYNC_FUNCTION(magic_sync_encode_chunk) {
         auto hashes = magic_sync::pg::text_array_arg(fcinfo, 7);
         if (tables.size() != seqs.size() || keys.size() != seqs.size() ||
             bodies.size() != seqs.size() || hashes.size() != seqs.size())
-            throw Error("sync.encode_chunk: the arrays differ in length");
+            throw Error("sync_internal.encode_chunk: the arrays differ in length");
         std::vector<size_t> order(seqs.size());
         std::iota(order.begin(), order.end(), 0);
         std::sort(order.begin(), order.end(),
@@ -216,7 +219,8 @@ MAGIC_SYNC_FUNCTION(magic_sync_encode_chunk) {
     return magic_sync::pg::text_datum(protocol::encode(chunk));
 }
 
-// sync.fp_add(a bytea, b bytea) → bytea and sync.fp_sub: sums mod 2^256 (fingerprints).
+// sync_internal.fp_add(a bytea, b bytea) → bytea and sync_internal.fp_sub: sums mod 2^256
+// (fingerprints).
 MAGIC_SYNC_FUNCTION(magic_sync_fp_add) {
     auto sum = digest_arg(fcinfo, 0);
     protocol::add_mod(sum, digest_arg(fcinfo, 1));
@@ -229,8 +233,8 @@ MAGIC_SYNC_FUNCTION(magic_sync_fp_sub) {
     return magic_sync::pg::bytea_datum(protocol::bytes_of(difference));
 }
 
-// sync.stamp_message(message bytea, replica uuid, gen bigint, seq bigint) → bytea: the encoded
-// down message with that header (protocol::restamp), as it enters the outbox.
+// sync_internal.stamp_message(message bytea, replica uuid, gen bigint, seq bigint) → bytea: the
+// encoded down message with that header (protocol::restamp), as it enters the outbox.
 MAGIC_SYNC_FUNCTION(magic_sync_stamp_message) {
     const std::string message = magic_sync::pg::text_arg(fcinfo, 0);
     const protocol::MessageHeader header{magic_sync::pg::uuid_arg(fcinfo, 1),
@@ -239,7 +243,7 @@ MAGIC_SYNC_FUNCTION(magic_sync_stamp_message) {
     try {
         return magic_sync::pg::bytea_datum(protocol::restamp(message, header));
     } catch (const protocol::DecodeError& e) {
-        throw Error(std::string("sync.stamp_message: not a down message: ") + e.what(),
+        throw Error(std::string("sync_internal.stamp_message: not a down message: ") + e.what(),
                     ERRCODE_INVALID_PARAMETER_VALUE);
     }
 }

@@ -3,83 +3,83 @@
 -- The wire functions compute, never read the catalog: they pin no search_path, because every
 -- pass calls them once per row and a SET clause would cost a GUC save and restore each time.
 
-CREATE FUNCTION sync.canonical(jsonb) RETURNS text
+CREATE FUNCTION sync_internal.canonical(jsonb) RETURNS text
 AS 'MODULE_PATHNAME', 'magic_sync_canonical' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
--- sync.canonical(to_jsonb(row) - hidden), written from the row's columns; NULL when a column is
+-- sync_internal.canonical(to_jsonb(row) - hidden), written from the row's columns; NULL when a column is
 -- of a type it leaves to to_jsonb (the pass then goes through to_jsonb). STABLE: timestamptz is
 -- written in the session's time zone, as to_jsonb writes it.
-CREATE FUNCTION sync.encode_row("row" record, hidden text[]) RETURNS text
+CREATE FUNCTION sync_internal.encode_row("row" record, hidden text[]) RETURNS text
 AS 'MODULE_PATHNAME', 'magic_sync_encode_row' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 
-CREATE FUNCTION sync.key_hash("table" text, key jsonb) RETURNS bytea
+CREATE FUNCTION sync_internal.key_hash("table" text, key jsonb) RETURNS bytea
 AS 'MODULE_PATHNAME', 'magic_sync_key_hash' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
-CREATE FUNCTION sync.row_hash(body text) RETURNS bytea
+CREATE FUNCTION sync_internal.row_hash(body text) RETURNS bytea
 AS 'MODULE_PATHNAME', 'magic_sync_row_hash' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
-CREATE FUNCTION sync.fp_element(k bytea, v bytea) RETURNS bytea
+CREATE FUNCTION sync_internal.fp_element(k bytea, v bytea) RETURNS bytea
 AS 'MODULE_PATHNAME', 'magic_sync_fp_element' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
-CREATE FUNCTION sync.row_size("table" text, key text, body text) RETURNS int
+CREATE FUNCTION sync_internal.row_size("table" text, key text, body text) RETURNS int
 AS 'MODULE_PATHNAME', 'magic_sync_row_size' LANGUAGE C IMMUTABLE PARALLEL SAFE;
 
-CREATE FUNCTION sync.chunk_size(scope text, from_seq bigint, to_seq bigint) RETURNS int
+CREATE FUNCTION sync_internal.chunk_size(scope text, from_seq bigint, to_seq bigint) RETURNS int
 AS 'MODULE_PATHNAME', 'magic_sync_chunk_size' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
-CREATE FUNCTION sync.envelope_size(reset text[], drops text[], table_drops text[] DEFAULT '{}')
+CREATE FUNCTION sync_internal.envelope_size(reset text[], drops text[], table_drops text[] DEFAULT '{}')
 RETURNS int
 AS 'MODULE_PATHNAME', 'magic_sync_envelope_size' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
 -- How many of `drops`, then of `table_drops`, one rows message carries within
 -- magic_sync.bytes_per_message; the rest wait for the next message.
-CREATE FUNCTION sync.drops_fitting(reset text[], drops text[], table_drops text[]) RETURNS int
+CREATE FUNCTION sync_internal.drops_fitting(reset text[], drops text[], table_drops text[]) RETURNS int
 AS 'MODULE_PATHNAME', 'magic_sync_drops_fitting' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 
 -- Whether a row can travel at all: within magic_sync.bytes_per_message, with no number a double
 -- does not hold (protocol::row_travels); one that cannot is withheld. A property of the row and its
 -- scope, not of any replica's cursor.
-CREATE FUNCTION sync.row_travels(scope text, "table" text, key text, body text) RETURNS boolean
+CREATE FUNCTION sync_internal.row_travels(scope text, "table" text, key text, body text) RETURNS boolean
 AS 'MODULE_PATHNAME', 'magic_sync_row_travels' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 
 -- The note announcing a withheld row of a scope, with why (its key, or its key's hash when the key
 -- is too long for a note within magic_sync.bytes_per_message or holds a number past a double), the
 -- bytes it adds to a message, and the reason it is set aside with.
-CREATE FUNCTION sync.withheld_note(scope text, "table" text, key text, body text) RETURNS jsonb
+CREATE FUNCTION sync_internal.withheld_note(scope text, "table" text, key text, body text) RETURNS jsonb
 AS 'MODULE_PATHNAME', 'magic_sync_withheld_note' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 
-CREATE FUNCTION sync.withheld_size(scope text, "table" text, key text, body text) RETURNS int
+CREATE FUNCTION sync_internal.withheld_size(scope text, "table" text, key text, body text) RETURNS int
 AS 'MODULE_PATHNAME', 'magic_sync_withheld_size' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 
-CREATE FUNCTION sync.withheld_reason(scope text, "table" text, key text, body text) RETURNS text
+CREATE FUNCTION sync_internal.withheld_reason(scope text, "table" text, key text, body text) RETURNS text
 AS 'MODULE_PATHNAME', 'magic_sync_withheld_reason' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 
-CREATE FUNCTION sync.encode_chunk(scope text, from_seq bigint, to_seq bigint, seqs bigint[],
+CREATE FUNCTION sync_internal.encode_chunk(scope text, from_seq bigint, to_seq bigint, seqs bigint[],
                                   tables text[], keys text[], bodies text[], hashes text[])
 RETURNS text
 AS 'MODULE_PATHNAME', 'magic_sync_encode_chunk' LANGUAGE C IMMUTABLE PARALLEL SAFE;
 
 -- Fingerprint arithmetic: 256-bit sums mod 2^256.
-CREATE FUNCTION sync.fp_add(bytea, bytea) RETURNS bytea
+CREATE FUNCTION sync_internal.fp_add(bytea, bytea) RETURNS bytea
 AS 'MODULE_PATHNAME', 'magic_sync_fp_add' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
-CREATE FUNCTION sync.fp_sub(bytea, bytea) RETURNS bytea
+CREATE FUNCTION sync_internal.fp_sub(bytea, bytea) RETURNS bytea
 AS 'MODULE_PATHNAME', 'magic_sync_fp_sub' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
-CREATE FUNCTION sync.fp_zero() RETURNS bytea
+CREATE FUNCTION sync_internal.fp_zero() RETURNS bytea
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN '\x0000000000000000000000000000000000000000000000000000000000000000'::bytea;
 
-CREATE AGGREGATE sync.fp_sum(bytea) (
-    SFUNC = sync.fp_add,
+CREATE AGGREGATE sync_internal.fp_sum(bytea) (
+    SFUNC = sync_internal.fp_add,
     STYPE = bytea,
     INITCOND = '\x0000000000000000000000000000000000000000000000000000000000000000',
-    COMBINEFUNC = sync.fp_add,
+    COMBINEFUNC = sync_internal.fp_add,
     PARALLEL = SAFE
 );
 
 -- A scope's name on the wire: all, all@p, id=<uuid>, store_id=42, store_id=42@p.
-CREATE FUNCTION sync.scope_name(match text, value text, part text) RETURNS text
+CREATE FUNCTION sync_internal.scope_name(match text, value text, part text) RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN CASE match WHEN '*' THEN 'all' ELSE match || '=' || value END
        || CASE WHEN part <> '' THEN '@' || part ELSE '' END;
@@ -87,30 +87,30 @@ RETURN CASE match WHEN '*' THEN 'all' ELSE match || '=' || value END
 -- The payload of a filed answer, as sync.answer keeps it until the relay numbers its message: the
 -- upload it answers and its rows not filed, [{"t": table, "k": key, "why": reason}, ...] (the
 -- protocol's encode_filed_payload writes the same form).
-CREATE FUNCTION sync.filed_payload(upload uuid, kept jsonb) RETURNS jsonb
+CREATE FUNCTION sync_internal.filed_payload(upload uuid, kept jsonb) RETURNS jsonb
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 RETURN jsonb_build_object('upload', upload, 'kept', kept);
 
 -- The filed message with its header, as the relay puts it in the outbox, from its payload
--- (sync.filed_payload).
-CREATE FUNCTION sync.encode_filed(replica uuid, gen bigint, seq bigint, payload jsonb) RETURNS bytea
+-- (sync_internal.filed_payload).
+CREATE FUNCTION sync_internal.encode_filed(replica uuid, gen bigint, seq bigint, payload jsonb) RETURNS bytea
 AS 'MODULE_PATHNAME', 'magic_sync_encode_filed' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
 -- An answer too big for one message goes in parts: the payloads of the parts, in order, each of
 -- which encodes within max_bytes (every part but the last says "more"; a reason too long for a
 -- part of its own is cut).
-CREATE FUNCTION sync.filed_parts(replica uuid, payload jsonb, max_bytes bigint) RETURNS jsonb
+CREATE FUNCTION sync_internal.filed_parts(replica uuid, payload jsonb, max_bytes bigint) RETURNS jsonb
 AS 'MODULE_PATHNAME', 'magic_sync_filed_parts' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
 
 -- An encoded down message with another header (gen and seq), as it enters the outbox.
-CREATE FUNCTION sync.stamp_message(message bytea, replica uuid, gen bigint, seq bigint) RETURNS bytea
+CREATE FUNCTION sync_internal.stamp_message(message bytea, replica uuid, gen bigint, seq bigint) RETURNS bytea
 AS 'MODULE_PATHNAME', 'magic_sync_stamp_message' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
 -- How values are written out (keys, rows, scope values) depends on no session or server setting:
 -- every function that encodes values or compares their text (the pass, the oracle, the audit)
 -- runs under these settings, pinned by this one owner.
-CREATE FUNCTION sync.pin_output_settings(routine regprocedure) RETURNS void
+CREATE FUNCTION sync_internal.pin_output_settings(routine regprocedure) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$

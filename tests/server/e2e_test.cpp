@@ -63,11 +63,11 @@ const char* const kServerDrift = R"sql(
     SELECT (SELECT count(*) FROM shop.products t FULL JOIN (SELECT r.* FROM sync.row r JOIN sync.codec c
                 ON c.id = r.codec WHERE c.table_name = 'shop.products' AND NOT r.gone) r
             ON r.key = jsonb_build_object('id', t.id)
-            WHERE r.hash IS DISTINCT FROM sha256(convert_to(sync.canonical(to_jsonb(t)), 'UTF8')))
+            WHERE r.hash IS DISTINCT FROM sha256(convert_to(sync_internal.canonical(to_jsonb(t)), 'UTF8')))
          + (SELECT count(*) FROM shop.prices t FULL JOIN (SELECT r.* FROM sync.row r JOIN sync.codec c
                 ON c.id = r.codec WHERE c.table_name = 'shop.prices' AND NOT r.gone) r
             ON r.key = jsonb_build_object('store_id', t.store_id, 'product_id', t.product_id)
-            WHERE r.hash IS DISTINCT FROM sha256(convert_to(sync.canonical(to_jsonb(t)), 'UTF8')))
+            WHERE r.hash IS DISTINCT FROM sha256(convert_to(sync_internal.canonical(to_jsonb(t)), 'UTF8')))
 )sql";
 
 std::string nats_server() {
@@ -205,7 +205,7 @@ class EndToEnd : public ::testing::Test {
         ASSERT_TRUE(eventually(
             [&] {
                 try {
-                    std::string holder = db().value("SELECT sync.relay_lock_holder()");
+                    std::string holder = db().value("SELECT sync_internal.relay_lock_holder()");
                     return !holder.empty() && holder != pid;
                 } catch (const std::exception&) {
                     return false;
@@ -316,7 +316,7 @@ TEST_F(EndToEnd, OverHttpThroughChangesMovesUploadsCutsAndKills) {
 
     // kill -9 of the relay's backend: the postmaster restarts, the worker comes back.
     db().query("UPDATE shop.products SET price = price + 0.03");
-    std::string relay = db().value("SELECT sync.relay_lock_holder()");
+    std::string relay = db().value("SELECT sync_internal.relay_lock_holder()");
     ASSERT_FALSE(relay.empty());
     kill(std::stoi(relay), SIGKILL);
     await_relay_other_than(relay);
@@ -324,7 +324,7 @@ TEST_F(EndToEnd, OverHttpThroughChangesMovesUploadsCutsAndKills) {
 
     // An immediate restart of PostgreSQL itself in the middle of traffic.
     db().query("UPDATE shop.products SET price = price + 0.04");
-    relay = db().value("SELECT sync.relay_lock_holder()");
+    relay = db().value("SELECT sync_internal.relay_lock_holder()");
     cluster().stop("immediate");
     cluster().start();
     await_relay_other_than(relay);

@@ -83,11 +83,11 @@ const char* const kServerDrift = R"sql(
     SELECT (SELECT count(*) FROM shop.products t FULL JOIN (SELECT r.* FROM sync.row r JOIN sync.codec c
                 ON c.id = r.codec WHERE c.table_name = 'shop.products' AND NOT r.gone) r
             ON r.key = jsonb_build_object('id', t.id)
-            WHERE r.hash IS DISTINCT FROM sha256(convert_to(sync.canonical(to_jsonb(t)), 'UTF8')))
+            WHERE r.hash IS DISTINCT FROM sha256(convert_to(sync_internal.canonical(to_jsonb(t)), 'UTF8')))
          + (SELECT count(*) FROM shop.prices t FULL JOIN (SELECT r.* FROM sync.row r JOIN sync.codec c
                 ON c.id = r.codec WHERE c.table_name = 'shop.prices' AND NOT r.gone) r
             ON r.key = jsonb_build_object('store_id', t.store_id, 'product_id', t.product_id)
-            WHERE r.hash IS DISTINCT FROM sha256(convert_to(sync.canonical(to_jsonb(t)), 'UTF8')))
+            WHERE r.hash IS DISTINCT FROM sha256(convert_to(sync_internal.canonical(to_jsonb(t)), 'UTF8')))
 )sql";
 
 // Work left for the replicas not in $1: notes, cursors behind, messages not sent.
@@ -341,7 +341,7 @@ class Fault : public ::testing::Test {
     std::string relay_pid() {
         return value(
             "SELECT pid FROM pg_stat_activity WHERE backend_type = 'magic_sync relay'"
-            " AND pid = sync.relay_lock_holder()");
+            " AND pid = sync_internal.relay_lock_holder()");
     }
     void await_relay_other_than(const std::string& pid) {
         ASSERT_TRUE(eventually(

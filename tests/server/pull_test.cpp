@@ -130,7 +130,8 @@ class Pull : public ::testing::Test {
 
     std::string head_of(int n) {
         return db().value(
-            "SELECT sync.message_id(gen, seq) FROM sync.outbox WHERE replica = $1::uuid AND "
+            "SELECT sync_internal.message_id(gen, seq) FROM sync.outbox WHERE replica = $1::uuid "
+            "AND "
             "sent_at IS "
             "NULL ORDER BY seq LIMIT 1",
             {replica_id(n)});
@@ -228,10 +229,9 @@ TEST_F(Pull, AMessageTheDeviceCannotApplyIsRecordedAsRefused) {
         db().value("SELECT split_part(last_error, ':', 1) FROM sync.replica WHERE id = $1::uuid",
                    {replica_id(1)}),
         "malformed");
-    EXPECT_EQ(
-        head_of(1),
-        db().value("SELECT sync.message_id(gen, $1::bigint) FROM sync.replica WHERE id = $2::uuid",
-                   {seq, replica_id(1)}));
+    EXPECT_EQ(head_of(1), db().value("SELECT sync_internal.message_id(gen, $1::bigint) FROM "
+                                     "sync.replica WHERE id = $2::uuid",
+                                     {seq, replica_id(1)}));
 }
 
 }  // namespace

@@ -330,7 +330,8 @@ TEST_F(Repair, ReplicaThatCannotTakeARowTripsTheBreaker) {
         << "\nmembers: "
         << db().value(
                "SELECT string_agg(format('%s %s sent=%s confirmed=%s head=%s fp=%s n=%s', "
-               "m.replica, sync.scope_name(s.match, s.value, s.partition), m.sent, m.confirmed, "
+               "m.replica, sync_internal.scope_name(s.match, s.value, s.partition), m.sent, "
+               "m.confirmed, "
                "s.head, encode(s.fp, 'hex'), s.n), E'\\n') FROM sync.member m JOIN sync.scope s ON "
                "s.id = m.scope")
         << "\nholdings: "
@@ -346,7 +347,7 @@ TEST_F(Repair, ReplicaThatCannotTakeARowTripsTheBreaker) {
                "SELECT string_agg(format('%s %s %s', m.replica, m.scope, p.phase), E'\\n') FROM "
                "sync.member m JOIN sync.replica r ON r.id = m.replica AND r.live JOIN sync.scope s "
                "ON s.id = m.scope JOIN sync.holding h ON h.replica = m.replica AND h.scope = "
-               "sync.scope_name(s.match, s.value, s.partition) LEFT JOIN sync.repair p ON "
+               "sync_internal.scope_name(s.match, s.value, s.partition) LEFT JOIN sync.repair p ON "
                "p.replica = m.replica AND p.scope = m.scope WHERE m.sent = s.head AND m.confirmed "
                ">= s.head AND h.through = s.head AND CASE WHEN p.replica IS NULL THEN h.fp <> s.fp "
                "OR h.n <> s.n ELSE (p.storm_until IS NULL OR p.storm_until <= now()) END")

@@ -70,7 +70,7 @@ struct Shop {
         settings.push_back("magic_sync.database = 'shop'");
         return settings;
     }
-    std::string holder() { return cluster.sql("shop", "SELECT sync.relay_lock_holder()"); }
+    std::string holder() { return cluster.sql("shop", "SELECT sync_internal.relay_lock_holder()"); }
     Cluster cluster;
 };
 
@@ -206,10 +206,10 @@ TEST(Worker, WaitsForItsRoleAndTheTemporaryPrivilege) {
     shop.cluster.sql("shop", R"sql(
         CREATE ROLE relay;
         REVOKE TEMPORARY ON DATABASE shop FROM PUBLIC;
-        GRANT USAGE ON SCHEMA sync TO relay;
+        GRANT USAGE ON SCHEMA sync, sync_internal TO relay;
         GRANT ALL ON ALL TABLES IN SCHEMA sync TO relay;
         GRANT ALL ON ALL SEQUENCES IN SCHEMA sync TO relay;
-        GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA sync TO relay;
+        GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA sync, sync_internal TO relay;
         GRANT SELECT ON registers, products TO relay;
     )sql");
     ASSERT_TRUE(eventually([&] {
@@ -272,7 +272,7 @@ TEST(Worker, KillMinus9OfTheHolderLosesNothing) {
             // postmaster ended every backend would be dead when the test used it.
             try {
                 after = std::make_unique<Connection>(shop.cluster.conninfo("shop"));
-                std::string now = after->value("SELECT sync.relay_lock_holder()::text");
+                std::string now = after->value("SELECT sync_internal.relay_lock_holder()::text");
                 return !now.empty() && now != holder;
             } catch (const std::exception&) {
                 return false;
@@ -431,7 +431,8 @@ TEST(Relay, CallSyncRelayRelaysUntilCancelled) {
     EXPECT_THROW(db.query("BEGIN; CALL sync.relay(); COMMIT"), std::runtime_error);
     db.query("ROLLBACK");
     ASSERT_EQ(PQsendQuery(relay.raw(), "CALL sync.relay()"), 1);
-    ASSERT_TRUE(eventually([&] { return db.value("SELECT sync.relay_lock_holder()") != ""; }));
+    ASSERT_TRUE(
+        eventually([&] { return db.value("SELECT sync_internal.relay_lock_holder()") != ""; }));
     db.query("INSERT INTO products VALUES (1, 'tea')");
     EXPECT_TRUE(eventually([&] { return deliveries(db) == "1:1"; }));
     PGcancel* cancel = PQgetCancel(relay.raw());

@@ -45,7 +45,7 @@ if [ "$before" != "$after" ]; then
     diff <(echo "$before") <(echo "$after") || true
     status=1
 fi
-missing=$(psql -X -At -d restored -c "SELECT string_agg(relation::text, ', ') FROM (SELECT relation FROM sync.codec UNION ALL SELECT relation FROM sync.replica_set) d WHERE NOT sync.capture_installed(relation)")
+missing=$(psql -X -At -d restored -c "SELECT string_agg(relation::text, ', ') FROM (SELECT relation FROM sync.codec UNION ALL SELECT relation FROM sync.replica_set) d WHERE NOT sync_internal.capture_installed(relation)")
 [ -z "$missing" ] || { echo "the capture triggers are missing after restore on: $missing"; status=1; }
 [ "$(echo "$after" | grep -c magic_sync_)" -eq 8 ] || { echo "expected 8 capture triggers (2 per table) after restore"; status=1; }
 

@@ -62,8 +62,8 @@ converged() {
     expected=$(sql "SELECT string_agg(table_name || ' ' || key || ' ' || h, E'\n' ORDER BY table_name, key)
                     FROM sync.expected('$replica')")
     held=$(psql -X -q -At -v ON_ERROR_STOP=1 -d shop -v shown="$($replica_cli show --json)" <<'SQL'
-SELECT string_agg(t.key || ' ' || sync.canonical(r->'k') || ' ' || (r->>'h'), E'\n'
-                  ORDER BY t.key, sync.canonical(r->'k'))
+SELECT string_agg(t.key || ' ' || sync_internal.canonical(r->'k') || ' ' || (r->>'h'), E'\n'
+                  ORDER BY t.key, sync_internal.canonical(r->'k'))
 FROM jsonb_each(:'shown'::jsonb->'held') t, jsonb_array_elements(t.value) r
 SQL
 )

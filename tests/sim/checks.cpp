@@ -33,7 +33,7 @@ const char* const kPending = R"sql(
         UNION ALL
         SELECT 'confirmations not applied: ' || count(*) FROM sync.confirmation HAVING count(*) > 0
         UNION ALL
-        SELECT 'replica ' || m.replica || ' behind in ' || sync.scope_name(s.match, s.value, s.partition)
+        SELECT 'replica ' || m.replica || ' behind in ' || sync_internal.scope_name(s.match, s.value, s.partition)
                || ': sent through ' || m.sent || ' of ' || s.head
         FROM sync.member m JOIN sync.scope s ON s.id = m.scope JOIN sync.replica r ON r.id = m.replica
         WHERE r.live AND m.sent < s.head
@@ -45,10 +45,10 @@ const char* const kPending = R"sql(
 // and as the replica last reported it.
 const char* const kScopesOfReplica = R"sql(
     WITH declared AS (
-        SELECT sync.scope_name(d.match, d.value, d.part) AS scope
-        FROM sync.declared_members() d WHERE d.replica = $1::uuid),
+        SELECT sync_internal.scope_name(d.match, d.value, d.part) AS scope
+        FROM sync_internal.declared_members() d WHERE d.replica = $1::uuid),
     counted AS (
-        SELECT sync.scope_name(s.match, s.value, s.partition) AS scope, m.sent, s.head, s.n, s.fp
+        SELECT sync_internal.scope_name(s.match, s.value, s.partition) AS scope, m.sent, s.head, s.n, s.fp
         FROM sync.member m JOIN sync.scope s ON s.id = m.scope WHERE m.replica = $1::uuid),
     members AS (
         SELECT c.*, h.through, h.n AS held_n, h.fp AS held_fp, h.applied
@@ -340,7 +340,7 @@ class Checkpoint {
         for (auto& [scope, holding] : show["holds"].items())
             replica[scope] = {holding["fp"].get<std::string>(), holding["n"].get<int64_t>()};
         for (const auto& row :
-             world_.db().query("SELECT sync.scope_name(s.match, s.value, s.partition), "
+             world_.db().query("SELECT sync_internal.scope_name(s.match, s.value, s.partition), "
                                "encode(s.fp, 'hex'), s.n FROM sync.member m"
                                " JOIN sync.scope s ON s.id = m.scope WHERE m.replica = $1::uuid",
                                {id}))

@@ -144,7 +144,7 @@ std::string World::relay_pid() {
     auto deadline = std::chrono::steady_clock::now() + 60s;
     while (pid.empty() && std::chrono::steady_clock::now() < deadline) {
         try {
-            pid = db().value("SELECT sync.relay_lock_holder()");
+            pid = db().value("SELECT sync_internal.relay_lock_holder()");
         } catch (const std::exception&) {
             deployment_.disconnect();
         }
@@ -158,7 +158,7 @@ void World::await_relay_other_than(const std::string& pid) {
     auto deadline = std::chrono::steady_clock::now() + 60s;
     while (std::chrono::steady_clock::now() < deadline) {
         try {
-            std::string holder = db().value("SELECT sync.relay_lock_holder()");
+            std::string holder = db().value("SELECT sync_internal.relay_lock_holder()");
             if (!holder.empty() && holder != pid) return;
         } catch (const std::exception&) {
             deployment_.disconnect();
