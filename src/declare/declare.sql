@@ -67,16 +67,64 @@ AS $$
     FROM unnest(column_names) WITH ORDINALITY AS c(name, position)
 $$;
 
+-- What ALTER TYPE may change of the types of a table's key columns, in key order.
+CREATE FUNCTION sync_internal.key_definitions(relation regclass, keys name[]) RETURNS text
+LANGUAGE sql STABLE STRICT
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT string_agg(sync_internal.type_definition(a.atttypid), ', ' ORDER BY k.position)
+    FROM unnest(keys) WITH ORDINALITY AS k(name, position)
+    JOIN pg_attribute a ON a.attrelid = relation AND a.attname = k.name
+$$;
+
 -- A table's columns and their types, in order: what a schema change that matters to its rows
 -- changes.
 CREATE FUNCTION sync_internal.table_shape(relation regclass) RETURNS text
 LANGUAGE sql STABLE STRICT
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT coalesce(string_agg(format('%I %s', a.attname, format_type(a.atttypid, a.atttypmod)), ', '
+    SELECT coalesce(string_agg(format('%I %s%s', a.attname, format_type(a.atttypid, a.atttypmod),
+                                      sync_internal.type_definition(a.atttypid)), ', '
                                ORDER BY a.attnum), '')
     FROM pg_attribute a
     WHERE a.attrelid = relation AND a.attnum > 0 AND NOT a.attisdropped
+$$;
+
+-- What ALTER TYPE may change of a type that alters its values' text, however deep: an enum's
+-- labels in order, a composite's attributes with their types; through a domain, an array, a
+-- range or a multirange to the type it is made of ('' for a type made of none of these).
+CREATE FUNCTION sync_internal.type_definition(type oid) RETURNS text
+LANGUAGE plpgsql STABLE STRICT
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    t pg_type;
+BEGIN
+    SELECT * INTO t FROM pg_type y WHERE y.oid = type;
+    IF t.typtype = 'e' THEN
+        RETURN (SELECT ' (' || string_agg(quote_literal(e.enumlabel), ', ' ORDER BY e.enumsortorder)
+                       || ')'
+                FROM pg_enum e WHERE e.enumtypid = type);
+    ELSIF t.typtype = 'c' THEN
+        RETURN (SELECT ' (' || string_agg(format('%I %s%s', a.attname,
+                                                 format_type(a.atttypid, a.atttypmod),
+                                                 sync_internal.type_definition(a.atttypid)),
+                                          ', ' ORDER BY a.attnum) || ')'
+                FROM pg_attribute a
+                WHERE a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped);
+    ELSIF t.typtype = 'd' THEN
+        RETURN sync_internal.type_definition(t.typbasetype);
+    ELSIF t.typtype = 'r' THEN
+        RETURN sync_internal.type_definition(
+            (SELECT r.rngsubtype FROM pg_range r WHERE r.rngtypid = type));
+    ELSIF t.typtype = 'm' THEN
+        RETURN sync_internal.type_definition(
+            (SELECT r.rngtypid FROM pg_range r WHERE r.rngmultitypid = type));
+    ELSIF t.typcategory = 'A' AND t.typelem <> 0 THEN
+        RETURN sync_internal.type_definition(t.typelem);
+    END IF;
+    RETURN '';
+END
 $$;
 
 -- The primary key columns of a table, in key order (NULL when it has none).
@@ -437,20 +485,23 @@ BEGIN
     -- old name) and a new one begins, whose rows are all sent again.
     IF previous.id IS NOT NULL
        AND (previous.table_name <> table_name OR previous.key_columns <> keys
-            OR previous.key_types IS DISTINCT FROM sync_internal.column_types("table", keys)) THEN
+            OR previous.key_types IS DISTINCT FROM sync_internal.column_types("table", keys)
+            OR previous.key_definitions <> sync_internal.key_definitions("table", keys)) THEN
         PERFORM sync.end_codec(previous.id);
     END IF;
     INSERT INTO sync.codec AS c (relation, table_name, kind, "to", audience, to_column, replica_column,
-                                 columns, replica_columns, stamp, key_columns, key_types, shape)
+                                 columns, replica_columns, stamp, key_columns, key_types,
+                                 key_definitions, shape)
     VALUES (relation, table_name, kind, "to", audience, to_column, replica_column,
             columns, replica_columns, stamp, keys, sync_internal.column_types("table", keys),
-            sync_internal.table_shape("table"))
+            sync_internal.key_definitions("table", keys), sync_internal.table_shape("table"))
     ON CONFLICT ON CONSTRAINT codec_relation_key DO UPDATE
         SET table_name = excluded.table_name, kind = excluded.kind, "to" = excluded."to",
             audience = excluded.audience, to_column = excluded.to_column,
             replica_column = excluded.replica_column, columns = excluded.columns,
             replica_columns = excluded.replica_columns, stamp = excluded.stamp,
-            key_columns = excluded.key_columns, key_types = excluded.key_types, shape = excluded.shape
+            key_columns = excluded.key_columns, key_types = excluded.key_types,
+            key_definitions = excluded.key_definitions, shape = excluded.shape
     RETURNING c.id INTO codec_id;
     PERFORM sync_internal.install_capture(relation, codec_id, keys);
     PERFORM sync_internal.declared(codec_id, groups_before);
@@ -782,7 +833,10 @@ UNION ALL
 -- other change of its columns plans the whole table again, so rows that were not changed since
 -- travel in their new shape (only those whose canonical form changed). After an ALTER TABLE of the
 -- replicas relation: the same refusals, and every replica is looked at again (its groups, its
--- liveness may have changed). SECURITY DEFINER: it runs for whoever alters a table.
+-- liveness may have changed). After an ALTER TYPE (an enum's value renamed, a composite's
+-- attribute added), or an ALTER TABLE of a table whose row type a column holds: every table
+-- whose columns' types it changed, however deep (sync_internal.table_shape), as for a change of
+-- its columns. SECURITY DEFINER: it runs for whoever alters a table or a type.
 CREATE FUNCTION sync_internal.on_ddl() RETURNS event_trigger
 LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -793,11 +847,8 @@ DECLARE
     broken record;
     replicas regclass := (SELECT s.relation FROM sync.replica_set s);
 BEGIN
-    SELECT array_agg(d.objid) INTO altered FROM pg_event_trigger_ddl_commands() d
+    SELECT coalesce(array_agg(d.objid), '{}') INTO altered FROM pg_event_trigger_ddl_commands() d
     WHERE d.classid = 'pg_class'::regclass;
-    IF altered IS NULL THEN
-        RETURN;
-    END IF;
     IF replicas = ANY (altered) THEN
         SELECT * INTO broken FROM sync_internal.replica_set_problems() p WHERE p.refuses LIMIT 1;
         IF FOUND THEN
@@ -816,7 +867,11 @@ BEGIN
         INSERT INTO sync.note (codec, key) VALUES (0, NULL);
         PERFORM sync_internal.wake();
     END IF;
-    FOR c IN SELECT * FROM sync.codec x WHERE x.relation = ANY (altered) LOOP
+    -- A table altered, or one whose columns' types were (ALTER TYPE, or ALTER TABLE of a table
+    -- whose row type a column holds).
+    FOR c IN SELECT * FROM sync.codec x
+             WHERE x.relation = ANY (altered) OR sync_internal.table_shape(x.relation) <> x.shape
+    LOOP
         SELECT * INTO broken FROM sync_internal.codec_problems(c) p WHERE p.refuses LIMIT 1;
         IF FOUND THEN
             RAISE EXCEPTION 'this change of % breaks its sync declaration: %', c.table_name,
@@ -825,7 +880,8 @@ BEGIN
                       HINT = broken.fix || format(' Or stop syncing it first: SELECT sync.drop(%L).',
                                                   sync_internal.relation_name(c.relation));
         END IF;
-        IF sync_internal.column_types(c.relation, c.key_columns) IS DISTINCT FROM c.key_types THEN
+        IF sync_internal.column_types(c.relation, c.key_columns) IS DISTINCT FROM c.key_types
+           OR c.key_definitions <> sync_internal.key_definitions(c.relation, c.key_columns) THEN
             PERFORM sync_internal.codec(c.relation, c.kind, c."to", c.columns, c.replica_columns, c.stamp);
         ELSIF sync_internal.table_shape(c.relation) <> c.shape THEN
             UPDATE sync.codec x SET shape = sync_internal.table_shape(c.relation) WHERE x.id = c.id;
@@ -849,7 +905,7 @@ BEGIN
 END
 $$;
 
-CREATE EVENT TRIGGER magic_sync_ddl ON ddl_command_end WHEN TAG IN ('ALTER TABLE')
+CREATE EVENT TRIGGER magic_sync_ddl ON ddl_command_end WHEN TAG IN ('ALTER TABLE', 'ALTER TYPE')
 EXECUTE FUNCTION sync_internal.on_ddl();
 CREATE EVENT TRIGGER magic_sync_drop ON sql_drop WHEN TAG IN ('DROP TABLE', 'DROP SCHEMA', 'DROP OWNED')
 EXECUTE FUNCTION sync_internal.on_drop();

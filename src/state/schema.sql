@@ -68,6 +68,10 @@ CREATE TABLE sync.codec (
     key_columns name[] NOT NULL,
     -- The key columns' types when declared: a change of them changes every row's key.
     key_types regtype[] NOT NULL,
+    -- And what ALTER TYPE may change of them (sync_internal.key_definitions): an enum's value
+    -- renamed changes the keys that hold it. NULL: not known (a codec from 0.1.0, until declared
+    -- again).
+    key_definitions text,
     -- The table's columns and their types when declared or last planned whole (sync_internal.table_shape):
     -- a schema change that alters them plans the table again.
     shape text NOT NULL DEFAULT ''
