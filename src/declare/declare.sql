@@ -392,15 +392,21 @@ BEGIN
     ELSIF "to" = 'all' THEN
         audience := 'all';
     ELSE
-        parsed := regexp_match("to", '^([A-Za-z_][A-Za-z0-9_$]*)\s*(?:=\s*([A-Za-z_][A-Za-z0-9_$]*))?$');
+        -- A column is named as written, or double-quoted as in SQL ("group", "Mixed Case").
+        parsed := regexp_match("to", '^([A-Za-z_][A-Za-z0-9_$]*|"(?:[^"]|"")+")\s*'
+                                     '(?:=\s*([A-Za-z_][A-Za-z0-9_$]*|"(?:[^"]|"")+"))?$');
         IF parsed IS NULL THEN
             RAISE EXCEPTION 'to => ''%'' is not one of ''all'', ''column'' or ''column = replica_column''', "to"
                 USING ERRCODE = 'invalid_parameter_value',
                       HINT = 'E.g. to => ''register_id'' (the column holds a replica id) or '
                              'to => ''store_id = store_id'' (every replica of that store).';
         END IF;
-        to_column := parsed[1];
-        replica_column := parsed[2];
+        to_column := CASE WHEN parsed[1] LIKE '"%'
+                          THEN replace(substr(parsed[1], 2, length(parsed[1]) - 2), '""', '"')
+                          ELSE parsed[1] END;
+        replica_column := CASE WHEN parsed[2] LIKE '"%'
+                               THEN replace(substr(parsed[2], 2, length(parsed[2]) - 2), '""', '"')
+                               ELSE parsed[2] END;
         audience := CASE WHEN replica_column IS NULL THEN 'own' ELSE 'group' END;
         PERFORM sync_internal.require_columns("table", ARRAY[to_column], 'to');
         own_type := sync_internal.column_type("table", to_column);
