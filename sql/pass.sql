@@ -253,8 +253,20 @@ SELECT deliver_all();
 SELECT messages FROM sync.pass();
 
 -- What an operator sees.
-SELECT g.label, s.live, s.gen, s.outbox, s.last_error, s.set_aside
+SELECT g.label, s.live, s.gen, s.outbox, s.last_error, s.set_aside, s.lacks, s.lacks_why
 FROM sync.status s JOIN shop.registers g ON g.id = s.replica ORDER BY g.label;
+-- A row the pass set aside lacks from every replica of its audience that exists (by the tables
+-- and the rule: products go to every register), and a row a register reported it could not take
+-- from that register: status counts them and says why.
+INSERT INTO sync.set_aside (kind, codec, key, reason)
+SELECT 'note', c.id, '{"id": 1}', 'could not plan the row' FROM sync.codec c
+WHERE c.table_name = 'shop.products';
+INSERT INTO sync.set_aside (kind, replica, codec, key, reason)
+SELECT 'untaken', g.id, c.id, '{"id": 1}', 'message 9: disk full'
+FROM shop.registers g, sync.codec c WHERE g.label = 'a1' AND c.table_name = 'shop.products';
+SELECT g.label, s.set_aside, s.lacks, s.lacks_why
+FROM sync.status s JOIN shop.registers g ON g.id = s.replica ORDER BY g.label;
+DELETE FROM sync.set_aside WHERE kind IN ('note', 'untaken');
 SELECT notes_backlog, relay_pid = pg_backend_pid() AS this_session_relays, set_aside_notes
 FROM sync.health;
 

@@ -136,8 +136,9 @@ COMMENT ON FUNCTION sync.verify(uuid) IS
 'against the running one the pass keeps.';
 COMMENT ON VIEW sync.status IS
 'Per replica: live, generation, outbox depth, how long the oldest message has waited to be sent and '
-'to be confirmed, backoff, last error, what is set aside, and sync: in sync (proven by its reports '
-'against the server''s fingerprints), repairing, storm or unknown.';
+'to be confirmed, backoff, last error, what is set aside, the rows it lacks and why (withheld as too '
+'big, set aside by the pass, not taken by it), and sync: in sync (proven by its reports against the '
+'server''s fingerprints, and lacking no row), lacks rows, repairing, storm or unknown.';
 COMMENT ON TABLE sync.repair IS
 'Repairs under way, one row per replica and scope: its phase, the ranges of the key hash asked, '
 'the rounds so far and the storm breaker.';

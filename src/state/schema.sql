@@ -147,6 +147,8 @@ CREATE TABLE sync.row (
     PRIMARY KEY (k, scope)
 );
 CREATE INDEX row_scope_seq ON sync.row (scope, seq);
+-- The rows withheld, by scope: what sync.status counts as lacked, without reading the others.
+CREATE INDEX row_withheld ON sync.row (scope) WHERE withheld AND NOT gone;
 
 -- Codecs that ended (sync.drop, a dropped table, a declaration under another name or key): the
 -- next pass forgets their rows and tells every replica that held some to drop their table.

@@ -239,13 +239,57 @@ END
 $$;
 SELECT sync_internal.pin_output_settings('sync.audit()');
 
+-- The rows set aside because the pass could not plan them (kind 'note') that are, by the tables
+-- and the rules, in the audience of a live replica: per replica, how many it lacks (or holds in an
+-- older version). Rows gone from their table since are lacked by no one. A codec whose kept keys
+-- no longer read as its key (a key column's type changed since) is left out: the codec was
+-- declared again and its rows planned anew.
+CREATE FUNCTION sync_internal.set_aside_lacked() RETURNS TABLE (replica uuid, lacked bigint)
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    c sync.codec;
+    r sync.replica_set;
+    key_match text;
+BEGIN
+    SELECT * INTO r FROM sync.replica_set;
+    IF r.relation IS NULL THEN
+        RETURN;
+    END IF;
+    FOR c IN SELECT x.* FROM sync.codec x
+             WHERE x.audience <> 'nobody'
+               AND EXISTS (SELECT FROM sync.set_aside s WHERE s.kind = 'note' AND s.codec = x.id)
+               AND EXISTS (SELECT FROM pg_class t WHERE t.oid = x.relation)
+    LOOP
+        SELECT string_agg(format('t.%I = kp.%I', k, k), ' AND ') INTO key_match
+        FROM unnest(c.key_columns) k;
+        BEGIN
+            RETURN QUERY EXECUTE format(
+                'SELECT rep.id, count(*) FROM sync.set_aside s '
+                'CROSS JOIN LATERAL jsonb_populate_record(NULL::%1$s, s.key) kp '
+                'JOIN %1$s t ON %2$s '
+                'JOIN (SELECT * FROM %3$s WHERE coalesce((%4$s), false)) rep ON %5$s '
+                'WHERE s.kind = ''note'' AND s.codec = $1 GROUP BY rep.id',
+                c.relation, key_match, r.relation, r.live, sync.audience_sql(c.id, 't', 'rep'))
+            USING c.id;
+        EXCEPTION WHEN data_exception THEN
+            NULL;
+        END;
+    END LOOP;
+END
+$$;
+
 -- One row per replica: live, generation, outbox depth and age, what is unconfirmed, backoff, the
--- last error, what is set aside for it, and whether it is in sync, repairing, in a storm (the
--- breaker tripped and it has not converged since), or unknown. In sync only when the comparisons
--- prove it: it is a member of exactly the scopes the declarations give it (read from the
--- replicas relation, not from the relay's membership), it reported each of them at its head with
--- the server's fingerprint (a scope it did not report holds no rows), and no audit found a scope
--- of it drifted that the relay has not counted again.
+-- last error, what is set aside for it, the rows it lacks and why, and whether it is in sync,
+-- lacks rows, is repairing, in a storm (the breaker tripped and it has not converged since), or
+-- unknown. In sync only when the comparisons prove it: it is a member of exactly the scopes the
+-- declarations give it (read from the replicas relation, not from the relay's membership), it
+-- reported each of them at its head with the server's fingerprint (a scope it did not report
+-- holds no rows), no audit found a scope of it drifted that the relay has not counted again, and
+-- it lacks no row: none of its scopes' rows is withheld as too big for a message (outside the
+-- fingerprints on both sides), none it should hold is set aside by the pass, and it reported none
+-- it could not take.
 CREATE VIEW sync.status AS
 WITH declared AS MATERIALIZED (
     SELECT d.replica, sync_internal.scope_name(d.match, d.value, d.part) AS scope
@@ -264,7 +308,24 @@ unproven AS (
     WHERE CASE WHEN h.replica IS NULL THEN m.n <> 0
                ELSE h.through <> m.head OR h.fp <> m.fp OR h.n <> m.n END
     UNION
-    SELECT m.replica FROM members m JOIN sync.drifted_scope d ON d.scope = m.id)
+    SELECT m.replica FROM members m JOIN sync.drifted_scope d ON d.scope = m.id),
+withheld AS MATERIALIZED (
+    SELECT m.replica, count(*) AS n
+    FROM sync.row w JOIN sync.member m ON m.scope = w.scope
+    WHERE w.withheld AND NOT w.gone
+    GROUP BY m.replica),
+untaken AS MATERIALIZED (
+    SELECT s.replica, count(*) AS n FROM sync.set_aside s WHERE s.kind = 'untaken'
+    GROUP BY s.replica),
+lacks AS (
+    SELECT r.id AS replica, coalesce(w.n, 0) + coalesce(a.lacked, 0) + coalesce(u.n, 0) AS n,
+           nullif(concat_ws(', ', w.n || ' withheld as too big for a message',
+                            a.lacked || ' set aside by the pass (sync.set_aside)',
+                            u.n || ' it could not take'), '') AS why
+    FROM sync.replica r
+    LEFT JOIN withheld w ON w.replica = r.id
+    LEFT JOIN sync_internal.set_aside_lacked() a ON a.replica = r.id
+    LEFT JOIN untaken u ON u.replica = r.id)
 SELECT r.id AS replica,
        r.live,
        r.gen,
@@ -276,18 +337,21 @@ SELECT r.id AS replica,
            AS backoff_seconds,
        r.last_error,
        (SELECT count(*) FROM sync.set_aside s WHERE s.replica = r.id) AS set_aside,
+       l.n AS lacks,
+       l.why AS lacks_why,
        CASE
            WHEN EXISTS (SELECT FROM sync.repair p WHERE p.replica = r.id AND p.attempts > 0)
                THEN 'storm'
            WHEN EXISTS (SELECT FROM sync.repair p WHERE p.replica = r.id) THEN 'repairing'
            WHEN r.live AND EXISTS (SELECT FROM members m WHERE m.replica = r.id)
                 AND NOT EXISTS (SELECT FROM unproven u WHERE u.replica = r.id)
-               THEN 'in sync'
+               THEN CASE WHEN l.n = 0 THEN 'in sync' ELSE 'lacks rows' END
            ELSE 'unknown'
        END AS sync
 FROM sync.replica r
+JOIN lacks l ON l.replica = r.id
 LEFT JOIN sync.outbox o ON o.replica = r.id
-GROUP BY r.id;
+GROUP BY r.id, l.n, l.why;
 
 -- For monitoring (packaging/postgres_exporter_queries.yaml, for prometheus-postgres-exporter):
 -- the replicas counted by what sync.status says of them, and the relay's health, which the
