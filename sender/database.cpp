@@ -5,8 +5,17 @@
 #include <set>
 
 #include "libpq/connection.hpp"
+#include "protocol/messages.hpp"
 
 namespace magic_sync::sender {
+
+std::string stamped_with_origin(const std::string& message, const std::string& origin) {
+    try {
+        return protocol::with_origin(message, origin);
+    } catch (const protocol::DecodeError&) {
+        return message;
+    }
+}
 
 namespace {
 
@@ -30,10 +39,10 @@ constexpr Statement kFailed{"magic_sync_failed",
                             "SELECT sync.failed($1::uuid, $2::bigint, $3::boolean, $4::text)"};
 // Binary results: the bytes arrive as they are, and seq as 8 bytes.
 constexpr Statement kNext{"magic_sync_next",
-                          "SELECT replica::text, seq, message_id, message "
+                          "SELECT replica::text, seq, message_id, message, origin "
                           "FROM sync.next($1::int, $2::interval, NULL, $3::int)"};
 constexpr Statement kNextAmong{"magic_sync_next_among",
-                               "SELECT replica::text, seq, message_id, message "
+                               "SELECT replica::text, seq, message_id, message, origin "
                                "FROM sync.next($1::int, $2::interval, $3::uuid[], $4::int)"};
 constexpr Statement kStatements[] = {kSent, kFailed, kNext, kNextAmong};
 
@@ -210,7 +219,9 @@ bool Database::read_one_result() {
                 delivery.replica.assign(PQgetvalue(rows, row, 0), PQgetlength(rows, row, 0));
                 delivery.seq = big_endian_int64(PQgetvalue(rows, row, 1));
                 delivery.message_id.assign(PQgetvalue(rows, row, 2), PQgetlength(rows, row, 2));
-                delivery.bytes.assign(PQgetvalue(rows, row, 3), PQgetlength(rows, row, 3));
+                delivery.bytes = stamped_with_origin(
+                    std::string(PQgetvalue(rows, row, 3), PQgetlength(rows, row, 3)),
+                    std::string(PQgetvalue(rows, row, 4), PQgetlength(rows, row, 4)));
                 // A replica's run comes in one piece.
                 if (row == 0 || leased.back().replica != delivery.replica) ++replicas;
                 leased.push_back(std::move(delivery));

@@ -19,6 +19,11 @@ class DatabaseError : public std::runtime_error {
     using std::runtime_error::runtime_error;
 };
 
+// A message as it is sent: its header names the history it is sent from (`origin`, from
+// sync.next or sync.pull_head), so that a replica does not trust its counters across a restore or
+// a failover. A message that does not decode goes as it is: the replica says it is malformed.
+std::string stamped_with_origin(const std::string& message, const std::string& origin);
+
 // The outcome of one delivery, to be recorded.
 struct Settlement {
     std::string replica;

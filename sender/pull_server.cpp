@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "database.hpp"
 #include "libpq/connection.hpp"
 #include "log.hpp"
 
@@ -42,8 +43,9 @@ struct Statement {
     const char* name;
     const char* text;
 };
-constexpr Statement kHead{"magic_sync_pull_head",
-                          "SELECT message_id, message FROM sync.pull_head($1::uuid, $2::interval)"};
+constexpr Statement kHead{
+    "magic_sync_pull_head",
+    "SELECT message_id, message, origin FROM sync.pull_head($1::uuid, $2::interval)"};
 constexpr Statement kAck{"magic_sync_pull_ack", "SELECT sync.pull_ack($1::uuid, $2::text)"};
 constexpr Statement kRefused{"magic_sync_pull_refused",
                              "SELECT sync.pull_refused($1::uuid, $2::text, $3::text)"};
@@ -367,9 +369,11 @@ struct PullServer::Serving {
                     if (PQntuples(head.get()) == 1) {
                         response.status = 200;
                         response.set_header("message-id", PQgetvalue(head.get(), 0, 0));
-                        response.set_content(std::string(PQgetvalue(head.get(), 0, 1),
-                                                         PQgetlength(head.get(), 0, 1)),
-                                             "application/json");
+                        response.set_content(
+                            stamped_with_origin(std::string(PQgetvalue(head.get(), 0, 1),
+                                                            PQgetlength(head.get(), 0, 1)),
+                                                PQgetvalue(head.get(), 0, 2)),
+                            "application/json");
                         return;
                     }
                 }

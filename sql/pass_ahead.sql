@@ -36,7 +36,7 @@ CREATE FUNCTION deliver(label text) RETURNS void LANGUAGE sql AS $$
 $$;
 
 SET magic_sync.rows_per_message = 3;
-SET magic_sync.bytes_per_message = 900;
+SET magic_sync.bytes_per_message = 980;
 SET magic_sync."window" = 1;
 INSERT INTO items SELECT i, 'row ' || i FROM generate_series(1, 4) i;
 SELECT messages FROM sync.pass();

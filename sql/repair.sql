@@ -175,7 +175,7 @@ SELECT report('a2', '{}');
 SELECT deliver();
 SELECT * FROM repairs WHERE register = 'a2';
 SELECT * FROM status;
-SET magic_sync.bytes_per_message = '8kB';
+SET magic_sync.bytes_per_message = 8272;
 -- Every ranges and repair message written from here on, as it was written.
 CREATE TABLE written (kind text, bytes int, ranges int, rows int);
 CREATE FUNCTION note_written() RETURNS trigger LANGUAGE plpgsql SET search_path = public AS $$
@@ -207,7 +207,7 @@ SELECT * FROM repairs WHERE register = 'a2';
 SELECT * FROM status;
 -- A limit too small for even the first level's 16 ranges: the whole scope is sent, within it.
 TRUNCATE written;
-SET magic_sync.bytes_per_message = '2kB';
+SET magic_sync.bytes_per_message = 2128;
 SELECT report('a2', '{5}');
 SELECT deliver() > 1 AS several;
 SELECT * FROM a2_outbox;
@@ -219,7 +219,7 @@ SELECT * FROM status;
 -- header it can have (the replica's id, the largest gen and seq), not an empty one. Measured
 -- without, one message in three went over this limit, by up to 40 bytes.
 TRUNCATE written;
-SET magic_sync.bytes_per_message = 1252;
+SET magic_sync.bytes_per_message = 1332;
 SELECT report('a2', '{5}');
 SELECT deliver() > 1 AS several;
 SELECT * FROM a2_outbox;

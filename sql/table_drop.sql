@@ -85,7 +85,7 @@ SELECT * FROM sync.audit();
 -- each within bytes_per_message, rows only with the last of them, each table dropped once, in
 -- order.
 UPDATE sync.outbox SET sent_at = now();
-SET magic_sync.bytes_per_message = '1kB';
+SET magic_sync.bytes_per_message = 1104;
 DO $$
 BEGIN
     FOR i IN 1..30 LOOP

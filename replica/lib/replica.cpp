@@ -26,8 +26,11 @@ CREATE TABLE IF NOT EXISTS state (
     gen INTEGER NOT NULL DEFAULT 0,
     seq INTEGER NOT NULL DEFAULT 0,
     applied_sent INTEGER,  -- "applied" of the last upload the server took; NULL: none this gen
-    ack_through INTEGER NOT NULL DEFAULT 0  -- the last seq whose application the server must hear of
+    ack_through INTEGER NOT NULL DEFAULT 0,  -- the last seq whose application the server must hear of
+    origin TEXT  -- the history of the messages applied last (their header's origin); NULL: not said
 );
+-- The histories this replica left: a message written in one of them is refused.
+CREATE TABLE IF NOT EXISTS left_origins (origin TEXT PRIMARY KEY);
 -- Per scope the replica holds: how far, and the running fingerprint of its rows (docs/DESIGN.md §7).
 CREATE TABLE IF NOT EXISTS scopes (
     scope TEXT PRIMARY KEY,
@@ -576,6 +579,13 @@ Replica::Replica(const std::string& path, const std::string& replica_id, Options
 void Replica::create_schema() {
     Transaction transaction(database_);
     database_.exec(kSchema);
+    // A file made before messages named their origin.
+    Statement has_origin =
+        database_.prepare("SELECT count(*) FROM pragma_table_info('state') WHERE name = 'origin'");
+    has_origin.step();
+    const bool made_before_origins = has_origin.integer(0) == 0;
+    has_origin.run();
+    if (made_before_origins) database_.exec("ALTER TABLE state ADD COLUMN origin TEXT");
     Statement owner = database_.prepare("SELECT replica FROM state");
     if (owner.step()) {
         if (owner.text(0) != id_) {
@@ -622,18 +632,32 @@ ApplyResult Replica::apply(std::string_view message) {
     }
 
     Transaction transaction(database_);
-    Statement state = database_.prepare("SELECT gen, seq FROM state");
+    Statement state = database_.prepare("SELECT gen, seq, origin FROM state");
     state.step();
     int64_t gen = state.integer(0);
     int64_t seq = state.integer(1);
+    const std::string held_origin = state.is_null(2) ? "" : state.text(2);
     state.run();
-    if (header.gen < gen) {
+    // Another history than the one applied last (a restore, a re-created extension, a failover):
+    // its gen and seq say nothing against this replica's, so the message is taken as it comes,
+    // and what the replica holds is proven again against the server's fingerprints. A message of
+    // a history it left is refused.
+    const bool new_history =
+        !header.origin.empty() && !held_origin.empty() && header.origin != held_origin;
+    if (new_history && database_.prepare("SELECT 1 FROM left_origins WHERE origin = ?1")
+                           .bind(1, header.origin)
+                           .step()) {
+        result.outcome = Outcome::kOlderGeneration;
+        result.detail = "written in a history this replica left (origin " + header.origin + ")";
+        return result;
+    }
+    if (!new_history && header.gen < gen) {
         result.outcome = Outcome::kOlderGeneration;
         result.detail = "generation " + std::to_string(header.gen) + ", this replica is at " +
                         std::to_string(gen);
         return result;
     }
-    if (header.gen == gen && header.seq <= seq) {
+    if (!new_history && header.gen == gen && header.seq <= seq) {
         result.outcome = Outcome::kAlreadyApplied;
         result.detail =
             "seq " + std::to_string(header.seq) + ", applied through " + std::to_string(seq);
@@ -641,11 +665,20 @@ ApplyResult Replica::apply(std::string_view message) {
     }
 
     Applier applier(database_, options_, header.seq, tables_with_known_keys_);
-    if (header.gen > gen) {
-        // The server provisioned this replica again: what it held belongs to the old generation.
-        // Unanswered uploads are offered again (same id) since the old outbox with their answers
-        // is gone; the server answers a filed one again instead of filing it twice.
-        applier.reset_everything();
+    if (new_history) {
+        database_.prepare("INSERT OR IGNORE INTO left_origins (origin) VALUES (?1)")
+            .bind(1, held_origin)
+            .run();
+        add_notice("the server's history changed (origin " + held_origin + " to " + header.origin +
+                   "): a restore, a re-created extension or a failover; what this replica holds "
+                   "is proven again");
+    }
+    if (header.gen > gen || new_history) {
+        // The server provisioned this replica again, or its history changed: what it held
+        // belongs to the old generation (the server says which scopes to reset). Unanswered
+        // uploads are offered again (same id) since the old outbox with their answers is gone;
+        // the server answers a filed one again instead of filing it twice.
+        if (header.gen > gen) applier.reset_everything();
         database_.exec(
             "DELETE FROM advertised; DELETE FROM untaken; UPDATE uploads SET sent = 0; "
             "UPDATE state SET applied_sent = NULL, ack_through = 0;");
@@ -689,10 +722,11 @@ ApplyResult Replica::apply(std::string_view message) {
     database_
         .prepare(
             "UPDATE state SET gen = ?1, seq = ?2, ack_through = CASE WHEN ?3 THEN ?2 ELSE "
-            "ack_through END")
+            "ack_through END, origin = coalesce(nullif(?4, ''), origin)")
         .bind(1, header.gen)
         .bind(2, header.seq)
         .bind(3, static_cast<int64_t>(wants_acknowledgement))
+        .bind(4, header.origin)
         .run();
     transaction.commit();
     result.outcome = Outcome::kApplied;

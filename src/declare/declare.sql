@@ -650,9 +650,9 @@ END
 $$;
 
 -- What is wrong with a codec's declaration now, one row each, and how to fix it (`refuses`: as for
--- sync_internal.replica_set_problems).
+-- sync_internal.replica_set_problems; `in_replicas`: the problem lies in the replicas relation).
 CREATE FUNCTION sync_internal.codec_problems(c sync.codec)
-RETURNS TABLE (problem text, fix text, refuses boolean)
+RETURNS TABLE (problem text, fix text, refuses boolean, in_replicas boolean)
 LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -667,14 +667,14 @@ BEGIN
     IF current_name IS NULL THEN
         RETURN QUERY SELECT format('table %s was dropped', c.table_name),
                             format('Create the table again and redeclare it, or stop syncing it (every '
-                                   'replica drops its rows): SELECT sync.end_codec(%s).', c.id), false;
+                                   'replica drops its rows): SELECT sync.end_codec(%s).', c.id), false, false;
         RETURN;
     END IF;
     IF current_name <> c.table_name THEN
         RETURN QUERY SELECT format('table %s was renamed to %s; replicas know it by its old name',
                                    c.table_name, current_name),
                             format('Redeclare it: SELECT sync.%s(%L, ...) with its new name.', c.kind,
-                                   current_name), false;
+                                   current_name), false, false;
     END IF;
     SELECT array_agg(x) INTO lost
     FROM unnest(c.key_columns || coalesce(c.columns, '{}') || c.replica_columns || c.stamp
@@ -683,14 +683,14 @@ BEGIN
     FOREACH wanted IN ARRAY coalesce(lost, '{}') LOOP
         RETURN QUERY SELECT format('column "%s" of %s, named in its declaration, was dropped', wanted,
                                    current_name),
-                            format('Add the column back, or redeclare %s without it.', current_name), true;
+                            format('Add the column back, or redeclare %s without it.', current_name), true, false;
     END LOOP;
     IF c.replica_column IS NOT NULL AND r.relation IS NOT NULL
        AND sync_internal.column_type(r.relation, c.replica_column) IS NULL THEN
         RETURN QUERY SELECT format('to => %L matches column "%s" of the replicas, which %s no longer has',
                                    c."to", c.replica_column, r.relation_name),
                             format('Add the column back, or redeclare %s with another "to".', current_name),
-                            true;
+                            true, true;
     END IF;
     own_type := sync_internal.column_type(c.relation, c.to_column);
     IF c.audience = 'own' AND own_type <> 'uuid'::regtype
@@ -699,23 +699,23 @@ BEGIN
         RETURN QUERY SELECT format('to => %L: column %s.%s is of type %s now', c."to", current_name,
                                    c.to_column, own_type),
                             format('Change it back, or redeclare %s with another "to".', current_name),
-                            true;
+                            true, true;
     END IF;
     IF sync_internal.key_columns(c.relation) IS DISTINCT FROM c.key_columns THEN
         RETURN QUERY SELECT format('the primary key of %s changed from (%s) to (%s)', current_name,
                                    array_to_string(c.key_columns, ', '),
                                    coalesce(array_to_string(sync_internal.key_columns(c.relation), ', '), 'none')),
                             format('Redeclare %s so its rows are keyed by the new primary key.', current_name),
-                            true;
+                            true, false;
     ELSIF sync_internal.column_types(c.relation, c.key_columns) IS DISTINCT FROM c.key_types THEN
         RETURN QUERY SELECT format('the type of the key of %s changed from (%s) to (%s)', current_name,
                                    array_to_string(c.key_types, ', '),
                                    array_to_string(sync_internal.column_types(c.relation, c.key_columns), ', ')),
-                            format('Redeclare %s: its rows have other keys now.', current_name), false;
+                            format('Redeclare %s: its rows have other keys now.', current_name), false, false;
     END IF;
     IF NOT sync_internal.capture_installed(c.relation) THEN
         RETURN QUERY SELECT format('the capture triggers of %s are missing', current_name),
-                            format('Redeclare %s: its changes are not being noted.', current_name), false;
+                            format('Redeclare %s: its changes are not being noted.', current_name), false, false;
     END IF;
 END
 $$;
@@ -863,7 +863,10 @@ BEGIN
                 USING ERRCODE = 'dependent_objects_still_exist', HINT = broken.fix;
         END IF;
         FOR c IN SELECT * FROM sync.codec x WHERE x.replica_column IS NOT NULL LOOP
-            SELECT * INTO broken FROM sync_internal.codec_problems(c) p WHERE p.refuses LIMIT 1;
+            -- What this change of the replicas relation breaks: not the other problems the table
+            -- may have now (in the middle of a restore, its primary key not made yet).
+            SELECT * INTO broken FROM sync_internal.codec_problems(c) p
+            WHERE p.refuses AND p.in_replicas LIMIT 1;
             IF FOUND THEN
                 RAISE EXCEPTION 'this change of % breaks the declaration of %: %',
                                 sync_internal.relation_name(replicas), c.table_name, broken.problem

@@ -23,7 +23,13 @@ bool contains(const KeyRange& range, const Digest& key_hash) {
 }
 
 bool operator==(const MessageHeader& a, const MessageHeader& b) {
-    return std::tie(a.replica, a.gen, a.seq) == std::tie(b.replica, b.gen, b.seq);
+    return std::tie(a.replica, a.gen, a.seq, a.origin) ==
+           std::tie(b.replica, b.gen, b.seq, b.origin);
+}
+
+MessageHeader widest_header(const std::string& replica) {
+    return {replica.empty() ? std::string(36, 'f') : replica, std::numeric_limits<int64_t>::max(),
+            std::numeric_limits<int64_t>::max(), std::string(kOriginMaxBytes, 'f')};
 }
 bool operator==(const RowBody& a, const RowBody& b) {
     return std::tie(a.json, a.hash) == std::tie(b.json, b.hash);
@@ -173,6 +179,7 @@ ObjectWriter open_down(std::string& out, std::string_view kind, const MessageHea
     object.string_field("replica", header.replica);
     object.integer_field("gen", header.gen);
     object.integer_field("seq", header.seq);
+    if (!header.origin.empty()) object.string_field("origin", header.origin);
     return object;
 }
 
@@ -268,9 +275,7 @@ FiledMessage decode_filed_payload(const MessageHeader& header, std::string_view 
 
 std::vector<FiledMessage> split_filed(const FiledMessage& answer, size_t max_bytes) {
     static const std::string kCutMark = " [cut]";
-    MessageHeader widest = answer.header;
-    widest.gen = std::numeric_limits<int64_t>::max();
-    widest.seq = std::numeric_limits<int64_t>::max();
+    const MessageHeader widest = widest_header(answer.header.replica);
     const size_t envelope = encode(FiledMessage{widest, answer.upload, {}, true}).size();
     const size_t room = max_bytes > envelope ? max_bytes - envelope : 0;
     const auto note_size = [](const KeyNote& note) {
@@ -393,9 +398,7 @@ std::string encode(const Upload& upload) {
 size_t rows_envelope_overhead() {
     static const size_t overhead = [] {
         RowsMessage widest;
-        widest.header.replica = std::string(36, 'f');
-        widest.header.gen = std::numeric_limits<int64_t>::max();
-        widest.header.seq = std::numeric_limits<int64_t>::max();
+        widest.header = widest_header();
         return encode(widest).size();
     }();
     return overhead;
@@ -405,9 +408,7 @@ size_t rows_envelope_size(const std::vector<std::string>& reset,
                           const std::vector<std::string>& drop,
                           const std::vector<std::string>& drop_tables) {
     RowsMessage message;
-    message.header.replica = std::string(36, 'f');
-    message.header.gen = std::numeric_limits<int64_t>::max();
-    message.header.seq = std::numeric_limits<int64_t>::max();
+    message.header = widest_header();
     message.reset = reset;
     message.drop = drop;
     message.drop_tables = drop_tables;
@@ -512,7 +513,7 @@ size_t row_room(std::string_view scope, size_t max_bytes) {
     constexpr int64_t kLargestSeq = std::numeric_limits<int64_t>::max();
     static const size_t envelope = rows_envelope_size({"*"}, {}, {});
     RepairMessage repair;
-    repair.header = {std::string(36, 'f'), kLargestSeq, kLargestSeq};
+    repair.header = widest_header();
     repair.scope = std::string(scope);
     repair.range.lo.fill(0xff);
     repair.range.hi = repair.range.lo;
@@ -706,6 +707,11 @@ MessageHeader decode_header(const Field& message) {
     header.replica = message.member("replica").uuid();
     header.gen = message.member("gen").count();
     header.seq = message.member("seq").count();
+    if (std::optional<Field> origin = message.optional_member("origin")) {
+        header.origin = origin->string();
+        if (header.origin.empty() || header.origin.size() > kOriginMaxBytes)
+            origin->fail("must be 1 to " + std::to_string(kOriginMaxBytes) + " bytes");
+    }
     return header;
 }
 
@@ -841,6 +847,12 @@ DownMessage decode_down(std::string_view text, const Limits& limits) {
 std::string restamp(std::string_view message, const MessageHeader& header) {
     DownMessage decoded = decode_down(message);
     std::visit([&](auto& down) { down.header = header; }, decoded);
+    return encode(decoded);
+}
+
+std::string with_origin(std::string_view message, const std::string& origin) {
+    DownMessage decoded = decode_down(message);
+    std::visit([&](auto& down) { down.header.origin = origin; }, decoded);
     return encode(decoded);
 }
 

@@ -1,7 +1,8 @@
 // The messages between server and replica (docs/DESIGN.md §8) and their JSON codec. The wire below
 // is pinned by tests/unit/protocol_messages_test.cpp; it changes only with a kVersion bump.
 //
-// Down (server → replica); every one starts {"v":V,"kind":K,"replica":UUID,"gen":G,"seq":S, then:
+// Down (server → replica); every one starts {"v":V,"kind":K,"replica":UUID,"gen":G,"seq":S,
+// "origin":O?, then:
 //   rows:   "reset":[scope,...]?, "drop":[scope,...]?, "drop_tables":[table,...]?,
 //           "chunks":[{"scope":..,"from":F,"to":T,"rows":[ROW,...]},...],
 //           "withheld":[{"t":..,"k":{..},"why":".."},...]? (a key too long for a note within
@@ -21,7 +22,11 @@
 //    "holds":{scope:{"through":N,"fp":"<64 hex>","n":N,"ranges":[[LO,HI,"<64 hex fp>",N],...]?}}?}
 // V is the lowest version that reads the message right: 2 for a rows message that drops tables
 // (a build of version 1 would not know the field and keep the rows) and for a message that names
-// a key by its hash, 1 for every other message.
+// a key by its hash, 1 for every other message. O names the history the message was written in
+// (the server's database: its system identifier, timeline and the id of its relay state, at most
+// kOriginMaxBytes): a replica that finds another O than the one it applied last does not trust
+// its gen and seq against the message's (after a restore, a re-created extension, a failover) and
+// refuses messages of an O it left. A build that does not know the field reads the rest right.
 // Fields marked ? are left out when empty. Encoding writes fields in exactly this order with no
 // whitespace, so equal messages encode to equal bytes. Decoding accepts any order, ignores fields
 // it does not know and refuses duplicate keys.
@@ -72,8 +77,15 @@ class VersionTooNew : public DecodeError {
 struct MessageHeader {
     std::string replica;
     int64_t gen = 0;
-    int64_t seq = 0;  // the message's place in the replica's outbox
+    int64_t seq = 0;     // the message's place in the replica's outbox
+    std::string origin;  // the history it was written in; empty: not said
 };
+
+inline constexpr size_t kOriginMaxBytes = 68;
+
+// The widest header a message to `replica` (any replica: empty) can have: the largest gen and
+// seq, the longest origin. A message is measured with it, so that it fits whatever it is given.
+MessageHeader widest_header(const std::string& replica = "");
 
 struct RowBody {
     std::string json;  // the row object
@@ -234,6 +246,9 @@ DownMessage decode_down(std::string_view text, const Limits& limits = Limits{});
 // An encoded down message with another header: the relay encodes a message before it is numbered
 // and stamps it with its gen and seq as it enters the outbox.
 std::string restamp(std::string_view message, const MessageHeader& header);
+// An encoded down message with its header's origin set: the sender says which history a message
+// is sent from as it sends it (the relay plans every message with room for it).
+std::string with_origin(std::string_view message, const std::string& origin);
 Upload decode_upload(std::string_view text, const Limits& limits = Limits{});
 
 // Byte accounting for the planner. An encoded rows message is exactly

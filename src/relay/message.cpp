@@ -28,7 +28,7 @@ std::string assemble(magic_sync::pg::Spi& spi, const std::string& replica, int64
     if (outbox["body"]) return outbox["body"].bytes();
 
     protocol::RowsMessage message;
-    message.header = {replica, outbox["gen"].integer(), seq};
+    message.header = {replica, outbox["gen"].integer(), seq, ""};
     message.reset = outbox["reset"].texts();
     message.drop = outbox["drops"].texts();
     message.drop_tables = outbox["table_drops"].texts();

@@ -1,5 +1,19 @@
 -- The outboxes: their one writer, and the sender's functions (docs/DESIGN.md §4, §5) ----------------------
 
+-- The history a message is written in, as its header's origin names it: this database's system
+-- identifier and timeline (a promoted standby or a point-in-time recovery starts another), and the
+-- id its relay state was made with (a restore or a re-created extension makes another). A replica
+-- that applied messages of another origin does not trust its counters against this one's.
+CREATE FUNCTION sync_internal.origin() RETURNS text
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT format('%s/%s/%s', c.system_identifier,
+                  ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint,
+                  r.origin)
+    FROM pg_control_system() c, sync.relay_state r
+$$;
+
 -- The one writer of the outboxes and of each replica's next_seq. The relay queues the messages of
 -- a step of its pass in its working table pg_temp.magic_sync_enqueue (`position` orders a
 -- replica's messages) and calls this: each message of a live replica takes the next seq of its
@@ -92,12 +106,14 @@ AS $$ SELECT gen || '.' || seq $$;
 -- which costs more than all the rest of a call. Every step reaches the outbox through a LATERAL
 -- lookup by key, so that no plan, generic or not, reads the whole outbox to find a few heads.
 CREATE FUNCTION sync.next(n int, lease interval, among uuid[], run int)
-RETURNS TABLE (replica uuid, seq bigint, message_id text, message bytea)
+RETURNS TABLE (replica uuid, seq bigint, message_id text, message bytea, origin text)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$
+DECLARE
+    sent_from CONSTANT text := sync_internal.origin();
 BEGIN
     IF n IS NULL OR n < 1 OR lease IS NULL OR lease <= interval '0' OR run IS NULL OR run < 1 THEN
         RAISE EXCEPTION 'sync.next needs n >= 1, a positive lease and run >= 1 (got n = %, lease = %, run = %)',
@@ -148,7 +164,7 @@ BEGIN
         WHERE o.replica = chosen.replica AND o.seq = chosen.seq
     )
     SELECT following.replica, following.seq, sync_internal.message_id(following.gen, following.seq),
-           coalesce(following.body, sync.message(following.replica, following.seq))
+           coalesce(following.body, sync.message(following.replica, following.seq)), sent_from
     FROM chosen
     CROSS JOIN LATERAL (
         SELECT f.replica, f.seq, f.gen, f.body FROM sync.outbox f
@@ -160,7 +176,7 @@ END
 $$;
 
 CREATE FUNCTION sync.next(n int, lease interval)
-RETURNS TABLE (replica uuid, seq bigint, message_id text, message bytea)
+RETURNS TABLE (replica uuid, seq bigint, message_id text, message bytea, origin text)
 LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -278,7 +294,7 @@ $$;
 -- session holds (sync.next) is not served: that sender is delivering it. The replica's backoff is
 -- not looked at: it is for failed pushes, and a device asks when it can.
 CREATE FUNCTION sync.pull_head(replica uuid, lease interval)
-RETURNS TABLE (seq bigint, message_id text, message bytea)
+RETURNS TABLE (seq bigint, message_id text, message bytea, origin text)
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -311,7 +327,8 @@ BEGIN
         tries = o.tries + 1
     WHERE o.replica = head.replica AND o.seq = head.seq;
     RETURN QUERY SELECT head.seq, sync_internal.message_id(head.gen, head.seq),
-                        coalesce(head.body, sync.message(head.replica, head.seq));
+                        coalesce(head.body, sync.message(head.replica, head.seq)),
+                        sync_internal.origin();
 END
 $$;
 

@@ -249,6 +249,7 @@ int64_t replica_rows_since_analyze = 0;
 PassCounts run_pass(Spi& spi) {
     spi.execute("SELECT sync_internal.pass_begin()");
     PassCounts counts;
+    spi.execute("SELECT sync_internal.pass_note_declarations_once()");
     spi.execute("SELECT sync_internal.pass_note_rows_the_limit_changed($1::int)",
                 {settings::bytes_per_message});
     spi.execute("SELECT sync_internal.pass_forget_dropped_codecs()");

@@ -104,6 +104,24 @@ BEGIN
 END
 $$;
 
+-- A relay state just made beside declarations it did not plan (pg_restore brings the declarations
+-- back, not the relay's rows; so does the update from an earlier release) plans every declared
+-- table whole, and the replicas relation, once. Its replicas are provisioned again from that.
+CREATE FUNCTION sync_internal.pass_note_declarations_once() RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE sync.relay_state SET declarations_noted = true WHERE NOT declarations_noted;
+    IF FOUND THEN
+        INSERT INTO sync.note (codec, key)
+        SELECT c.id, NULL::jsonb FROM sync.codec c
+        UNION ALL
+        SELECT 0, NULL FROM sync.replica_set;
+    END IF;
+END
+$$;
+
 -- Whether a row is withheld depends on magic_sync.bytes_per_message: when it changed, the rows
 -- whose flag it changed are noted, so the pass plans them again (sent, or withheld, and their
 -- scopes' fingerprints with them).

@@ -81,7 +81,7 @@ COMMENT ON FUNCTION sync.message(uuid, bigint) IS
 COMMENT ON FUNCTION sync.next(integer, interval) IS
 'For the sender: leases the head unsent message of up to n replicas that are live, not backing off '
 'and not leased, for lease (and while this session lives), and returns each assembled with its '
-'message id.';
+'message id and the origin the sender puts in its header (the history it is sent from).';
 COMMENT ON FUNCTION sync.next(integer, interval, uuid[], integer) IS
 'For the sender: as sync.next(n, lease), among the replicas named (all when among is NULL), each '
 'head returned with up to run - 1 of the messages after it, covered by the head''s lease.';
@@ -100,7 +100,8 @@ COMMENT ON FUNCTION sync.backlog() IS
 'oldest unsent message has waited.';
 COMMENT ON FUNCTION sync.pull_head(uuid, interval) IS
 'For the pull transport: the replica''s head message, leased to the device that asks for lease (by '
-'its time alone, renewed when it asks again); nothing when there is none or a push sender holds it.';
+'its time alone, renewed when it asks again), with the origin to put in its header; nothing when '
+'there is none or a push sender holds it.';
 COMMENT ON FUNCTION sync.pull_ack(uuid, text) IS
 'For the pull transport: the device took message_id. Recorded sent, and true, only when it names the '
 'replica''s current head; anything else takes nothing and returns false.';

@@ -349,7 +349,13 @@ CREATE TABLE sync.relay_state (
     replicas_scanned_at timestamptz,
     audited_at timestamptz,
     -- The magic_sync.bytes_per_message the rows' withheld flags were worked out under.
-    bytes_per_message int
+    bytes_per_message int,
+    -- Made with the relay state, which pg_dump leaves out: a restore or a re-created extension
+    -- makes another, and the messages say so (sync_internal.origin).
+    origin uuid NOT NULL DEFAULT gen_random_uuid(),
+    -- Whether the pass noted every declaration whole since this state was made: a restore brings
+    -- the declarations back without the relay's rows (sync_internal.pass_note_declarations_once).
+    declarations_noted boolean NOT NULL DEFAULT false
 );
 INSERT INTO sync.relay_state DEFAULT VALUES;
 

@@ -78,7 +78,7 @@ struct Target {
 
 // The header a message is encoded with before it is numbered: sync_internal.enqueue stamps it with
 // its gen and seq.
-protocol::MessageHeader unnumbered(const Target& target) { return {target.replica, 0, 0}; }
+protocol::MessageHeader unnumbered(const Target& target) { return {target.replica, 0, 0, ""}; }
 
 // Puts an unnumbered message in the target's outbox (sync_internal.repair_put). Returns its seq.
 int64_t put(Spi& spi, const Target& target, const char* kind, const std::string& body) {
@@ -86,13 +86,6 @@ int64_t put(Spi& spi, const Target& target, const char* kind, const std::string&
         .scalar("SELECT sync_internal.repair_put($1, $2, $3)",
                 {Param::uuid(target.replica), std::string(kind), Param::bytea(body)})
         .integer();
-}
-
-// The widest header a message to the target can have: its replica, the largest gen and seq. A
-// message is measured with it, so that it fits whatever seq it is given.
-protocol::MessageHeader widest_header(const Target& target) {
-    return {target.replica, std::numeric_limits<int64_t>::max(),
-            std::numeric_limits<int64_t>::max()};
 }
 
 protocol::RangesMessage ranges_message(const Target& target,
@@ -107,7 +100,7 @@ protocol::RangesMessage ranges_message(const Target& target,
 // whatever its seq and generation.
 bool ranges_fit(const Target& target, const std::vector<std::string>& prefixes) {
     protocol::RangesMessage widest = ranges_message(target, prefixes);
-    widest.header = widest_header(target);
+    widest.header = protocol::widest_header(target.replica);
     return protocol::encode(widest).size() <= static_cast<size_t>(settings::bytes_per_message);
 }
 
@@ -123,7 +116,7 @@ struct LeafRow {
 };
 
 bool fits(const Target& target, protocol::RepairMessage message) {
-    message.header = widest_header(target);
+    message.header = protocol::widest_header(target.replica);
     return message.rows.size() <= static_cast<size_t>(settings::rows_per_message) &&
            protocol::encode(message).size() <= static_cast<size_t>(settings::bytes_per_message);
 }

@@ -23,7 +23,7 @@ protocol::FiledMessage filed_of(const std::string& function, const std::string& 
     if (payload.size() < 2 || payload.front() != '{')
         throw magic_sync::Error(usage + ", not " + payload, ERRCODE_INVALID_PARAMETER_VALUE);
     try {
-        return protocol::decode_filed_payload({replica, gen, seq}, payload);
+        return protocol::decode_filed_payload({replica, gen, seq, ""}, payload);
     } catch (const protocol::DecodeError& e) {
         throw magic_sync::Error(usage + ": " + e.what(), ERRCODE_INVALID_PARAMETER_VALUE);
     }

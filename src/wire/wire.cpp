@@ -239,7 +239,7 @@ MAGIC_SYNC_FUNCTION(magic_sync_stamp_message) {
     const std::string message = magic_sync::pg::text_arg(fcinfo, 0);
     const protocol::MessageHeader header{magic_sync::pg::uuid_arg(fcinfo, 1),
                                          magic_sync::pg::int64_arg(fcinfo, 2),
-                                         magic_sync::pg::int64_arg(fcinfo, 3)};
+                                         magic_sync::pg::int64_arg(fcinfo, 3), ""};
     try {
         return magic_sync::pg::bytea_datum(protocol::restamp(message, header));
     } catch (const protocol::DecodeError& e) {

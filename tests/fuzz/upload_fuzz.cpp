@@ -86,7 +86,7 @@ void check_rows(const protocol::Upload& upload) {
     protocol::Fingerprint fingerprint;
     std::vector<protocol::Digest> elements;
     protocol::FiledMessage answer;
-    answer.header = protocol::MessageHeader{upload.id, 1, 1};
+    answer.header = protocol::MessageHeader{upload.id, 1, 1, ""};
     answer.upload = upload.id;
     std::string kept = "[";
     for (const protocol::UpRow& row : upload.rows) {

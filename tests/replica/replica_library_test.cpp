@@ -131,7 +131,7 @@ TEST_F(ReplicaTest, DropTablesEmptiesThoseTablesInEveryScope) {
          chunk("store_id=1", 0, 4, {row(kProducts, id_key(2), product(2, "b"))})},
         {"*"}));
     protocol::RowsMessage drop;
-    drop.header = {kReplicaId, 1, 2};
+    drop.header = {kReplicaId, 1, 2, ""};
     drop.drop_tables = {kProducts};
     drop.chunks.push_back(chunk("all", 2, 3, {row(kProducts, id_key(3), product(3, "c"))}));
     ASSERT_EQ(replica.apply(protocol::encode(drop)).outcome, Outcome::kApplied);
@@ -157,7 +157,7 @@ TEST_F(ReplicaTest, AWithheldRowGoesFromWhereItWasHeld) {
                                        row(kProducts, id_key(2), product(2, "b"))})},
                                {"*"}));
     protocol::RowsMessage withheld;
-    withheld.header = {kReplicaId, 1, 2};
+    withheld.header = {kReplicaId, 1, 2, ""};
     withheld.chunks.push_back(chunk("all", 2, 3, {}));
     withheld.withheld.push_back({kProducts, id_key(1), "too big"});
     ASSERT_EQ(replica.apply(protocol::encode(withheld)).outcome, Outcome::kApplied);
@@ -183,7 +183,7 @@ TEST_F(ReplicaTest, AWithheldRowNamedByItsKeyHashGoes) {
                                        row(kProducts, id_key(2), product(2, "b"))})},
                                {"*"}));
     protocol::RowsMessage withheld;
-    withheld.header = {kReplicaId, 1, 2};
+    withheld.header = {kReplicaId, 1, 2, ""};
     withheld.chunks.push_back(chunk("all", 2, 3, {}));
     protocol::KeyNote note{kProducts, "", "too big"};
     note.key_hash = protocol::key_hash(kProducts, id_key(1));
@@ -225,6 +225,65 @@ TEST_F(ReplicaTest, GenerationRules) {
     auto rows = held_by_key(replica);
     EXPECT_EQ(rows.size(), 1u);
     EXPECT_TRUE(rows.count(kProducts + id_key(2)));
+}
+
+// A message of another history than the one applied last (the server restored, its extension
+// made again, a standby promoted) is not judged by gen and seq: the restored server's 1.1 is
+// applied, not skipped as applied already; the replica says so, reports what it holds again,
+// and refuses what still comes from the history it left.
+TEST_F(ReplicaTest, AnotherHistoryIsTakenAsItComesAndTheOldOneRefused) {
+    const std::string before = "7391841912345678901/1/0b0e3f7e-5bb4-4d3f-9d6e-2f3c4b5a6978";
+    const std::string after = "7391841912345678901/1/5c1d2e3f-0000-4000-8000-000000000001";
+    replica.apply(protocol::with_origin(
+        rows_message(1, 1, {chunk("all", 0, 1, {row(kProducts, id_key(1), product(1, "a"))})},
+                     {"*"}),
+        before));
+    ASSERT_EQ(
+        replica
+            .apply(protocol::with_origin(
+                rows_message(1, 2,
+                             {chunk("all", 1, 15, {row(kProducts, id_key(2), product(2, "b"))})}),
+                before))
+            .outcome,
+        Outcome::kApplied);
+    ASSERT_TRUE(replica.prepare_upload());  // its holdings said once
+    replica.mark_sent(replica.prepare_upload()->id);
+
+    // The restored server starts again at 1.1, a reset: applied.
+    ApplyResult restored = replica.apply(protocol::with_origin(
+        rows_message(1, 1, {chunk("all", 0, 3, {row(kProducts, id_key(1), product(1, "new"))})},
+                     {"*"}),
+        after));
+    EXPECT_EQ(restored.outcome, Outcome::kApplied);
+    EXPECT_EQ(held_by_key(replica),
+              (std::map<std::string, std::string>{{kProducts + id_key(1), product(1, "new")}}));
+    EXPECT_EQ(replica.applied_seq(), 1);
+    std::vector<std::string> notices = replica.notices();
+    ASSERT_FALSE(notices.empty());
+    EXPECT_EQ(notices.back().substr(notices.back().find(' ', 11) + 1),
+              "the server's history changed (origin " + before + " to " + after +
+                  "): a restore, a re-created extension or a failover; what this "
+                  "replica holds is proven again");
+    std::optional<PreparedUpload> report = replica.prepare_upload();
+    ASSERT_TRUE(report);
+    EXPECT_EQ(report->upload.holds["all"].through, 3);
+
+    // Its next message applies; the same again, by its counters, does not.
+    const std::string next = protocol::with_origin(
+        rows_message(1, 2, {chunk("all", 3, 4, {row(kProducts, id_key(2), product(2, "c"))})}),
+        after);
+    EXPECT_EQ(replica.apply(next).outcome, Outcome::kApplied);
+    EXPECT_EQ(replica.apply(next).outcome, Outcome::kAlreadyApplied);
+    // A late message of the history it left is refused, and changes nothing.
+    std::vector<std::string> held = snapshot(replica);
+    ApplyResult late = replica.apply(protocol::with_origin(
+        rows_message(1, 16, {chunk("all", 15, 16, {row(kProducts, id_key(9), product(9, "x"))})}),
+        before));
+    EXPECT_EQ(late.outcome, Outcome::kOlderGeneration);
+    EXPECT_EQ(late.detail, "written in a history this replica left (origin " + before + ")");
+    EXPECT_EQ(snapshot(replica), held);
+    // A message that names no origin is judged by the counters, as before.
+    EXPECT_EQ(replica.apply(rows_message(1, 2, {})).outcome, Outcome::kAlreadyApplied);
 }
 
 TEST_F(ReplicaTest, ApplyingTheSameMessageTwiceChangesNothing) {
@@ -602,7 +661,8 @@ TEST_F(ReplicaTest, AKeptKeyNamedByItsHashKeepsItsWrite) {
     const std::string key = R"({"id":")" + long_id + R"("})";
     protocol::KeyNote note{kSales, "", "index row size exceeds the maximum"};
     note.key_hash = protocol::key_hash(kSales, key);
-    protocol::FiledMessage answer{protocol::MessageHeader{kReplicaId, 1, 1}, upload->id, {note}};
+    protocol::FiledMessage answer{
+        protocol::MessageHeader{kReplicaId, 1, 1, ""}, upload->id, {note}};
     replica.apply(protocol::encode(answer));
     ASSERT_EQ(replica.kept().size(), 1u);
     EXPECT_EQ(replica.kept()[0].key, key);

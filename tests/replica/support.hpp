@@ -56,7 +56,7 @@ inline std::string rows_message(int64_t gen, int64_t seq, std::vector<protocol::
                                 std::vector<std::string> drop = {},
                                 const std::string& replica = kReplicaId) {
     protocol::RowsMessage message;
-    message.header = {replica, gen, seq};
+    message.header = {replica, gen, seq, ""};
     message.reset = std::move(reset);
     message.drop = std::move(drop);
     message.chunks = std::move(chunks);
@@ -66,7 +66,7 @@ inline std::string rows_message(int64_t gen, int64_t seq, std::vector<protocol::
 inline std::string filed_message(int64_t gen, int64_t seq, const std::string& upload,
                                  std::vector<protocol::KeyNote> kept = {}, bool more = false) {
     protocol::FiledMessage message;
-    message.header = {kReplicaId, gen, seq};
+    message.header = {kReplicaId, gen, seq, ""};
     message.upload = upload;
     message.kept = std::move(kept);
     message.more = more;
@@ -76,7 +76,7 @@ inline std::string filed_message(int64_t gen, int64_t seq, const std::string& up
 inline std::string ranges_message(int64_t gen, int64_t seq, const std::string& scope,
                                   std::vector<protocol::KeyRange> ranges) {
     protocol::RangesMessage message;
-    message.header = {kReplicaId, gen, seq};
+    message.header = {kReplicaId, gen, seq, ""};
     message.scope = scope;
     message.ranges = std::move(ranges);
     return protocol::encode(message);
@@ -86,7 +86,7 @@ inline std::string repair_message(int64_t gen, int64_t seq, const std::string& s
                                   const protocol::KeyRange& range,
                                   std::vector<protocol::DownRow> rows) {
     protocol::RepairMessage message;
-    message.header = {kReplicaId, gen, seq};
+    message.header = {kReplicaId, gen, seq, ""};
     message.scope = scope;
     message.range = range;
     message.rows = std::move(rows);

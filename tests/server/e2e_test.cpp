@@ -31,6 +31,16 @@ namespace {
 
 using namespace std::chrono_literals;
 
+// What syncs and how: made with the shop, and again after the extension is.
+const char* const kDeclarations = R"sql(
+    SELECT sync.replicas('shop.registers', 'registers', live => 'active');
+    SELECT sync.catalog('shop.products');
+    SELECT sync.catalog('shop.prices', "to" => 'store_id = store_id');
+    SELECT sync.record('shop.sales');
+    SELECT sync.both('shop.drawers', "to" => 'register_id', replica_columns => ARRAY['counted', 'closed_at']);
+    SELECT sync.both('shop.shelves', "to" => 'store_id = store_id', replica_columns => ARRAY['stock']);
+)sql";
+
 const char* const kShop = R"sql(
     CREATE SCHEMA shop;
     CREATE TABLE shop.stores (id int PRIMARY KEY, name text NOT NULL);
@@ -45,12 +55,6 @@ const char* const kShop = R"sql(
                                closed_at timestamptz, opened_by text);
     CREATE TABLE shop.shelves (store_id int, product_id int, stock int NOT NULL DEFAULT 0, label text,
                                PRIMARY KEY (store_id, product_id));
-    SELECT sync.replicas('shop.registers', 'registers', live => 'active');
-    SELECT sync.catalog('shop.products');
-    SELECT sync.catalog('shop.prices', "to" => 'store_id = store_id');
-    SELECT sync.record('shop.sales');
-    SELECT sync.both('shop.drawers', "to" => 'register_id', replica_columns => ARRAY['counted', 'closed_at']);
-    SELECT sync.both('shop.shelves', "to" => 'store_id = store_id', replica_columns => ARRAY['stock']);
     INSERT INTO shop.stores VALUES (1, 'north'), (2, 'south');
     INSERT INTO shop.products SELECT i, 'product ' || i, i FROM generate_series(1, 30) i;
     INSERT INTO shop.prices SELECT s, p, p + s / 10.0 FROM generate_series(1, 2) s, generate_series(1, 10) p;
@@ -90,7 +94,7 @@ class EndToEnd : public ::testing::Test {
             std::vector<std::string>{"magic_sync.idle = 100", "magic_sync.backoff = 200",
                                      "magic_sync.backoff_max = 1000",
                                      "magic_sync.rows_per_message = 50"},
-            "shop", kShop);
+            "shop", std::string(kShop) + kDeclarations);
     }
     void TearDown() override {
         replicas_.clear();
@@ -334,6 +338,52 @@ TEST_F(EndToEnd, OverHttpThroughChangesMovesUploadsCutsAndKills) {
     // Nothing was filed twice.
     EXPECT_EQ(db().value("SELECT count(*) FROM shop.sales"), "1");
     EXPECT_EQ(db().value("SELECT count(*) FROM sync.upload WHERE kept <> '[]'"), "0");
+}
+
+// The database's own operations break its history: the extension dropped and created again, the
+// database dumped and restored. The relay starts again at generation 1, seq 1; replicas that
+// applied later seqs of the old history take the new one's messages as they come (the origin in
+// their header changed) instead of skipping them as applied, and hold what the tables say.
+TEST_F(EndToEnd, AfterTheExtensionIsMadeAgainAndTheDatabaseRestoredEveryReplicaConverges) {
+    for (int n : {1, 2}) add_register(n, n);
+    start_http_sender();
+    for (int n : {1, 2}) start_http_replica(n);
+    converge("provisioning");
+    for (int i = 1; i <= 6; ++i) {
+        db().query("UPDATE shop.products SET price = price + 1 WHERE id = $1::int",
+                   {std::to_string(i)});
+        converge("change " + std::to_string(i));
+    }
+    const std::string seqs = "SELECT string_agg(next_seq::text, ',' ORDER BY id) FROM sync.replica";
+    EXPECT_EQ(db().value(seqs), "8,8") << "the replicas are at 1.7";
+
+    sender()->stop(SIGTERM);
+    cluster().sql("shop", "DROP EXTENSION magic_sync CASCADE; CREATE EXTENSION magic_sync;");
+    cluster().sql("shop", kDeclarations);
+    db().query("UPDATE shop.products SET name = 'after the extension' WHERE id <= 3");
+    start_http_sender();
+    converge("the extension dropped and created again");
+    EXPECT_LT(std::stoi(db().value("SELECT max(next_seq) FROM sync.replica")), 8)
+        << "the new history did not start again";
+
+    sender()->stop(SIGTERM);
+    const std::string dump = directory() + "/shop.dump";
+    std::string bin;
+    ASSERT_EQ(run("pg_config --bindir", &bin), 0);
+    bin.erase(bin.find_last_not_of(" \n") + 1);
+    std::string output;
+    ASSERT_EQ(
+        run(bin + "/pg_dump -Fc -f " + dump + " -d '" + deployment_->conninfo() + "'", &output), 0)
+        << output;
+    cluster().sql("postgres", "DROP DATABASE shop WITH (FORCE)");
+    cluster().sql("postgres", "CREATE DATABASE shop TEMPLATE template0");
+    ASSERT_EQ(run(bin + "/pg_restore -d '" + deployment_->conninfo() + "' " + dump, &output), 0)
+        << output;
+    deployment_->reconnect();
+    db().query("UPDATE shop.products SET name = 'after the restore' WHERE id >= 28");
+    start_http_sender();
+    converge("the database dumped, dropped and restored");
+    EXPECT_EQ(db().value("SELECT count(*) FROM shop.sales"), "0");
 }
 
 TEST_F(EndToEnd, OverNatsJetStream) {

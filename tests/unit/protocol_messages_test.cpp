@@ -27,7 +27,7 @@ DownRow gone_row(const std::string& table, const std::string& key) {
     return DownRow{table, key, std::nullopt};
 }
 
-MessageHeader header(int64_t seq) { return MessageHeader{kReplica, 3, seq}; }
+MessageHeader header(int64_t seq) { return MessageHeader{kReplica, 3, seq, ""}; }
 
 RowsMessage small_rows() {
     RowsMessage message;
@@ -647,10 +647,10 @@ TEST(Sizes, ChunksAddTheirSizeAndACommaToAMessage) {
 }
 
 TEST(Sizes, RowsEnvelopeOverheadBoundsEveryBareEnvelope) {
-    EXPECT_EQ(rows_envelope_overhead(), 134u);
+    // 134 bytes, and the longest origin with its member name (80).
+    EXPECT_EQ(rows_envelope_overhead(), 214u);
     RowsMessage widest;
-    widest.header = MessageHeader{kReplica, std::numeric_limits<int64_t>::max(),
-                                  std::numeric_limits<int64_t>::max()};
+    widest.header = widest_header(kReplica);
     EXPECT_EQ(encode(widest).size(), rows_envelope_overhead());
     RowsMessage typical;
     typical.header = header(17);
@@ -664,8 +664,7 @@ TEST(Sizes, RowsEnvelopeSizeBoundsEnvelopesWithTheirListsAndWithheldRows) {
     const std::vector<std::string> drop = {"store_id=42", "all@north"};
     const std::vector<std::string> tables = {"fleet.routes"};
     RowsMessage widest;
-    widest.header = MessageHeader{kReplica, std::numeric_limits<int64_t>::max(),
-                                  std::numeric_limits<int64_t>::max()};
+    widest.header = widest_header(kReplica);
     widest.reset = reset;
     widest.drop = drop;
     widest.drop_tables = tables;
@@ -707,7 +706,7 @@ TEST(Sizes, RowTravelsByTheRowAndItsScopeAlone) {
     constexpr int64_t kLargest = std::numeric_limits<int64_t>::max();
     const size_t around =
         std::max(rows_envelope_size({"*"}, {}, {}) + chunk_overhead(scope, kLargest, kLargest),
-                 encode(RepairMessage{MessageHeader{std::string(36, 'f'), kLargest, kLargest},
+                 encode(RepairMessage{widest_header(),
                                       scope,
                                       KeyRange{digest_from_hex(std::string(64, 'f')),
                                                digest_from_hex(std::string(64, 'f'))},
@@ -767,6 +766,35 @@ TEST(Restamp, GivesAnEncodedMessageItsHeader) {
         EXPECT_EQ(restamp(unnumbered, header(123456789)), encode(message));
     }
     EXPECT_THROW(restamp("{}", header(1)), DecodeError);
+}
+
+// The sender gives every message the origin it is sent from: right after seq, read back as it
+// was; a message without one reads as before, and the widest header bounds one with the longest.
+TEST(Origin, TravelsInTheHeaderOfEveryKind) {
+    const std::string origin = "7391841912345678901/2/0b0e3f7e-5bb4-4d3f-9d6e-2f3c4b5a6978";
+    for (DownMessage message :
+         std::vector<DownMessage>{small_rows(), small_filed(), small_ranges(), small_repair()}) {
+        const std::string sent = with_origin(encode(message), origin);
+        EXPECT_NE(sent.find(R"("seq":)"), std::string::npos);
+        EXPECT_NE(sent.find(R"(,"origin":")" + origin + R"(",)"), std::string::npos) << sent;
+        std::visit([&](auto& down) { down.header.origin = origin; }, message);
+        EXPECT_EQ(decode_down(sent), message);
+        EXPECT_EQ(with_origin(sent, ""), with_origin(encode(message), ""));
+    }
+    EXPECT_EQ(std::get<RowsMessage>(decode_down(encode(small_rows()))).header.origin, "");
+    RowsMessage longest = small_rows();
+    longest.header = widest_header(kReplica);
+    EXPECT_EQ(longest.header.origin.size(), kOriginMaxBytes);
+    EXPECT_EQ(decode_down(encode(longest)), DownMessage{longest});
+}
+
+TEST(Origin, RefusesAnEmptyOrTooLongOne) {
+    const std::string message = encode(small_ranges());
+    const std::string empty = with_origin(message, "x");
+    EXPECT_THROW(decode_down(std::string(empty).replace(empty.find(R"("x")"), 3, R"("")")),
+                 DecodeError);
+    EXPECT_THROW(decode_down(with_origin(message, std::string(kOriginMaxBytes + 1, 'o'))),
+                 DecodeError);
 }
 
 TEST(EncodeRows, SplicesPreEncodedChunks) {
