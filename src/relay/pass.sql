@@ -107,12 +107,21 @@ $$;
 -- A relay state just made beside declarations it did not plan (pg_restore brings the declarations
 -- back, not the relay's rows; so does the update from an earlier release) plans every declared
 -- table whole, and the replicas relation, once. Its replicas are provisioned again from that.
+-- Not while a capture trigger is missing: pg_restore makes them after it loaded the tables, so a
+-- pass in the middle of a restore waits for the rows it would not otherwise be told of.
 CREATE FUNCTION sync_internal.pass_note_declarations_once() RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    UPDATE sync.relay_state SET declarations_noted = true WHERE NOT declarations_noted;
+    UPDATE sync.relay_state SET declarations_noted = true
+    WHERE NOT declarations_noted
+      AND NOT EXISTS (SELECT FROM (SELECT c.relation FROM sync.codec c
+                                   UNION ALL
+                                   SELECT s.relation FROM sync.replica_set s
+                                   JOIN pg_class t ON t.oid = s.relation
+                                   WHERE t.relkind IN ('r', 'p')) d  -- a view has none
+                      WHERE NOT sync_internal.capture_installed(d.relation));
     IF FOUND THEN
         INSERT INTO sync.note (codec, key)
         SELECT c.id, NULL::jsonb FROM sync.codec c
