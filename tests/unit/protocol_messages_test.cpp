@@ -775,6 +775,10 @@ TEST(Origin, TravelsInTheHeaderOfEveryKind) {
     for (DownMessage message :
          std::vector<DownMessage>{small_rows(), small_filed(), small_ranges(), small_repair()}) {
         const std::string sent = with_origin(encode(message), origin);
+        DownMessage stamped = message;
+        std::visit([&](auto& down) { down.header.origin = origin; }, stamped);
+        EXPECT_EQ(sent, encode(stamped)) << "stamped in place, as the encoder writes it";
+        EXPECT_EQ(with_origin(sent, "other"), with_origin(encode(message), "other"));
         EXPECT_NE(sent.find(R"("seq":)"), std::string::npos);
         EXPECT_NE(sent.find(R"(,"origin":")" + origin + R"(",)"), std::string::npos) << sent;
         std::visit([&](auto& down) { down.header.origin = origin; }, message);
