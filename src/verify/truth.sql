@@ -317,6 +317,8 @@ withheld AS MATERIALIZED (
 untaken AS MATERIALIZED (
     SELECT s.replica, count(*) AS n FROM sync.set_aside s WHERE s.kind = 'untaken'
     GROUP BY s.replica),
+set_aside_lacked AS MATERIALIZED (  -- once, not once per replica
+    SELECT * FROM sync_internal.set_aside_lacked()),
 lacks AS (
     SELECT r.id AS replica, coalesce(w.n, 0) + coalesce(a.lacked, 0) + coalesce(u.n, 0) AS n,
            nullif(concat_ws(', ', w.n || ' withheld as too big for a message',
@@ -324,7 +326,7 @@ lacks AS (
                             u.n || ' it could not take'), '') AS why
     FROM sync.replica r
     LEFT JOIN withheld w ON w.replica = r.id
-    LEFT JOIN sync_internal.set_aside_lacked() a ON a.replica = r.id
+    LEFT JOIN set_aside_lacked a ON a.replica = r.id
     LEFT JOIN untaken u ON u.replica = r.id)
 SELECT r.id AS replica,
        r.live,
