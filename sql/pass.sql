@@ -156,6 +156,12 @@ SELECT register, seq, rows, withheld FROM messages WHERE register = 'a1';
 SELECT kind, codec, key, reason FROM sync.set_aside;
 SELECT key, withheld FROM sync.row WHERE codec = (SELECT id FROM sync.codec WHERE table_name = 'shop.manuals')
   AND key->>'id' IN ('100', '101') ORDER BY key;
+-- Planned again unchanged (noted again, as a table planned whole is), it stays withheld and set
+-- aside.
+INSERT INTO sync.note (codec, key)
+SELECT id, '{"id": 100}' FROM sync.codec WHERE table_name = 'shop.manuals';
+SELECT notes, rows_changed, set_aside FROM sync.pass();
+SELECT kind, key FROM sync.set_aside;
 -- Raised again, the limit lets the withheld row travel: the next pass plans it again, sends it,
 -- and it is set aside no more.
 SELECT deliver_all();

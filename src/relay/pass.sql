@@ -503,9 +503,10 @@ AS $$
 DECLARE
     changed bigint;
 BEGIN
+    -- A note set aside is planned now.
     PERFORM sync_internal.release_planned(array_agg(p.codec), array_agg(p.key))
     FROM pg_temp.magic_sync_row p JOIN sync.set_aside s
-      ON s.kind IN ('note', 'row') AND s.codec = p.codec AND s.key = p.key
+      ON s.kind = 'note' AND s.codec = p.codec AND s.key = p.key
     HAVING count(*) > 0;
     INSERT INTO sync.scope (match, value, partition)
     SELECT DISTINCT match, value, part FROM pg_temp.magic_sync_row WHERE body IS NOT NULL
@@ -527,6 +528,12 @@ BEGIN
     WHERE r.scope IS DISTINCT FROM s.id OR r.hash IS DISTINCT FROM p.hash
        OR coalesce(r.withheld, false) <> w.withheld;
     GET DIAGNOSTICS changed = ROW_COUNT;
+    -- A row set aside as withheld is released when it changed (sent, or withheld anew); planned
+    -- again unchanged, it stays withheld and set aside.
+    PERFORM sync_internal.release_planned(array_agg(c.codec), array_agg(c.key))
+    FROM pg_temp.magic_sync_change c JOIN sync.set_aside s
+      ON s.kind = 'row' AND s.codec = c.codec AND s.key = c.key
+    HAVING count(*) > 0;
     IF EXISTS (SELECT FROM sync.echo) THEN
         IF changed > 0 THEN
             PERFORM sync_internal.pass_mark_echoes();
