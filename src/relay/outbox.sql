@@ -8,10 +8,30 @@ CREATE FUNCTION sync_internal.origin() RETURNS text
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT format('%s/%s/%s', c.system_identifier,
-                  ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint,
-                  r.origin)
-    FROM pg_control_system() c, sync.relay_state r
+    SELECT format('%s/%s', sync_internal.history(), r.origin) FROM sync.relay_state r
+$$;
+
+-- The cluster's part of the origin: its system identifier and its timeline.
+CREATE FUNCTION sync_internal.history() RETURNS text
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT format('%s/%s', c.system_identifier,
+                  ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint)
+    FROM pg_control_system() c
+$$;
+
+-- What a device is told must outlive a failover. A lease (sync.next, sync.pull_head) commits with
+-- synchronous_commit at least `on`, whatever the session's: its commit waits until it is where
+-- synchronous_standby_names says, and so does every commit before it, among them those of the
+-- messages it leases and of the filings their answers report. The rest of the database may
+-- commit locally. Called inside a lease's transaction, it holds until that transaction ends.
+CREATE FUNCTION sync_internal.lease_commits_durably() RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_catalog.set_config('synchronous_commit', 'on', true)
+    WHERE pg_catalog.current_setting('synchronous_commit') IN ('off', 'local')
 $$;
 
 -- The one writer of the outboxes and of each replica's next_seq. The relay queues the messages of
@@ -120,6 +140,7 @@ BEGIN
             n, lease, run
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    PERFORM sync_internal.lease_commits_durably();
     RETURN QUERY
     WITH candidates AS (
         SELECT r.id FROM sync.replica r WHERE among IS NULL
@@ -326,6 +347,7 @@ BEGIN
     SET lease_until = now() + lease, lease_pid = NULL, lease_backend_start = NULL,
         tries = o.tries + 1
     WHERE o.replica = head.replica AND o.seq = head.seq;
+    PERFORM sync_internal.lease_commits_durably();
     RETURN QUERY SELECT head.seq, sync_internal.message_id(head.gen, head.seq),
                         coalesce(head.body, sync.message(head.replica, head.seq)),
                         sync_internal.origin();

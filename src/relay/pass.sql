@@ -104,6 +104,55 @@ BEGIN
 END
 $$;
 
+-- The cluster's history changed under this relay state: a standby was promoted, or a base backup
+-- recovered to an earlier point. Devices may hold messages this state never wrote, or wrote and
+-- no longer has, of a history that is gone, and their counters say nothing against this one's.
+-- Every live replica is sent, for each scope whose head it was sent, an empty chunk at that head:
+-- it takes the message as one of another origin, stands at the head, and reports what it holds
+-- there; repair (src/verify/repair.sql) resends only the ranges that differ, so a device that
+-- matches receives nothing more. A scope not sent whole yet brings the replica to its head with
+-- its next chunk. Returns the messages queued.
+CREATE FUNCTION sync_internal.pass_prove_holdings() RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    was text;
+BEGIN
+    SELECT r.history INTO was FROM sync.relay_state r FOR UPDATE;
+    IF was IS NOT DISTINCT FROM sync_internal.history() THEN
+        RETURN 0;
+    END IF;
+    UPDATE sync.relay_state SET history = sync_internal.history();
+    IF was IS NULL THEN
+        RETURN 0;  -- a state just made: its replicas are provisioned
+    END IF;
+    RAISE LOG 'magic_sync: the cluster''s history changed (%, now %): a promoted standby or a point-in-time recovery; every live replica proves what it holds against its scopes'' heads',
+              was, sync_internal.history();
+    WITH standing AS (
+        SELECT m.replica, s.id AS scope, s.head,
+               sync_internal.scope_name(s.match, s.value, s.partition) AS scope_name
+        FROM sync.member m
+        JOIN sync.replica r ON r.id = m.replica AND r.live
+        JOIN sync.scope s ON s.id = m.scope
+        WHERE m.sent = s.head),
+    built AS (
+        INSERT INTO sync.chunk (scope, from_seq, to_seq, built_head, rows, bytes, body)
+        SELECT e.scope, e.head, e.head, e.head, 0, octet_length(e.body), e.body
+        FROM (SELECT DISTINCT st.scope, st.head,
+                     sync_internal.encode_chunk(st.scope_name, st.head, st.head, '{}', '{}', '{}',
+                                                '{}', '{}') AS body
+              FROM standing st) e
+        RETURNING id, scope)
+    INSERT INTO pg_temp.magic_sync_enqueue (replica, position, kind, chunks, advances)
+    SELECT st.replica, 1, 'rows', array_agg(b.id ORDER BY st.scope),
+           jsonb_object_agg(st.scope::text, st.head)
+    FROM standing st JOIN built b ON b.scope = st.scope
+    GROUP BY st.replica;
+    RETURN sync_internal.enqueue();
+END
+$$;
+
 -- A relay state just made beside declarations it did not plan (pg_restore brings the declarations
 -- back, not the relay's rows; so does the update from an earlier release) plans every declared
 -- table whole, and the replicas relation, once. Its replicas are provisioned again from that.

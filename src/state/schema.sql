@@ -355,7 +355,10 @@ CREATE TABLE sync.relay_state (
     origin uuid NOT NULL DEFAULT gen_random_uuid(),
     -- Whether the pass noted every declaration whole since this state was made: a restore brings
     -- the declarations back without the relay's rows (sync_internal.pass_note_declarations_once).
-    declarations_noted boolean NOT NULL DEFAULT false
+    declarations_noted boolean NOT NULL DEFAULT false,
+    -- The cluster's history (sync_internal.history) at the last pass: another one under the same
+    -- state is a promoted standby or a point-in-time recovery (sync_internal.pass_prove_holdings).
+    history text
 );
 INSERT INTO sync.relay_state DEFAULT VALUES;
 

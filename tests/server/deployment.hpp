@@ -100,6 +100,13 @@ class Deployment {
         return upload_role_.empty() ? conninfo() : conninfo() + " user=" + upload_role_;
     }
 
+    // Another cluster takes this one's place (a standby promoted, a backup recovered, on the
+    // same port, as a failover behind one address would): the old one stops and goes.
+    void replace_cluster(std::unique_ptr<Cluster> cluster) {
+        db_.reset();
+        cluster_ = std::move(cluster);
+    }
+
     // Drops the test's connection (the next db() connects again).
     void disconnect() { db_.reset(); }
 

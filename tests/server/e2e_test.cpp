@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "protocol/messages.hpp"
 #include "server/deployment.hpp"
 #include "server/holdings.hpp"
 #include "server/pq.hpp"
@@ -384,6 +385,144 @@ TEST_F(EndToEnd, AfterTheExtensionIsMadeAgainAndTheDatabaseRestoredEveryReplicaC
     start_http_sender();
     converge("the database dumped, dropped and restored");
     EXPECT_EQ(db().value("SELECT count(*) FROM shop.sales"), "0");
+}
+
+// What a device must still hold and have filed after PostgreSQL itself moves on: a streaming
+// standby promoted after the primary stops, and a base backup recovered to an earlier point.
+class History : public EndToEnd {
+  protected:
+    // The replica's local writes not filed yet (`magic-sync-replica show`).
+    std::string unfiled(int n) {
+        std::string output;
+        run(deployment_->replica_cli(replicas_[n]) + " show", &output);
+        const size_t at = output.find("local writes not filed yet");
+        if (at == std::string::npos) return "";
+        return output.substr(at, output.find("\n\n", at) - at);
+    }
+
+    // A sale written on register `n`'s device; returns its id.
+    std::string sell(int n, int number) {
+        char id[40];
+        snprintf(id, sizeof id, "20000000-0000-0000-0000-%012d", number);
+        write_local(n, "shop.sales",
+                    R"({"id":")" + std::string(id) + R"(","register_id":")" + replica_id(n) +
+                        R"(","product_id":3,"qty":1})");
+        return id;
+    }
+};
+
+// A standby named in synchronous_standby_names, while the database commits locally
+// (synchronous_commit = local for every session: the standby is asynchronous for the data). The
+// standby stops, the primary goes on taking changes and uploads, then stops at once; the standby
+// is promoted in its place. No device was told of anything the standby did not have: the sender's
+// leases wait for it, so the filed answer of an upload the standby lacks never left, the device
+// offers the upload again to the promoted standby, and it is filed there once.
+TEST_F(History, AStandbyPromotedAfterThePrimaryStopsHoldsWhatDevicesWereTold) {
+    cluster().sql("postgres", "ALTER SYSTEM SET synchronous_commit = local");
+    cluster().sql("postgres", "SELECT pg_reload_conf()");
+    for (int n : {1, 2}) add_register(n, n);
+    start_http_sender();
+    for (int n : {1, 2}) start_http_replica(n);
+    converge("provisioning");
+
+    const std::string base = make_postgres_directory("magic_sync_standby");
+    cluster().base_backup(base + "/data", true);
+    auto standby = Cluster::from_backup(base + "/data", {"cluster_name = 'magic_sync_standby'"});
+    cluster().sql("postgres", "ALTER SYSTEM SET synchronous_standby_names = 'magic_sync_standby'");
+    cluster().sql("postgres", "SELECT pg_reload_conf()");
+    ASSERT_TRUE(eventually([&] {
+        return db().value("SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'") ==
+               "1";
+    }));
+    db().query("UPDATE shop.products SET price = price + 1 WHERE id <= 10");
+    const std::string first = sell(1, 1);
+    ASSERT_TRUE(eventually([&] { return unfiled(1).empty(); })) << unfiled(1);
+    converge("changes and an upload with the standby streaming");
+
+    // The standby stops; the primary files an upload and takes changes.
+    standby->stop("fast");
+    const std::string second = sell(2, 2);
+    ASSERT_TRUE(eventually([&] {
+        return db().value("SELECT count(*) FROM shop.sales WHERE id = $1::uuid", {second}) == "1";
+    }));
+    db().query("UPDATE shop.products SET name = 'lost with the primary' WHERE id <= 5");
+    ASSERT_TRUE(eventually([&] {
+        return db().value("SELECT count(*) FROM sync.note") == "0" &&
+               db().value("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'") !=
+                   "0";
+    })) << "the sender's lease does not wait for the standby";
+    EXPECT_NE(unfiled(2), "")
+        << "the device was told its upload was filed before the standby had it";
+
+    // The primary stops at once; the standby takes its place, on its port. The devices hold what
+    // it holds: they are sent no row again, only where they stand.
+    std::mutex mutex;
+    size_t rows_sent = 0;
+    deployment_->router().observe([&](const std::string&, const std::string& message) {
+        std::lock_guard<std::mutex> lock(mutex);
+        const protocol::DownMessage decoded = protocol::decode_down(message);
+        if (const auto* rows = std::get_if<protocol::RowsMessage>(&decoded)) {
+            for (const protocol::Chunk& chunk : rows->chunks) rows_sent += chunk.rows.size();
+        } else if (const auto* repair = std::get_if<protocol::RepairMessage>(&decoded)) {
+            rows_sent += repair->rows.size();
+        }
+    });
+    const int port = cluster().port();
+    cluster().stop("immediate");
+    standby->move_to_port(port);
+    standby->start();
+    standby->promote();
+    deployment_->replace_cluster(std::move(standby));
+    converge("the standby promoted in the primary's place");
+    EXPECT_TRUE(eventually([&] { return unfiled(2).empty(); })) << unfiled(2);
+    EXPECT_EQ(db().value("SELECT string_agg(id::text, ',' ORDER BY id) FROM shop.sales"),
+              first + "," + second);
+    deployment_->router().observe(nullptr);
+    EXPECT_EQ(rows_sent, 0u) << "devices that held what the promoted standby holds were sent rows";
+}
+
+// A base backup recovered to a point before the last changes (pg_basebackup, the WAL archived,
+// recovery_target_name): the relay's counters go back while the devices hold later messages. Each
+// device takes the recovered history as it comes and holds what the recovered tables say.
+TEST_F(History, ABaseBackupRecoveredToAnEarlierPointEveryReplicaConverges) {
+    const std::string archive = make_postgres_directory("magic_sync_archive");
+    cluster().sql("postgres", "ALTER SYSTEM SET archive_mode = on");
+    cluster().sql("postgres", "ALTER SYSTEM SET archive_command = 'cp %p " + archive + "/%f'");
+    cluster().stop();
+    cluster().start();
+    deployment_->reconnect();
+    for (int n : {1, 2}) add_register(n, n);
+    start_http_sender();
+    for (int n : {1, 2}) start_http_replica(n);
+    converge("provisioning");
+    const std::string base = make_postgres_directory("magic_sync_base");
+    cluster().base_backup(base + "/data", false);
+
+    db().query("UPDATE shop.products SET price = price + 1 WHERE id <= 10");
+    const std::string sale = sell(1, 1);
+    ASSERT_TRUE(eventually([&] { return unfiled(1).empty(); })) << unfiled(1);
+    converge("changes and an upload before the point");
+    db().value("SELECT pg_create_restore_point('before_the_mistake')");
+    db().query("UPDATE shop.products SET name = 'a mistake' WHERE id <= 20");
+    db().query("DELETE FROM shop.prices WHERE store_id = 2 AND product_id > 5");
+    db().query("INSERT INTO shop.prices VALUES (1, 11, 2.5)");
+    converge("the mistake, on every device");
+    const std::string segment = db().value("SELECT pg_walfile_name(pg_switch_wal())");
+    ASSERT_TRUE(eventually([&] {
+        return db().value("SELECT last_archived_wal >= $1 FROM pg_stat_archiver", {segment}) == "t";
+    }));
+
+    const int port = cluster().port();
+    cluster().stop("immediate");
+    deployment_->replace_cluster(Cluster::from_backup(
+        base + "/data",
+        {"restore_command = 'cp " + archive + "/%f %p'",
+         "recovery_target_name = 'before_the_mistake'", "recovery_target_action = 'promote'"},
+        port, true));
+    ASSERT_TRUE(eventually([&] { return db().value("SELECT pg_is_in_recovery()") == "f"; }));
+    EXPECT_EQ(db().value("SELECT count(*) FROM shop.products WHERE name = 'a mistake'"), "0");
+    converge("a base backup recovered to the point before the mistake");
+    EXPECT_EQ(db().value("SELECT string_agg(id::text, ',') FROM shop.sales"), sale);
 }
 
 TEST_F(EndToEnd, OverNatsJetStream) {

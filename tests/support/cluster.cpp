@@ -79,25 +79,57 @@ int free_port() {
     }
 }
 
-Cluster::Cluster(const std::vector<std::string>& settings) {
+namespace {
+
+// The command that makes a fresh cluster's data directory in `directory`/data. make test runs
+// initdb once and names the result in MAGIC_SYNC_TEST_PGDATA: a copy of it is the same fresh
+// cluster at a tenth of initdb's cost.
+std::string fresh_data(const std::string& bindir, const std::string& directory) {
+    const char* initialized = std::getenv("MAGIC_SYNC_TEST_PGDATA");
+    return initialized != nullptr && *initialized != '\0'
+               ? "cp -a " + shell_quote(initialized) + " " + directory + "/data"
+               : bindir + "/initdb -D " + directory + "/data -U postgres -A trust --no-sync";
+}
+
+std::string pg_bindir() {
     std::string output;
     if (run("pg_config --bindir", &output) != 0) throw std::runtime_error("pg_config not found");
-    bindir_ = trimmed(output);
-    directory_ = make_temp_directory("magic_sync_cluster");
-    run("chmod 755 " + directory_);
-    if (geteuid() == 0) run("chown postgres: " + directory_);
-    port_ = free_port();
-    // make test runs initdb once and names the result in MAGIC_SYNC_TEST_PGDATA: a copy of it
-    // is the same fresh cluster at a tenth of initdb's cost.
-    const char* initialized = std::getenv("MAGIC_SYNC_TEST_PGDATA");
-    std::string make_data =
-        initialized != nullptr && *initialized != '\0'
-            ? "cp -a " + shell_quote(initialized) + " " + directory_ + "/data"
-            : bindir_ + "/initdb -D " + directory_ + "/data -U postgres -A trust --no-sync";
-    if (run(as_postgres(make_data), &output) != 0) {
+    return trimmed(output);
+}
+
+}  // namespace
+
+std::string make_postgres_directory(const std::string& prefix) {
+    std::string directory = make_temp_directory(prefix);
+    run("chmod 755 " + directory);
+    if (geteuid() == 0) run("chown postgres: " + directory);
+    return directory;
+}
+
+Cluster::Cluster(const std::vector<std::string>& settings) : Cluster("", settings, 0) {}
+
+std::unique_ptr<Cluster> Cluster::from_backup(const std::string& backup,
+                                              const std::vector<std::string>& settings, int port,
+                                              bool recovering) {
+    std::string make_data = "cp -a " + shell_quote(backup) + " {data}";
+    if (recovering) make_data += " && touch {data}/recovery.signal";
+    return std::unique_ptr<Cluster>(new Cluster(make_data, settings, port));
+}
+
+// `make_data` makes the data directory ({data} in it names it); empty: a fresh cluster.
+Cluster::Cluster(const std::string& make_data, const std::vector<std::string>& settings, int port) {
+    bindir_ = pg_bindir();
+    directory_ = make_postgres_directory("magic_sync_cluster");
+    port_ = port != 0 ? port : free_port();
+    std::string command = make_data.empty() ? fresh_data(bindir_, directory_) : make_data;
+    for (size_t at; (at = command.find("{data}")) != std::string::npos;)
+        command.replace(at, 6, directory_ + "/data");
+    std::string output;
+    if (run(as_postgres(command), &output) != 0) {
         run("rm -rf " + directory_);
         throw std::runtime_error("cannot make the cluster's data directory: " + output);
     }
+    // Lines appended later win: a cluster made from a backup takes its own port and directory.
     std::ofstream conf(directory_ + "/data/postgresql.conf", std::ios::app);
     conf << "listen_addresses = '127.0.0.1'\n"
          << "port = " << port_ << "\n"
@@ -133,6 +165,23 @@ void Cluster::stop(const std::string& mode) {
     pg_ctl("stop", mode);
     running_ = false;
 }
+
+void Cluster::base_backup(const std::string& directory, bool standby) const {
+    std::string output;
+    std::string command = bindir_ + "/pg_basebackup -h 127.0.0.1 -p " + std::to_string(port_) +
+                          " -U postgres -D " + shell_quote(directory) +
+                          " -X stream -c fast --no-sync" + (standby ? " -R" : "");
+    if (run(as_postgres(command), &output) != 0)
+        throw std::runtime_error("pg_basebackup failed: " + output);
+}
+
+void Cluster::move_to_port(int port) {
+    port_ = port;
+    std::ofstream conf(directory_ + "/data/postgresql.conf", std::ios::app);
+    conf << "port = " << port_ << "\n";
+}
+
+void Cluster::promote() { pg_ctl("promote", ""); }
 
 std::string Cluster::conninfo(const std::string& database) const {
     return "host=127.0.0.1 port=" + std::to_string(port_) + " user=postgres dbname=" + database;

@@ -3,6 +3,7 @@
 // and removed when the object goes away, also when the test fails.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,13 @@ class Cluster {
   public:
     // `settings` are extra postgresql.conf lines.
     explicit Cluster(const std::vector<std::string>& settings = {});
+    // A cluster made from a base backup of another (`backup`, taken by base_backup), started
+    // with `settings` after the backup's own, on `port` (0: a free one): a streaming standby when
+    // the backup was taken as one, a point-in-time recovery when `settings` name a target and
+    // `recovering` (recovery.signal is written).
+    static std::unique_ptr<Cluster> from_backup(const std::string& backup,
+                                                const std::vector<std::string>& settings,
+                                                int port = 0, bool recovering = false);
     ~Cluster();
     Cluster(const Cluster&) = delete;
     Cluster& operator=(const Cluster&) = delete;
@@ -30,10 +38,18 @@ class Cluster {
 
     void stop(const std::string& mode = "fast");
     void start();
+    // A base backup of this running cluster into `directory` (pg_basebackup, its WAL streamed;
+    // `standby`: ready to start as a streaming standby of this cluster).
+    void base_backup(const std::string& directory, bool standby) const;
+    // Listens on `port` from its next start (it is stopped): it takes another's place.
+    void move_to_port(int port);
+    // Ends a standby's recovery: it becomes a primary on a timeline of its own.
+    void promote();
     // The server's log so far, for diagnosing a failure.
     std::string log() const;
 
   private:
+    Cluster(const std::string& make_data, const std::vector<std::string>& settings, int port);
     std::string pg_ctl(const std::string& action, const std::string& mode) const;
 
     std::string bindir_;
@@ -41,6 +57,9 @@ class Cluster {
     int port_ = 0;
     bool running_ = false;
 };
+
+// A new temporary directory the postgres user may write in (an archive, a base backup).
+std::string make_postgres_directory(const std::string& prefix);
 
 // A free TCP port on 127.0.0.1.
 int free_port();
