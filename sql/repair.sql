@@ -229,5 +229,19 @@ SELECT * FROM status;
 RESET magic_sync.bytes_per_message;
 DROP TRIGGER note_written ON sync.outbox;
 
+-- A replica that says it holds a scope it is not a member of (a device that kept a history the
+-- database went back before: it had joined that scope there) is told to drop it, in its next
+-- message; once told, the report is forgotten.
+SELECT deliver();
+SET ROLE sync_receiver;
+SELECT sync.receive('00000000-0000-0000-0000-0000000000a1',
+    convert_to('{"v":1,"id":"10000000-0000-0000-0000-000000000009","rows":[],"holds":{"store_id=9":{"through":7,"fp":"' || repeat('0', 64) || '","n":3}}}', 'UTF8'));
+RESET ROLE;
+SELECT replica, scope FROM sync.foreign_holding;
+SELECT messages FROM sync.pass();
+SELECT g.label, o.kind, o.drops FROM sync.outbox o JOIN shop.registers g ON g.id = o.replica
+WHERE o.sent_at IS NULL;
+SELECT count(*) AS reports_left FROM sync.foreign_holding;
+
 \c postgres
 DROP DATABASE repair_test;

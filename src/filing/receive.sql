@@ -175,6 +175,12 @@ BEGIN
                 ranges = excluded.ranges, reported_at = excluded.reported_at,
                 applied = excluded.applied
             WHERE h.applied <= excluded.applied;
+        INSERT INTO sync.foreign_holding (replica, scope)
+        SELECT upload_end.replica, e.key FROM jsonb_each(holds) e
+        WHERE NOT EXISTS (SELECT FROM sync.member m JOIN sync.scope s ON s.id = m.scope
+                          WHERE m.replica = upload_end.replica
+                            AND sync_internal.scope_name(s.match, s.value, s.partition) = e.key)
+        ON CONFLICT DO NOTHING;
     END IF;
 END
 $$;

@@ -273,6 +273,7 @@ PassCounts run_pass(Spi& spi) {
     counts.rows_changed = record_changes(spi);
     spi.execute("SELECT sync_internal.pass_recount_drifted_scopes()");
     spi.execute("SELECT sync_internal.pass_apply_confirmations()");
+    spi.execute("SELECT sync_internal.pass_drop_foreign_holdings()");
     counts.messages += spi.scalar("SELECT sync_internal.pass_prove_holdings()").integer();
     counts.messages += move_answers(spi);
     counts.messages += plan_repairs(spi);

@@ -104,9 +104,33 @@ BEGIN
 END
 $$;
 
+-- A live replica that said it holds a scope it is not a member of is told to drop it (in its
+-- next message's drop), once per report: a device recovered to a history where it had not joined
+-- that scope yet would keep its rows for ever. A report that crossed the drop of a scope the
+-- replica left costs one more drop, which it takes as a no-op.
+CREATE FUNCTION sync_internal.pass_drop_foreign_holdings() RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    WITH reported AS (DELETE FROM sync.foreign_holding RETURNING replica, scope),
+    foreign_scopes AS (
+        SELECT f.replica, array_agg(f.scope ORDER BY f.scope) AS scopes
+        FROM reported f JOIN sync.replica r ON r.id = f.replica AND r.live
+        WHERE NOT f.scope = ANY (r.pending_drops)
+          AND NOT EXISTS (SELECT FROM sync.member m JOIN sync.scope s ON s.id = m.scope
+                          WHERE m.replica = f.replica
+                            AND sync_internal.scope_name(s.match, s.value, s.partition) = f.scope)
+        GROUP BY f.replica)
+    UPDATE sync.replica r SET pending_drops = r.pending_drops || foreign_scopes.scopes
+    FROM foreign_scopes WHERE r.id = foreign_scopes.replica;
+END
+$$;
+
 -- The cluster's history changed under this relay state: a standby was promoted, or a base backup
 -- recovered to an earlier point. Devices may hold messages this state never wrote, or wrote and
--- no longer has, of a history that is gone, and their counters say nothing against this one's.
+-- no longer has, of a history that is gone, and their counters say nothing against this one's:
+-- the origin gets a new id.
 -- Every live replica is sent, for each scope whose head it was sent, an empty chunk at that head:
 -- it takes the message as one of another origin, stands at the head, and reports what it holds
 -- there; repair (src/verify/repair.sql) resends only the ranges that differ, so a device that
@@ -123,10 +147,13 @@ BEGIN
     IF was IS NOT DISTINCT FROM sync_internal.history() THEN
         RETURN 0;
     END IF;
-    UPDATE sync.relay_state SET history = sync_internal.history();
     IF was IS NULL THEN
+        UPDATE sync.relay_state SET history = sync_internal.history();
         RETURN 0;  -- a state just made: its replicas are provisioned
     END IF;
+    -- The origin's id changes too: the same base backup recovered twice without the archive's
+    -- timeline history may take the same timeline number twice.
+    UPDATE sync.relay_state SET history = sync_internal.history(), origin = gen_random_uuid();
     RAISE LOG 'magic_sync: the cluster''s history changed (%, now %): a promoted standby or a point-in-time recovery; every live replica proves what it holds against its scopes'' heads',
               was, sync_internal.history();
     WITH standing AS (

@@ -341,6 +341,15 @@ CREATE TABLE sync.holding (
     PRIMARY KEY (replica, scope)
 );
 
+-- Scopes a replica said it holds that it is not a member of: rows it keeps of a history that is
+-- gone (a database recovered to a point before it joined them), or a report that crossed the
+-- message dropping them. The pass tells it to drop them (sync_internal.pass_drop_foreign_holdings).
+CREATE TABLE sync.foreign_holding (
+    replica uuid NOT NULL,
+    scope text NOT NULL,
+    PRIMARY KEY (replica, scope)
+);
+
 -- The relay's own bookkeeping: its last pass, for sync.health.
 CREATE TABLE sync.relay_state (
     singleton boolean PRIMARY KEY DEFAULT true CHECK (singleton),

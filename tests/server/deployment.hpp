@@ -57,6 +57,7 @@ class Deployment {
     Deployment& operator=(const Deployment&) = delete;
 
     Cluster& cluster() { return *cluster_; }
+
     const std::string& directory() const { return directory_; }
     const std::string& bin() const { return bin_; }
     std::string conninfo() const { return cluster_->conninfo(database_); }

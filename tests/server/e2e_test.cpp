@@ -369,9 +369,7 @@ TEST_F(EndToEnd, AfterTheExtensionIsMadeAgainAndTheDatabaseRestoredEveryReplicaC
 
     sender()->stop(SIGTERM);
     const std::string dump = directory() + "/shop.dump";
-    std::string bin;
-    ASSERT_EQ(run("pg_config --bindir", &bin), 0);
-    bin.erase(bin.find_last_not_of(" \n") + 1);
+    const std::string bin = pg_bindir();
     std::string output;
     ASSERT_EQ(
         run(bin + "/pg_dump -Fc -f " + dump + " -d '" + deployment_->conninfo() + "'", &output), 0)

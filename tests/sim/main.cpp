@@ -33,7 +33,7 @@ options give the same steps. Run it from the repository's root, after `make inst
   --from A --to B   run seeds A..B
   --steps N         random steps after the set-up (default 40)
   --without LIST    leave out step kinds or groups, comma separated (groups: data, replicas,
-                    schema, uploads, faults); --list-kinds names them all
+                    schema, uploads, faults, history); --list-kinds names them all
   --list-kinds      print every step kind with its group, and exit
   --print           print the steps of each seed without running them
   --timeout S       seconds a checkpoint waits for quiescence (default 90)

@@ -6,6 +6,8 @@
 #include <list>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
+#include <set>
 #include <stdexcept>
 
 #include "sim/rng.hpp"
@@ -40,6 +42,11 @@ const std::vector<StepKind>& step_kinds() {
         {"drop_table", "schema", "a synced table dropped (sync.drop, or DROP TABLE and the fix)"},
         {"new_table", "schema", "a new table declared"},
         {"new_group_table", "schema", "a table grouped on a replicas column no declaration used"},
+        {"hostile_column", "schema",
+         "a column named as our SQL's aliases and words are, or with quotes, spaces, capitals, "
+         "unicode, 63 bytes"},
+        {"alter_type", "schema",
+         "ALTER TYPE of an enum synced columns hold: a value renamed or added"},
         {"new_group_column", "schema",
          "a column added to the replicas table and a table grouped on it"},
         {"upload_record", "uploads", "a replica writes a record row"},
@@ -63,6 +70,16 @@ const std::vector<StepKind>& step_kinds() {
         {"restart_postgres", "faults", "pg_ctl stop -m immediate, then start"},
         {"cut_line", "faults", "the router cuts a replica's line"},
         {"heal_line", "faults", "the router heals it"},
+        {"dump_restore", "history", "pg_dump -Fc, DROP DATABASE and pg_restore"},
+        {"recreate_extension", "history",
+         "DROP EXTENSION magic_sync CASCADE, CREATE EXTENSION and every declaration again"},
+        {"base_backup", "history", "pg_basebackup of the cluster (after a checkpoint)"},
+        {"roll_back", "history",
+         "the cluster stopped and the last base backup recovered in its place: the relay's state "
+         "and the tables go back while the devices hold later messages"},
+        {"setting_change", "history",
+         "ALTER DATABASE SET of DateStyle, TimeZone, IntervalStyle, extra_float_digits or "
+         "bytea_output, the relay connecting again"},
     };
     return kinds;
 }
@@ -164,6 +181,24 @@ std::string sql_text(const std::string& value) {
     return out + "'";
 }
 
+// A column's name as SQL writes it: always quoted, since some are named to be hostile.
+std::string ident(const std::string& name) {
+    std::string out = "\"";
+    for (char c : name) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return out + "\"";
+}
+
+// Names a user may give a column that our generated SQL must not confuse with its own: the
+// aliases and words it uses, reserved words, quotes, spaces, capitals, unicode, 63 bytes.
+const std::vector<std::string>& hostile_names() {
+    static const std::vector<std::string> names = {
+        "t",    "r",          "c",          "k",        "m",    "o",       "p",
+        "s",    "w",          "x",          "row",      "key",  "keys",    "body",
+        "hash", "seq",        "scope",      "codec",    "gone", "select",  "order",
+        "user", "Mixed Case", "with space", "quote\"d", "it's", "ünïcødé", std::string(63, 'z')};
+    return names;
+}
+
 std::string replica_uuid(int n) {
     char id[40];
     snprintf(id, sizeof id, "00000000-0000-0000-0000-%012d", n);
@@ -263,6 +298,20 @@ class Generator {
                     return "decode('" + std::to_string(rng_.range(1000, 9999)) + "', 'hex')";
             }
         }
+        if (type == "float8") {
+            static const std::vector<std::string> floats = {"0.1", "-2.5e-5", "1e300",
+                                                            "3.141592653589793", "100"};
+            return "'" + rng_.pick(floats) + "'";
+        }
+        if (type == "interval") {
+            static const std::vector<std::string> intervals = {"1 day 02:03:04", "-3 months",
+                                                               "00:00:00.5", "P1Y2M3DT4H5M6S", "0"};
+            return "'" + rng_.pick(intervals) + "'";
+        }
+        if (type == "date")
+            return "'2024-0" + std::to_string(rng_.range(1, 9)) + "-1" +
+                   std::to_string(rng_.range(0, 9)) + "'";
+        if (type == "sim.mood") return sql_text(rng_.pick(moods_));
         if (type == "timestamptz") {
             switch (rng_.range(0, 3)) {
                 case 0:
@@ -490,7 +539,7 @@ class Generator {
         columns.push_back("label");
         values.push_back(label);
         for (const Column& c : t.columns) {
-            columns.push_back(c.name);
+            columns.push_back(ident(c.name));
             values.push_back(value_of(c.type));
         }
         return {"(" + join(columns) + ")", "(" + join(values) + ")"};
@@ -540,7 +589,7 @@ class Generator {
             if (t.group == "region" || t.group == "crew") parts.push_back(t.group + " int");
             if (t.group == "shift") parts.push_back("shift text");
             parts.push_back("label text");
-            for (const Column& c : t.columns) parts.push_back(c.name + " " + c.type);
+            for (const Column& c : t.columns) parts.push_back(ident(c.name) + " " + c.type);
             if (t.kind == Kind::Both) {
                 parts.push_back("counted numeric");
                 parts.push_back("memo text");
@@ -563,14 +612,17 @@ class Generator {
             return t;
         }
         t.key = static_cast<KeyKind>(rng_.range(0, 4));
-        static const std::vector<std::string> types = {"numeric", "int[]",       "jsonb",
-                                                       "bytea",   "timestamptz", "text"};
+        static const std::vector<std::string> types = {
+            "numeric", "int[]",  "jsonb",    "bytea", "timestamptz",
+            "text",    "float8", "interval", "date",  "sim.mood"};
         int count = static_cast<int>(rng_.range(2, 4));
         std::vector<std::string> chosen = types;
         rng_.shuffle(chosen);
         for (int i = 0; i < count; ++i)
             t.columns.push_back({"c" + std::to_string(next_column_++) + "_" +
-                                     (chosen[i] == "int[]" ? std::string("arr") : chosen[i]),
+                                     (chosen[i] == "int[]"      ? std::string("arr")
+                                      : chosen[i] == "sim.mood" ? std::string("mood")
+                                                                : chosen[i]),
                                  chosen[i]});
         return t;
     }
@@ -637,7 +689,8 @@ class Generator {
     void setup() {
         scenario_.partitioned = rng_.chance(35);
         add("setup", Action::Sql,
-            "CREATE SCHEMA sim; CREATE TABLE sim.devices (id uuid PRIMARY KEY, active boolean NOT "
+            "CREATE SCHEMA sim; CREATE TYPE sim.mood AS ENUM ('calm', 'busy', 'it''s odd'); "
+            "CREATE TABLE sim.devices (id uuid PRIMARY KEY, active boolean NOT "
             "NULL "
             "DEFAULT true, region int, shift text" +
                 std::string(scenario_.partitioned ? ", part text NOT NULL DEFAULT 'p1'" : "") +
@@ -749,6 +802,8 @@ class Generator {
             {"new_table", 1},
             {"new_group_table", 1},
             {"new_group_column", 1},
+            {"hostile_column", 2},
+            {"alter_type", 2},
             {"upload_record", 6},
             {"upload_both", 5},
             {"upload_resend", 2},
@@ -766,7 +821,12 @@ class Generator {
             {"kill_relay", 1},
             {"restart_postgres", 1},
             {"cut_line", 1},
-            {"heal_line", 2}};
+            {"heal_line", 2},
+            {"dump_restore", 1},
+            {"recreate_extension", 1},
+            {"base_backup", 1},
+            {"roll_back", 2},
+            {"setting_change", 2}};
         std::vector<std::string> names;
         std::vector<int> w;
         for (const auto& [name, weight] : weights) {
@@ -800,6 +860,11 @@ class Generator {
         if (kind == "new_group_table") return new_group_table();
         if (kind == "new_group_column") return new_group_column();
         if (kind.rfind("upload", 0) == 0 || kind == "declare_late") return upload_step(kind);
+        if (kind == "hostile_column") return hostile_column();
+        if (kind == "alter_type") return alter_type();
+        if (kind == "dump_restore" || kind == "recreate_extension" || kind == "base_backup" ||
+            kind == "roll_back" || kind == "setting_change")
+            return history_step(kind);
         return fault(kind);
     }
 
@@ -850,7 +915,7 @@ class Generator {
             set = "label = " + value_of("text");
         } else {
             const Column& c = rng_.pick(t.columns);
-            set = c.name + " = " + value_of(c.type);
+            set = ident(c.name) + " = " + value_of(c.type);
         }
         add("update", Action::Sql,
             "UPDATE " + t.qualified() + " SET " + set + " WHERE n = " + std::to_string(id));
@@ -953,7 +1018,7 @@ class Generator {
         std::string set = "label = coalesce(label, '') || ' +'";
         if (!t.columns.empty() && rng_.chance(50)) {
             const Column& c = rng_.pick(t.columns);
-            set = c.name + " = NULL";
+            set = ident(c.name) + " = NULL";
         }
         add("bulk_update", Action::Sql,
             "UPDATE " + t.qualified() + " SET " + set + " WHERE n % " + std::to_string(modulus) +
@@ -1089,7 +1154,7 @@ class Generator {
         if (kind == "add_column") {
             Column c{"c" + std::to_string(next_column_++) + "_added",
                      rng_.chance(50) ? "numeric" : "text"};
-            sql += "ADD COLUMN " + c.name + " " + c.type + " DEFAULT " +
+            sql += "ADD COLUMN " + ident(c.name) + " " + c.type + " DEFAULT " +
                    (c.type == "numeric" ? "2.5" : "'added'");
             t.columns.push_back(c);
         } else {
@@ -1097,21 +1162,21 @@ class Generator {
                 static_cast<size_t>(rng_.range(0, static_cast<int64_t>(t.columns.size()) - 1));
             Column& c = t.columns[index];
             if (kind == "drop_column") {
-                sql += "DROP COLUMN " + c.name;
+                sql += "DROP COLUMN " + ident(c.name);
                 t.columns.erase(t.columns.begin() + static_cast<long>(index));
             } else if (kind == "rename_column") {
                 std::string name = "c" + std::to_string(next_column_++) + "_renamed";
-                sql += "RENAME COLUMN " + c.name + " TO " + name;
+                sql += "RENAME COLUMN " + ident(c.name) + " TO " + ident(name);
                 c.name = name;
             } else {
                 if (c.type == "text") return false;
-                std::string using_ =
-                    c.type == "bytea" ? "encode(" + c.name + ", 'hex')" : c.name + "::text";
+                std::string using_ = c.type == "bytea" ? "encode(" + ident(c.name) + ", 'hex')"
+                                                       : ident(c.name) + "::text";
                 if (c.type == "int[]") {
-                    sql += "ALTER COLUMN " + c.name + " TYPE bigint[]";
+                    sql += "ALTER COLUMN " + ident(c.name) + " TYPE bigint[]";
                     c.type = "bigint[]";
                 } else {
-                    sql += "ALTER COLUMN " + c.name + " TYPE text USING " + using_;
+                    sql += "ALTER COLUMN " + ident(c.name) + " TYPE text USING " + using_;
                     c.type = "text";
                 }
             }
@@ -1181,6 +1246,121 @@ class Generator {
         add("new_group_column", Action::Sql, sql);
         introduce(make_table(Kind::CatalogGroup, "crew"), "new_group_column",
                   static_cast<int>(rng_.range(3, 12)));
+        return true;
+    }
+
+    // A column of a server table named after a word our SQL uses, or so that only quoting holds.
+    bool hostile_column() {
+        std::vector<Table*> tables = server_tables();
+        if (tables.empty()) return false;
+        Table& t = *rng_.pick(tables);
+        std::set<std::string> taken = {"id",     "a",     "b",    "n",    "label",   "owner",
+                                       "region", "shift", "crew", "part", "counted", "memo"};
+        for (const Column& c : t.columns) taken.insert(c.name);
+        std::vector<std::string> free;
+        for (const std::string& name : hostile_names())
+            if (!taken.count(name)) free.push_back(name);
+        if (free.empty()) return false;
+        Column c{rng_.pick(free), rng_.chance(50) ? "text" : "numeric"};
+        add("hostile_column", Action::Sql,
+            "ALTER TABLE " + t.qualified() + " ADD COLUMN " + ident(c.name) + " " + c.type +
+                " DEFAULT " + value_of(c.type))
+            .table = t.qualified();
+        t.columns.push_back(c);
+        unwatch_table(t.qualified());
+        return true;
+    }
+
+    // A value of the enum the tables' mood columns hold renamed (every row holding it changes
+    // text without an UPDATE), or one added.
+    bool alter_type() {
+        bool used = false;
+        for (const Table& t : tables_)
+            for (const Column& c : t.columns) used = used || c.type == "sim.mood";
+        if (!used) return false;
+        if (rng_.chance(60)) {
+            std::string& label =
+                moods_[static_cast<size_t>(rng_.range(0, static_cast<int64_t>(moods_.size()) - 1))];
+            std::string renamed = "mood " + std::to_string(next_mood_++);
+            add("alter_type", Action::Sql,
+                "ALTER TYPE sim.mood RENAME VALUE " + sql_text(label) + " TO " + sql_text(renamed));
+            label = renamed;
+        } else {
+            moods_.push_back("added " + std::to_string(next_mood_++));
+            add("alter_type", Action::Sql,
+                "ALTER TYPE sim.mood ADD VALUE " + sql_text(moods_.back()));
+        }
+        for (const Table& t : tables_) unwatch_table(t.qualified());
+        return true;
+    }
+
+    // --- PostgreSQL's own operations ----------------------------------------------------------
+
+    // What a base backup holds of the generator's picture, and what a roll back restores.
+    struct Snapshot {
+        std::list<Table> tables;
+        std::map<int, Replica> replicas;
+        bool view = false, crew = false, shift_used = false;
+        std::map<int, std::string> blockers;
+        std::set<int> fixed;
+        std::vector<int> watched;
+        std::set<int> uploaded;
+        std::vector<std::string> moods;
+    };
+
+    bool history_step(const std::string& kind) {
+        if (kind == "dump_restore") {
+            add(kind, Action::DumpRestore);
+            return true;
+        }
+        if (kind == "recreate_extension") {
+            std::string sql = "DROP EXTENSION magic_sync CASCADE; CREATE EXTENSION magic_sync; " +
+                              replicas_declaration() + ";";
+            for (const Table& t : tables_)
+                if (t.declared) sql += " " + declaration(t) + ";";
+            add(kind, Action::RecreateExtension, sql);
+            // What the extension kept went with it: the uploads kept (their rows are never
+            // filed) and the ids of those filed. Record rows found filed stay in their tables.
+            watched_.erase(std::remove_if(watched_.begin(), watched_.end(),
+                                          [&](int u) { return !verified_.count(u); }),
+                           watched_.end());
+            return true;
+        }
+        if (kind == "base_backup") {
+            checkpoint();  // every upload so far found filed or kept: the backup holds it so
+            add(kind, Action::BaseBackup);
+            backup_ = Snapshot{tables_,   replicas_, view_,    crew_,     shift_used_,
+                               blockers_, fixed_,    watched_, uploaded_, moods_};
+            return true;
+        }
+        if (kind == "roll_back") {
+            if (!backup_) return false;
+            add(kind, Action::RollBack);
+            tables_ = backup_->tables;
+            replicas_ = backup_->replicas;
+            view_ = backup_->view;
+            crew_ = backup_->crew;
+            shift_used_ = backup_->shift_used;
+            blockers_ = backup_->blockers;
+            fixed_ = backup_->fixed;
+            watched_ = backup_->watched;
+            moods_ = backup_->moods;
+            // Replicas made after the backup are gone from the devices table (their processes
+            // go on, unheard); their numbers are not given again.
+            uploaded_.clear();
+            for (int n : backup_->uploaded)
+                if (replicas_.count(n)) uploaded_.insert(n);
+            return true;
+        }
+        static const std::vector<std::pair<std::string, std::vector<std::string>>> settings = {
+            {"datestyle", {"'SQL, DMY'", "'German'", "'Postgres, MDY'", "'ISO, YMD'"}},
+            {"timezone", {"'Asia/Kolkata'", "'America/St_Johns'", "'UTC'"}},
+            {"intervalstyle", {"'sql_standard'", "'postgres_verbose'", "'iso_8601'"}},
+            {"extra_float_digits", {"-3", "0", "3"}},
+            {"bytea_output", {"'escape'", "'hex'"}}};
+        const auto& [name, values] = rng_.pick(settings);
+        add(kind, Action::SettingChange,
+            "ALTER DATABASE sim SET " + name + " = " + rng_.pick(values));
         return true;
     }
 
@@ -1462,6 +1642,9 @@ class Generator {
     std::set<int> records_;     // uploads of record rows
     std::set<int> verified_;    // record uploads a checkpoint found filed: they stay so
     std::set<int> uploaded_;    // replicas that made an upload
+    std::vector<std::string> moods_ = {"calm", "busy", "it's odd"};  // sim.mood's labels
+    int next_mood_ = 1;
+    std::optional<Snapshot> backup_;  // the picture at the last base backup
 };
 
 }  // namespace

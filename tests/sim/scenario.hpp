@@ -25,6 +25,15 @@ enum class Action {
     Cut,              // the router cuts replica `replica`'s line
     Heal,             // the router heals it
     Checkpoint,       // wait for quiescence and check everything
+    // PostgreSQL's own operations (the history group):
+    DumpRestore,        // the sender stopped, pg_dump -Fc, DROP DATABASE, pg_restore, a new sender
+    RecreateExtension,  // run `sql` (DROP and CREATE EXTENSION, the declarations again); the
+                        // uploads made so far are not sent again by hand (their ids are forgotten)
+    BaseBackup,         // pg_basebackup of the running cluster, kept for RollBack
+    RollBack,           // the cluster stopped at once and the last base backup recovered in its
+                        // place (a new timeline): the database goes back to that point
+    SettingChange,  // run `sql` (ALTER DATABASE ... SET), then kill -9 of the relay's backend so
+                    // the relay connects again under the database's new settings
 };
 
 // An upload the simulation made, and what it must come to.

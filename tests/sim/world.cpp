@@ -87,6 +87,7 @@ World::World(const Options& options)
 World::~World() {
     replicas_.clear();
     route_.reset();
+    if (!backup_.empty()) test::run("rm -rf " + backup_);
 }
 
 test::Connection& World::route() {
@@ -257,7 +258,68 @@ void World::run(const Step& step) {
             return;
         case Action::Checkpoint:
             return;
+        case Action::DumpRestore:
+            dump_and_restore();
+            return;
+        case Action::RecreateExtension:
+            exec(step.sql);
+            grant_what_check_names();
+            // The filed-upload ids went with the extension: an upload made before, sent again by
+            // hand, would be filed again.
+            last_upload_.clear();
+            return;
+        case Action::BaseBackup:
+            if (!backup_.empty()) test::run("rm -rf " + backup_);
+            backup_ = test::make_postgres_directory("magic_sync_sim_backup");
+            cluster().base_backup(backup_ + "/data", false);
+            return;
+        case Action::RollBack:
+            roll_back();
+            return;
+        case Action::SettingChange: {
+            exec(step.sql);
+            std::string pid = relay_pid();
+            kill(std::stoi(pid), SIGKILL);
+            deployment_.disconnect();
+            route_.reset();
+            await_relay_other_than(pid);
+            return;
+        }
     }
+}
+
+// As an operator moves a database: the sender stopped first (so no device is told of what the
+// dump will not hold), a custom-format dump, the database dropped and restored from it.
+void World::dump_and_restore() {
+    deployment_.sender()->stop(SIGTERM);
+    const std::string dump = directory() + "/sim.dump";
+    const std::string bin = test::pg_bindir();
+    std::string output;
+    if (test::run(bin + "/pg_dump -Fc -f " + dump + " -d '" + deployment_.conninfo() + "'",
+                  &output) != 0)
+        throw std::runtime_error("pg_dump failed: " + output);
+    deployment_.disconnect();
+    route_.reset();
+    cluster().sql("postgres", "DROP DATABASE sim WITH (FORCE)");
+    cluster().sql("postgres", "CREATE DATABASE sim TEMPLATE template0");
+    if (test::run(bin + "/pg_restore -d '" + deployment_.conninfo() + "' " + dump, &output) != 0)
+        throw std::runtime_error("pg_restore failed: " + output);
+    relay_pid();
+    start_sender();
+}
+
+// A point-in-time recovery to the end of the last base backup: the cluster stopped at once, the
+// backup recovered on its port (recovery.signal, no archive: the WAL it streamed), promoted at
+// the end of its WAL on a new timeline.
+void World::roll_back() {
+    if (backup_.empty()) throw std::runtime_error("no base backup to roll back to");
+    deployment_.disconnect();
+    route_.reset();
+    const int port = cluster().port();
+    cluster().stop("immediate");
+    deployment_.replace_cluster(test::Cluster::from_backup(
+        backup_ + "/data", {"restore_command = '/bin/false'"}, port, true));
+    relay_pid();
 }
 
 }  // namespace magic_sync::sim

@@ -61,6 +61,9 @@ class World {
     test::Connection& route();
     void grant_what_check_names();
 
+    void dump_and_restore();
+    void roll_back();
+
     std::string relay_pid();
     void await_relay_other_than(const std::string& pid);
 
@@ -69,6 +72,7 @@ class World {
     std::unique_ptr<test::Connection> route_;  // as the route's role: uploads sent again
     std::map<int, test::ReplicaProcess> replicas_;
     std::map<int, std::string> last_upload_;
+    std::string backup_;  // the last base backup's directory (BaseBackup)
 };
 
 }  // namespace magic_sync::sim

@@ -91,13 +91,13 @@ std::string fresh_data(const std::string& bindir, const std::string& directory) 
                : bindir + "/initdb -D " + directory + "/data -U postgres -A trust --no-sync";
 }
 
+}  // namespace
+
 std::string pg_bindir() {
     std::string output;
     if (run("pg_config --bindir", &output) != 0) throw std::runtime_error("pg_config not found");
     return trimmed(output);
 }
-
-}  // namespace
 
 std::string make_postgres_directory(const std::string& prefix) {
     std::string directory = make_temp_directory(prefix);

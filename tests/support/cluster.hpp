@@ -58,6 +58,9 @@ class Cluster {
     bool running_ = false;
 };
 
+// PostgreSQL's programs' directory (pg_config --bindir).
+std::string pg_bindir();
+
 // A new temporary directory the postgres user may write in (an archive, a base backup).
 std::string make_postgres_directory(const std::string& prefix);
 
