@@ -233,6 +233,28 @@ FROM sync.holding h JOIN shop.registers r ON r.id = h.replica;
 UPDATE sync.replica SET next_seq = 2 WHERE id = '00000000-0000-0000-0000-0000000000a1';
 SELECT forget();
 
+-- What an upload says of the replica counts in the history it was said in: one that names another
+-- origin (its device applied messages of a database since restored, or of a primary since failed
+-- over) is filed and answered, but its applied, untaken and holds are not taken; said in this
+-- history, they are.
+UPDATE sync.replica SET next_seq = 3 WHERE id = '00000000-0000-0000-0000-0000000000a1';
+SELECT sync.receive('00000000-0000-0000-0000-0000000000a1', up('10000000-0000-0000-0000-000000000022', '[]',
+  $$,"applied":2,"origin":"1/1/00000000-0000-0000-0000-000000000000",
+  "untaken":[{"seq":2,"t":"shop.products","k":{"id":1},"why":"in another history"}],
+  "holds":{"all":{"through":4,"fp":"00000000000000000000000000000000000000000000000000000000000000fe","n":2}}$$))
+  AS another_history;
+SELECT (SELECT count(*) FROM sync.confirmation) AS confirmations, (SELECT count(*) FROM kept) AS kept,
+       (SELECT count(*) FROM sync.holding) AS holdings;
+SELECT sync_internal.origin() AS origin \gset
+SELECT sync.receive('00000000-0000-0000-0000-0000000000a1', up('10000000-0000-0000-0000-000000000023', '[]',
+  ',"applied":2,"origin":"' || :'origin' || '",
+  "holds":{"all":{"through":4,"fp":"00000000000000000000000000000000000000000000000000000000000000fe","n":2}}'))
+  AS this_history;
+SELECT (SELECT count(*) FROM sync.confirmation) AS confirmations,
+       (SELECT count(*) FROM sync.holding) AS holdings;
+UPDATE sync.replica SET next_seq = 2 WHERE id = '00000000-0000-0000-0000-0000000000a1';
+SELECT forget();
+
 -- The relay moves answers into the outboxes of live replicas as filed messages, numbered after
 -- what they were sent; answers of a replica that is no longer live are dropped.
 SELECT sync.receive('00000000-0000-0000-0000-0000000000a1', up('10000000-0000-0000-0000-000000000010', $$[

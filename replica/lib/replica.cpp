@@ -807,12 +807,14 @@ std::optional<PreparedUpload> Replica::prepare_upload() {
     Transaction transaction(database_);
     PreparedUpload prepared;
 
-    Statement state =
-        database_.prepare("SELECT gen, seq, ack_through > coalesce(applied_sent, 0) FROM state");
+    Statement state = database_.prepare(
+        "SELECT gen, seq, ack_through > coalesce(applied_sent, 0), coalesce(origin, '') FROM "
+        "state");
     state.step();
     bool provisioned = state.integer(0) > 0;
     int64_t seq = state.integer(1);
     bool acknowledgement_due = state.integer(2) != 0;
+    prepared.upload.origin = state.text(3);
     state.run();
     if (provisioned) prepared.upload.applied = seq;
 

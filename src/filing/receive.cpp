@@ -78,6 +78,7 @@ struct Known {
     // The last change of what filing depends on committed before the declarations were read: a
     // row kept now is tried again after any later one (sync_internal.keep_upload).
     Value change;
+    Value origin;  // the history the relay writes in
 };
 
 // The codecs of the tables an upload names, by table, with the stamps of what known() returned.
@@ -532,7 +533,7 @@ Known known_replica(Spi& spi, const std::string& replica) {
     pg::as_extension_owner([&] {
         setup = spi.query(
                        R"sql(
-                       SELECT known, filing, live, replica_row, replicas, change
+                       SELECT known, filing, live, replica_row, replicas, change, origin
                        FROM sync_internal.receive_setup($1::uuid))sql",
                        {Param::uuid(replica)})
                     .at(0);
@@ -549,10 +550,13 @@ Known known_replica(Spi& spi, const std::string& replica) {
         return {std::nullopt,
                 known_function ? *known_function + "() does not know"
                                : std::string("is not a live replica"),
-                std::nullopt, std::nullopt, std::nullopt};
+                std::nullopt,
+                std::nullopt,
+                std::nullopt,
+                std::nullopt};
     if (filing_function)
         spi.execute("SELECT " + *filing_function + "($1::jsonb)", {Param::jsonb(known)});
-    return {known, "", setup["replica_row"], setup["replicas"], setup["change"]};
+    return {known, "", setup["replica_row"], setup["replicas"], setup["change"], setup["origin"]};
 }
 
 protocol::Limits upload_limits() {
@@ -624,9 +628,15 @@ std::string receive(Spi& spi, const std::string& replica, const std::string& mes
             });
         status = "filed";
     }
-    const pg::Param applied = upload.applied ? pg::Param(*upload.applied) : pg::Param(std::nullopt);
-    finish_upload(spi, replica, upload.id, kept, applied, protocol::untaken_json(upload),
-                  protocol::holds_json(upload), !upload.rows.empty() || kept != "[]", known.change);
+    // What it says of the replica (applied, untaken, holds) counts in the history it was said in:
+    // counters of a history before a restore or a failover would confirm messages it never got.
+    const bool this_history = upload.origin.empty() || upload.origin == known.origin.value_or("");
+    const pg::Param applied =
+        upload.applied && this_history ? pg::Param(*upload.applied) : pg::Param(std::nullopt);
+    finish_upload(spi, replica, upload.id, kept, applied,
+                  this_history ? protocol::untaken_json(upload) : "[]",
+                  this_history ? protocol::holds_json(upload) : "{}",
+                  !upload.rows.empty() || kept != "[]", known.change);
     return status;
 }
 

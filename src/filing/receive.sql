@@ -20,9 +20,11 @@ SET plan_cache_mode = force_generic_plan;
 
 -- The senders' hooks as qualified function names (NULL: the default), whether the replica is
 -- live, which is what the default known() asks, and its row of the replicas relation (what a
--- both row's audience is worked out against) with that relation's quoted name.
+-- both row's audience is worked out against) with that relation's quoted name; and the history
+-- the relay writes in (an upload said in another one is not taken for what it says of the replica).
 CREATE FUNCTION sync_internal.receive_setup(replica uuid, OUT known text, OUT filing text, OUT live boolean,
-                                   OUT replica_row jsonb, OUT replicas text, OUT change bigint)
+                                   OUT replica_row jsonb, OUT replicas text, OUT change bigint,
+                                   OUT origin text)
 LANGUAGE plpgsql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -30,6 +32,7 @@ DECLARE
     relation regclass := (SELECT s.relation FROM sync.replica_set s);
 BEGIN
     change := sync_internal.filing_change_committed();
+    origin := sync_internal.origin();
     IF relation IS NOT NULL THEN
         replicas := relation::text;
         EXECUTE format('SELECT to_jsonb(r.*) FROM %s r WHERE r.id = $1', relation)

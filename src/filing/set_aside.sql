@@ -18,10 +18,24 @@ CREATE SEQUENCE sync.filing_change;
 SELECT pg_catalog.pg_extension_config_dump('sync.filing_change', '');
 CREATE TABLE sync.filing_change_log (n bigint PRIMARY KEY);
 
+-- pg_restore sets the sequence (it is dumped) back to its dumped value after the DDL of the
+-- restore's first section moved it on and logged those numbers: a number already logged is not
+-- taken again, the sequence goes on past the log.
 CREATE FUNCTION sync_internal.filing_changed() RETURNS bigint
-LANGUAGE sql SECURITY DEFINER
+LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$ INSERT INTO sync.filing_change_log VALUES (nextval('sync.filing_change')) RETURNING n $$;
+AS $$
+DECLARE
+    change bigint := nextval('sync.filing_change');
+    logged bigint := (SELECT max(l.n) FROM sync.filing_change_log l);
+BEGIN
+    IF change <= logged THEN
+        change := setval('sync.filing_change', logged + 1);
+    END IF;
+    INSERT INTO sync.filing_change_log VALUES (change) ON CONFLICT DO NOTHING;
+    RETURN change;
+END
+$$;
 
 -- The last change committed.
 CREATE FUNCTION sync_internal.filing_change_committed() RETURNS bigint

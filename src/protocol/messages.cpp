@@ -76,8 +76,8 @@ bool operator==(const Holding& a, const Holding& b) {
            std::tie(b.through, b.fingerprint, b.ranges);
 }
 bool operator==(const Upload& a, const Upload& b) {
-    return std::tie(a.id, a.rows, a.applied, a.untaken, a.holds) ==
-           std::tie(b.id, b.rows, b.applied, b.untaken, b.holds);
+    return std::tie(a.id, a.rows, a.applied, a.untaken, a.holds, a.origin) ==
+           std::tie(b.id, b.rows, b.applied, b.untaken, b.holds, b.origin);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -355,6 +355,7 @@ std::string encode(const Upload& upload) {
         row_object.close();
     });
     if (upload.applied) object.integer_field("applied", *upload.applied);
+    if (!upload.origin.empty()) object.string_field("origin", upload.origin);
     if (!upload.untaken.empty()) {
         append_list(object.field("untaken"), upload.untaken,
                     [](std::string& o, const Untaken& untaken) {
@@ -915,6 +916,12 @@ Upload decode_upload(std::string_view text, const Limits& limits) {
     }
     if (std::optional<Field> applied = message.optional_member("applied")) {
         upload.applied = applied->count();
+    }
+    if (std::optional<Field> origin = message.optional_member("origin")) {
+        upload.origin = origin->string();
+        if (upload.origin.size() > kOriginMaxBytes)
+            throw DecodeError(context + ": origin is longer than " +
+                              std::to_string(kOriginMaxBytes) + " bytes");
     }
     if (std::optional<Field> untaken = message.optional_member("untaken")) {
         for (const Field& item : budget.take(*untaken)) {

@@ -189,6 +189,9 @@ struct Upload {
     std::optional<int64_t> applied;  // seq of the last down message applied and committed
     std::vector<Untaken> untaken;
     std::map<std::string, Holding> holds;  // by scope
+    // The history `applied`, `untaken` and `holds` were said in (the origin of the last message
+    // applied): a server of another origin does not take them. Empty: not said.
+    std::string origin;
 };
 
 bool operator==(const MessageHeader& a, const MessageHeader& b);

@@ -42,6 +42,7 @@ DECLARE
     large text[];
     working_table text;
 BEGIN
+    PERFORM sync_internal.relay_guard();
     PERFORM sync_internal.relay_lock();
     -- The last table made exists only when all were.
     IF to_regclass('pg_temp.magic_sync_picked') IS NULL THEN
@@ -127,42 +128,65 @@ BEGIN
 END
 $$;
 
--- The cluster's history changed under this relay state: a standby was promoted, or a base backup
--- recovered to an earlier point. Devices may hold messages this state never wrote, or wrote and
--- no longer has, of a history that is gone, and their counters say nothing against this one's:
--- the origin gets a new id.
--- Every live replica is sent, for each scope whose head it was sent, an empty chunk at that head:
--- it takes the message as one of another origin, stands at the head, and reports what it holds
--- there; repair (src/verify/repair.sql) resends only the ranges that differ, so a device that
--- matches receives nothing more. A scope not sent whole yet brings the replica to its head with
--- its next chunk. Returns the messages queued.
+-- Devices that may hold what this relay state never sent prove it instead of being sent
+-- everything again: each is sent, for every scope whose head it was sent, an empty chunk at that
+-- head; it stands there and reports what it holds, and repair (src/verify/repair.sql) resends only
+-- the ranges that differ, so a device that matches receives no row. A scope not sent whole yet
+-- brings the replica to its head with its next chunk. Two cases:
+-- - the cluster's history changed under this relay state (a standby promoted, a base backup
+--   recovered to an earlier point): devices may hold messages this state never wrote, or wrote
+--   and no longer has, of a history that is gone. Every live replica proves; the origin gets a
+--   new id, since the same base backup recovered twice without the archive's timeline history
+--   may take the same timeline number again;
+-- - a restore's state planned its tables for the first time: the replicas it provisioned
+--   meanwhile (sync.replica.proving) are taken as sent everything and prove.
+-- Returns the messages queued.
 CREATE FUNCTION sync_internal.pass_prove_holdings() RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    was text;
+    state sync.relay_state;
+    now_in CONSTANT text := sync_internal.history();
 BEGIN
-    SELECT r.history INTO was FROM sync.relay_state r FOR UPDATE;
-    IF was IS NOT DISTINCT FROM sync_internal.history() THEN
+    SELECT * INTO state FROM sync.relay_state FOR UPDATE;
+    IF state.history IS NULL THEN
+        -- A state just made (or the update from an earlier release): its origin joins the lineage.
+        UPDATE sync.relay_state SET history = now_in;
+        INSERT INTO sync.lineage (origin) VALUES (state.origin) ON CONFLICT DO NOTHING;
+    ELSIF state.history <> now_in THEN
+        UPDATE sync.relay_state SET history = now_in, origin = gen_random_uuid();
+        RAISE LOG 'magic_sync: the cluster''s history changed (%, now %): a promoted standby or a point-in-time recovery; every live replica proves what it holds against its scopes'' heads',
+                  state.history, now_in;
+        RETURN sync_internal.send_standing(NULL);
+    END IF;
+    IF state.proving_through IS NULL
+       OR EXISTS (SELECT FROM sync.note n WHERE n.seq <= state.proving_through) THEN
         RETURN 0;
     END IF;
-    IF was IS NULL THEN
-        UPDATE sync.relay_state SET history = sync_internal.history();
-        RETURN 0;  -- a state just made: its replicas are provisioned
-    END IF;
-    -- The origin's id changes too: the same base backup recovered twice without the archive's
-    -- timeline history may take the same timeline number twice.
-    UPDATE sync.relay_state SET history = sync_internal.history(), origin = gen_random_uuid();
-    RAISE LOG 'magic_sync: the cluster''s history changed (%, now %): a promoted standby or a point-in-time recovery; every live replica proves what it holds against its scopes'' heads',
-              was, sync_internal.history();
+    UPDATE sync.relay_state SET proving_through = NULL;
+    UPDATE sync.member m SET sent = s.head
+    FROM sync.scope s, sync.replica r
+    WHERE s.id = m.scope AND r.id = m.replica AND r.proving;
+    RETURN sync_internal.send_standing(
+        (SELECT array_agg(r.id) FROM sync.replica r WHERE r.proving));
+END
+$$;
+
+-- Queues, for each live replica of `replicas` (NULL: every one), a rows message of empty chunks
+-- at the heads of the scopes it was sent whole, and ends its proving. Returns the messages queued.
+CREATE FUNCTION sync_internal.send_standing(replicas uuid[]) RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
     WITH standing AS (
         SELECT m.replica, s.id AS scope, s.head,
                sync_internal.scope_name(s.match, s.value, s.partition) AS scope_name
         FROM sync.member m
         JOIN sync.replica r ON r.id = m.replica AND r.live
         JOIN sync.scope s ON s.id = m.scope
-        WHERE m.sent = s.head),
+        WHERE m.sent = s.head AND (replicas IS NULL OR m.replica = ANY (replicas))),
     built AS (
         INSERT INTO sync.chunk (scope, from_seq, to_seq, built_head, rows, bytes, body)
         SELECT e.scope, e.head, e.head, e.head, 0, octet_length(e.body), e.body
@@ -176,10 +200,11 @@ BEGIN
            jsonb_object_agg(st.scope::text, st.head)
     FROM standing st JOIN built b ON b.scope = st.scope
     GROUP BY st.replica;
+    UPDATE sync.replica r SET proving = false
+    WHERE r.proving AND (replicas IS NULL OR r.id = ANY (replicas));
     RETURN sync_internal.enqueue();
 END
 $$;
-
 -- A relay state just made beside declarations it did not plan (pg_restore brings the declarations
 -- back, not the relay's rows; so does the update from an earlier release) plans every declared
 -- table whole, and the replicas relation, once. Its replicas are provisioned again from that.
@@ -203,6 +228,11 @@ BEGIN
         SELECT c.id, NULL::jsonb FROM sync.codec c
         UNION ALL
         SELECT 0, NULL FROM sync.replica_set;
+        -- A restore's state (the dump brought the lineage of earlier ones): the replicas it
+        -- provisions until these notes are planned prove what they hold instead of a full resend.
+        IF EXISTS (SELECT FROM sync.lineage l JOIN sync.relay_state r ON l.origin <> r.origin) THEN
+            UPDATE sync.relay_state SET proving_through = (SELECT max(n.seq) FROM sync.note n);
+        END IF;
     END IF;
 END
 $$;
@@ -450,12 +480,16 @@ AS $$
 DECLARE
     provisioned uuid[];
 BEGIN
-    WITH fresh AS (INSERT INTO sync.replica AS r (id, gen, live, partition)
-                   SELECT p.id, 1, true, p.part FROM pg_temp.magic_sync_replica p
+    WITH fresh AS (INSERT INTO sync.replica AS r (id, gen, live, partition, reset_pending, proving)
+                   SELECT p.id, 1, true, p.part, NOT restored, restored
+                   FROM pg_temp.magic_sync_replica p
+                   CROSS JOIN (SELECT s.proving_through IS NOT NULL AS restored
+                               FROM sync.relay_state s) state
                    LEFT JOIN sync.replica x ON x.id = p.id
                    WHERE p.live AND (x.id IS NULL OR NOT x.live OR x.partition <> p.part)
                    ON CONFLICT (id) DO UPDATE SET gen = r.gen + 1, live = true,
                    partition = excluded.partition, provisioned_at = now(), reset_pending = true,
+                   proving = false,
                    pending_drops = '{}', pending_table_drops = '{}', backoff_until = NULL,
                    backoff = NULL, last_error = NULL, refusals = 0
                    RETURNING r.id)
@@ -725,7 +759,7 @@ BEGIN
     SELECT m.replica, m.scope, m.sent, s.head, sync_internal.scope_name(s.match, s.value, s.partition),
            u.room, u.in_flight
     FROM sync.member m JOIN sync.scope s ON s.id = m.scope
-    JOIN sync.replica r ON r.id = m.replica AND r.live
+    JOIN sync.replica r ON r.id = m.replica AND r.live AND NOT r.proving
     CROSS JOIN LATERAL (SELECT sync_internal.outbox_room(m.replica, window_size) AS room,
      coalesce((SELECT bool_or(sync_internal.lease_holds(o)) FROM sync.outbox o
                WHERE o.replica = m.replica AND o.sent_at IS NULL), false) AS in_flight) u

@@ -15,6 +15,32 @@ AS $$
       AND l.classid = 1836281443 AND l.objid = 1 AND l.objsubid = 2
 $$;
 
+-- The relay's transactions and DROP EXTENSION take their table locks in one order: each relay
+-- transaction (a pass, a slice of a retry) first takes sync.relay_state in ROW SHARE mode, and
+-- DROP EXTENSION first takes it in ACCESS EXCLUSIVE mode (an event trigger, before it drops
+-- anything). Otherwise the drop, locking the extension's tables one by one, and a pass, locking
+-- them in its own order, deadlocked (seen by the simulation: DROP EXTENSION magic_sync CASCADE
+-- failed with "deadlock detected" while the worker ran).
+CREATE FUNCTION sync_internal.relay_guard() RETURNS void
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    LOCK TABLE sync.relay_state IN ROW SHARE MODE;
+END
+$$;
+
+CREATE FUNCTION sync_internal.before_drop_extension() RETURNS event_trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    LOCK TABLE sync.relay_state IN ACCESS EXCLUSIVE MODE;
+END
+$$;
+CREATE EVENT TRIGGER magic_sync_before_drop_extension ON ddl_command_start
+    WHEN TAG IN ('DROP EXTENSION') EXECUTE FUNCTION sync_internal.before_drop_extension();
+
 -- Takes the relay lock if it is free and keeps it for the session; returns this session's pid.
 -- Refuses when another session holds it.
 CREATE FUNCTION sync_internal.relay_lock() RETURNS int

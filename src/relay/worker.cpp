@@ -185,6 +185,7 @@ void end_retry(RelayState* state) {
 // ends, and says what it did, when none is due any more. Returns whether it goes on.
 bool retry_slice(RelayState* state) {
     pgstat_report_activity(STATE_RUNNING, "magic_sync relay: retry");
+    single_value("SELECT sync_internal.relay_guard()", 0, nullptr, nullptr);
     become_relay_role();
     if (SPI_execute("SELECT filed, kept, more FROM sync.retry_uploads()", false, 0) !=
             SPI_OK_SELECT ||
@@ -208,6 +209,7 @@ bool relay_step(RelayState* state) {
         wait_for(state, reason);
         return false;
     }
+    single_value("SELECT sync_internal.relay_guard()", 0, nullptr, nullptr);
     char* holder =
         single_value("SELECT sync_internal.relay_lock_holder()::text", 0, nullptr, nullptr);
     if (holder != nullptr && atoi(holder) != MyProcPid) {

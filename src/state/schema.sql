@@ -177,7 +177,11 @@ CREATE TABLE sync.replica (
     backoff_until timestamptz,
     backoff interval,
     last_error text,
-    refusals int NOT NULL DEFAULT 0
+    refusals int NOT NULL DEFAULT 0,
+    -- Provisioned by a relay state that a restore made: the device may hold what was dumped, so
+    -- it is sent no rows but where it stands, once that state planned its tables, and proves
+    -- what it holds (sync_internal.pass_prove_holdings).
+    proving boolean NOT NULL DEFAULT false
 );
 -- Replicas whose next message must carry a reset or a drop.
 CREATE INDEX replica_pending ON sync.replica (id)
@@ -367,7 +371,10 @@ CREATE TABLE sync.relay_state (
     declarations_noted boolean NOT NULL DEFAULT false,
     -- The cluster's history (sync_internal.history) at the last pass: another one under the same
     -- state is a promoted standby or a point-in-time recovery (sync_internal.pass_prove_holdings).
-    history text
+    history text,
+    -- Set while a relay state made by a restore plans the declared tables for the first time:
+    -- the last seq of those whole-table notes. Replicas provisioned meanwhile prove what they hold.
+    proving_through bigint
 );
 INSERT INTO sync.relay_state DEFAULT VALUES;
 
@@ -381,3 +388,12 @@ SELECT pg_catalog.pg_extension_config_dump('sync.sender_rule', '');
 SELECT pg_catalog.pg_extension_config_dump('sync.set_aside', 'WHERE kind = ''upload''');
 SELECT pg_catalog.pg_extension_config_dump('sync.set_aside_id_seq', '');
 SELECT pg_catalog.pg_extension_config_dump('sync.upload', '');
+
+-- The origins of the relay states this database's declarations lived under, kept by pg_dump (the
+-- rows are the relay's, never the install script's): a relay state that finds some it was not
+-- made under is a restore's, whose devices may hold what was dumped.
+CREATE TABLE sync.lineage (
+    origin uuid PRIMARY KEY,
+    noted_at timestamptz NOT NULL DEFAULT now()
+);
+SELECT pg_catalog.pg_extension_config_dump('sync.lineage', '');

@@ -95,6 +95,7 @@ Upload full_upload() {
     upload.holds.emplace("store_id=42@eu", other);
     upload.holds["all"].ranges.push_back(
         RangeFingerprint{KeyRange{half(), std::nullopt}, Fingerprint{Digest{}, 0}});
+    upload.origin = "7716042567404400454/2/418478cb-151d-4280-8589-17f30d0596ac";
     return upload;
 }
 
@@ -380,7 +381,8 @@ TEST(RoundTrip, EveryDownKind) {
 }
 
 TEST(RoundTrip, Upload) {
-    for (const Upload& upload : {small_upload(), full_upload(), Upload{kUpload, {}, {}, {}, {}}}) {
+    for (const Upload& upload :
+         {small_upload(), full_upload(), Upload{kUpload, {}, {}, {}, {}, {}}}) {
         std::string encoded = encode(upload);
         EXPECT_EQ(decode_upload(encoded), upload) << encoded;
         EXPECT_EQ(encode(decode_upload(encoded)), encoded);
@@ -410,6 +412,17 @@ TEST(Decode, AcceptsAnyFieldOrderAndWhitespaceAndIgnoresUnknownFields) {
     DownMessage decoded = decode_down(text);
     ASSERT_TRUE(std::holds_alternative<RowsMessage>(decoded));
     EXPECT_EQ(std::get<RowsMessage>(decoded), small_rows());
+}
+
+TEST(Decode, AnUploadsOriginIsNoLongerThanAnyServerWrites) {
+    const std::string too_long(kOriginMaxBytes + 1, '7');
+    try {
+        decode_upload(R"({"v":1,"id":")" + kUpload + R"(","rows":[],"origin":")" + too_long +
+                      R"("})");
+        FAIL() << "an origin of " << too_long.size() << " bytes was taken";
+    } catch (const DecodeError& e) {
+        EXPECT_STREQ(e.what(), "upload: origin is longer than 68 bytes");
+    }
 }
 
 TEST(Decode, CanonicalizesPayloads) {
