@@ -25,14 +25,16 @@ SET plan_cache_mode = force_generic_plan;
 CREATE FUNCTION sync_internal.receive_setup(replica uuid, OUT known text, OUT filing text, OUT live boolean,
                                    OUT replica_row jsonb, OUT replicas text, OUT change bigint,
                                    OUT origin text)
-LANGUAGE plpgsql STABLE SECURITY DEFINER
+LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
-    relation regclass := (SELECT s.relation FROM sync.replica_set s);
+    relation regclass;
 BEGIN
+    PERFORM sync_internal.relay_guard();  -- first: the lock order DROP EXTENSION keeps
     change := sync_internal.filing_change_committed();
     origin := sync_internal.origin();
+    relation := (SELECT s.relation FROM sync.replica_set s);
     IF relation IS NOT NULL THEN
         replicas := relation::text;
         EXECUTE format('SELECT to_jsonb(r.*) FROM %s r WHERE r.id = $1', relation)

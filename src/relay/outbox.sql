@@ -135,6 +135,7 @@ AS $$
 DECLARE
     sent_from CONSTANT text := sync_internal.origin();
 BEGIN
+    PERFORM sync_internal.relay_guard();
     IF n IS NULL OR n < 1 OR lease IS NULL OR lease <= interval '0' OR run IS NULL OR run < 1 THEN
         RAISE EXCEPTION 'sync.next needs n >= 1, a positive lease and run >= 1 (got n = %, lease = %, run = %)',
             n, lease, run
@@ -215,6 +216,7 @@ SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
+    PERFORM sync_internal.relay_guard();
     IF cardinality(replicas) IS DISTINCT FROM cardinality(seqs) THEN
         RAISE EXCEPTION 'sync.sent needs as many seqs as replicas (got % and %)',
             cardinality(replicas), cardinality(seqs)
@@ -267,6 +269,7 @@ DECLARE
     previous interval;
     wait interval;
 BEGIN
+    PERFORM sync_internal.relay_guard();
     UPDATE sync.outbox o SET lease_until = NULL, lease_pid = NULL, lease_backend_start = NULL
     WHERE o.replica = failed.replica AND o.seq = failed.seq AND o.sent_at IS NULL;
     IF NOT FOUND THEN
@@ -323,6 +326,7 @@ AS $$
 DECLARE
     head sync.outbox;
 BEGIN
+    PERFORM sync_internal.relay_guard();
     IF lease IS NULL OR lease <= interval '0' THEN
         RAISE EXCEPTION 'sync.pull_head needs a positive lease (got %)', lease
             USING ERRCODE = 'invalid_parameter_value';
@@ -386,6 +390,7 @@ AS $$
 DECLARE
     seq bigint := sync_internal.pull_named_head(pull_ack.replica, pull_ack.message_id);
 BEGIN
+    PERFORM sync_internal.relay_guard();
     IF seq IS NULL THEN
         RETURN false;
     END IF;
@@ -407,6 +412,7 @@ AS $$
 DECLARE
     seq bigint := sync_internal.pull_named_head(pull_refused.replica, pull_refused.message_id);
 BEGIN
+    PERFORM sync_internal.relay_guard();
     IF seq IS NULL THEN
         RETURN false;
     END IF;

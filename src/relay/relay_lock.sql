@@ -15,14 +15,15 @@ AS $$
       AND l.classid = 1836281443 AND l.objid = 1 AND l.objsubid = 2
 $$;
 
--- The relay's transactions and DROP EXTENSION take their table locks in one order: each relay
--- transaction (a pass, a slice of a retry) first takes sync.relay_state in ROW SHARE mode, and
--- DROP EXTENSION first takes it in ACCESS EXCLUSIVE mode (an event trigger, before it drops
--- anything). Otherwise the drop, locking the extension's tables one by one, and a pass, locking
--- them in its own order, deadlocked (seen by the simulation: DROP EXTENSION magic_sync CASCADE
--- failed with "deadlock detected" while the worker ran).
+-- The extension's users and DROP EXTENSION take their table locks in one order: each relay
+-- transaction (a pass, a slice of a retry), sync.receive and the senders' functions first take
+-- sync.relay_state in ROW SHARE mode, and DROP EXTENSION first takes it in ACCESS EXCLUSIVE mode
+-- (an event trigger, before it drops anything). Otherwise the drop, locking the extension's
+-- tables one by one, and a pass or a filing, locking them in its own order, deadlocked (seen by
+-- the simulation: DROP EXTENSION magic_sync CASCADE failed with "deadlock detected" while the
+-- worker ran and replicas uploaded). ROW SHARE conflicts with nothing else they do.
 CREATE FUNCTION sync_internal.relay_guard() RETURNS void
-LANGUAGE plpgsql
+LANGUAGE plpgsql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
