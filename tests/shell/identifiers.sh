@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Any user identifier works: tables, columns, schemas and the replicas relation named after every
 # alias and qualifier the engine's own SQL uses (read from src/ now, not a list typed once), and
-# reserved words, quotes, spaces, upper case, unicode and 63-byte names. A catalog's rows travel
+# reserved words, quotes, spaces, upper case, unicode and 63-byte names, the partition column
+# (partitioned_by takes it as named, unquoted) with quotes and a space too. A catalog's rows travel
 # whole to every replica, a record's upload is filed column for column, a both's replica column
 # is changed by its replica, and the audit, the oracle and sync.check find nothing wrong.
 set -euo pipefail
@@ -25,6 +26,8 @@ for word in "${words[@]}"; do columns+=", \"$word\" text"; done
 long=$(printf 'l%.0s' {1..63})
 columns+=", \"select\" text, \"Mixed Case\" text, \"quo\"\"te\" text, \"sp ace\" text"
 columns+=", \"prénom\" text, \"$long\" text"
+# The partition column too (every table and the replicas relation have it, all in one partition).
+columns+=", \"Part \"\"X\"\"\" text"
 
 . scripts/cluster.sh
 trap cluster_stop EXIT
@@ -41,7 +44,8 @@ CREATE TABLE "Odd Schema"."Replica List" (id uuid PRIMARY KEY, "live?" boolean N
 CREATE TABLE "Odd Schema"."select" ("order" int PRIMARY KEY, "group" int :columns);
 CREATE TABLE "Odd Schema"."from t" ("order" int PRIMARY KEY :columns);
 CREATE TABLE "Odd Schema"."Both" ("order" int PRIMARY KEY, "owner" uuid NOT NULL :columns);
-SELECT sync.replicas('"Odd Schema"."Replica List"', 'odd', live => '"live?"');
+SELECT sync.replicas('"Odd Schema"."Replica List"', 'odd', live => '"live?"',
+                     partitioned_by => 'Part "X"');
 SELECT sync.catalog('"Odd Schema"."select"', "to" => '"group" = "group"');
 SELECT sync.record('"Odd Schema"."from t"');
 SELECT sync.both('"Odd Schema"."Both"', "to" => '"owner"', replica_columns => ARRAY['t', 'select']);
@@ -55,7 +59,7 @@ BEGIN
                              FROM pg_attribute a
                              WHERE a.attrelid = relation AND a.attnum > 0 AND NOT a.attisdropped
                                AND format_type(a.atttypid, NULL) = 'text')
-                            || jsonb_build_object('order', i) || extra::jsonb)
+                            || jsonb_build_object('order', i, 'Part "X"', 'eu') || extra::jsonb)
            FROM generate_series(first, last) i);
 END
 $$;
@@ -82,17 +86,19 @@ check() { # what, expected, actual (long rows shown in part)
 check "the first pass (notes > 0, set aside)" "t|0" "$(psql_odd -c 'SELECT notes > 0, set_aside FROM sync.pass()')"
 # What each replica was sent, row by row (a table travels under its name quoted as SQL quotes it), against the rows the tables and the rules say it must
 # hold, computed here from the tables alone.
-carried="SELECT string_agg(format('%s %s %s', o.replica, x->>'t', x->'r'), E'\n' ORDER BY 1)
+carried="SELECT string_agg(line, E'\n' ORDER BY line) FROM (
+         SELECT format('%s %s %s', o.replica, x->>'t', x->'r') AS line
          FROM sync.outbox o,
               jsonb_array_elements(convert_from(sync.message(o.replica, o.seq), 'UTF8')::jsonb->'chunks') c,
-              jsonb_array_elements(c->'rows') x"
-must_hold="SELECT string_agg(format('%s %s %s', r.id, w.tbl, w.body), E'\n' ORDER BY 1)
+              jsonb_array_elements(c->'rows') x) lines"
+must_hold="SELECT string_agg(line, E'\n' ORDER BY line) FROM (
+           SELECT format('%s %s %s', r.id, w.tbl, w.body) AS line
            FROM \"Odd Schema\".\"Replica List\" r,
                 LATERAL (SELECT '\"Odd Schema\".\"select\"', to_jsonb(s.*) FROM \"Odd Schema\".\"select\" s
-                         WHERE s.\"group\" = r.\"group\"
+                         WHERE s.\"group\" = r.\"group\" AND s.\"Part \"\"X\"\"\" = r.\"Part \"\"X\"\"\"
                          UNION ALL
                          SELECT '\"Odd Schema\".\"Both\"', to_jsonb(b.*) FROM \"Odd Schema\".\"Both\" b
-                         WHERE b.owner = r.id) w(tbl, body)"
+                         WHERE b.owner = r.id AND b.\"Part \"\"X\"\"\" = r.\"Part \"\"X\"\"\") w(tbl, body)) lines"
 expected=$(psql_odd -c "$must_hold")
 check "rows sent to the replicas" "$expected" "$(psql_odd -c "$carried")"
 check "rows that must be held (3 + 2 + 2)" 7 "$(echo "$expected" | wc -l)"
