@@ -19,6 +19,8 @@ CREATE TABLE shop.products (id int PRIMARY KEY, name text);
 CREATE TABLE shop.drawers (register_id uuid PRIMARY KEY, counted numeric, closed_at timestamptz);
 CREATE TABLE shop.visits (id int PRIMARY KEY, n int NOT NULL CHECK (n > 0));
 CREATE FUNCTION shop.known(uuid) RETURNS jsonb LANGUAGE sql AS $$ SELECT '{}'::jsonb $$;
+-- A NOT VALID check: pg_dump makes it before the primary key, on a declared table.
+ALTER TABLE shop.visits ADD CONSTRAINT visits_n_small CHECK (n < 1000) NOT VALID;
 SELECT sync.replicas('shop.registers', 'registers', live => 'active');
 SELECT sync.catalog('shop.products', columns => ARRAY['id', 'name']);
 SELECT sync.both('shop.drawers', "to" => 'register_id', replica_columns => ARRAY['counted']);
