@@ -34,9 +34,11 @@ struct Statement {
     const char* text;
 };
 constexpr Statement kSent{
-    "magic_sync_sent", "SELECT recovered::text FROM sync.sent($1::uuid[], $2::bigint[]) recovered"};
-constexpr Statement kFailed{"magic_sync_failed",
-                            "SELECT sync.failed($1::uuid, $2::bigint, $3::boolean, $4::text)"};
+    "magic_sync_sent",
+    "SELECT recovered::text FROM sync.sent($1::uuid[], $2::bigint[], $3::text[]) recovered"};
+constexpr Statement kFailed{
+    "magic_sync_failed",
+    "SELECT sync.failed($1::uuid, $2::bigint, $3::boolean, $4::text, $5::text)"};
 // Binary results: the bytes arrive as they are, and seq as 8 bytes.
 constexpr Statement kNext{"magic_sync_next",
                           "SELECT replica::text, seq, message_id, message, origin "
@@ -136,6 +138,8 @@ void Database::start_exchange(const std::vector<Settlement>& settlements, const 
     const std::string taken_replicas = array_literal(taken, replica_of);
     const std::string taken_seqs = array_literal(
         taken, [](const Settlement* settlement) { return std::to_string(settlement->seq); });
+    const std::string taken_origins = array_literal(
+        taken, [](const Settlement* settlement) { return '"' + settlement->origin + '"'; });
     const std::string lease = std::to_string(lease_seconds) + " seconds";
     const std::string run = std::to_string(wants.run);
 
@@ -151,13 +155,14 @@ void Database::start_exchange(const std::vector<Settlement>& settlements, const 
         pending->steps.push_back(step);
     };
     if (!taken.empty())
-        send(Pending::Step::sent, kSent, {taken_replicas.c_str(), taken_seqs.c_str()}, 0);
+        send(Pending::Step::sent, kSent,
+             {taken_replicas.c_str(), taken_seqs.c_str(), taken_origins.c_str()}, 0);
     for (const Settlement* settlement : failed) {
         const bool retry = settlement->outcome.verdict == Verdict::transient;
         const std::string seq = std::to_string(settlement->seq);
         send(Pending::Step::failed, kFailed,
              {settlement->replica.c_str(), seq.c_str(), retry ? "true" : "false",
-              settlement->outcome.error.c_str()},
+              settlement->outcome.error.c_str(), settlement->origin.c_str()},
              0);
         pending->failed_replicas.push_back(settlement->replica);
     }
@@ -219,9 +224,10 @@ bool Database::read_one_result() {
                 delivery.replica.assign(PQgetvalue(rows, row, 0), PQgetlength(rows, row, 0));
                 delivery.seq = big_endian_int64(PQgetvalue(rows, row, 1));
                 delivery.message_id.assign(PQgetvalue(rows, row, 2), PQgetlength(rows, row, 2));
+                delivery.origin.assign(PQgetvalue(rows, row, 4), PQgetlength(rows, row, 4));
                 delivery.bytes = stamped_with_origin(
                     std::string(PQgetvalue(rows, row, 3), PQgetlength(rows, row, 3)),
-                    std::string(PQgetvalue(rows, row, 4), PQgetlength(rows, row, 4)));
+                    delivery.origin);
                 // A replica's run comes in one piece.
                 if (row == 0 || leased.back().replica != delivery.replica) ++replicas;
                 leased.push_back(std::move(delivery));

@@ -29,6 +29,10 @@ struct Settlement {
     std::string replica;
     int64_t seq = 0;
     Outcome outcome;
+    // The history the message was leased in: a settlement recorded after the database's history
+    // changed (a restore, a failover: the sender reconnected to another) is not taken for the
+    // message of that seq there.
+    std::string origin;
 };
 
 // What recording a settlement changed for its replica.

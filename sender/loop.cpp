@@ -154,9 +154,10 @@ void Sender::send_next(Run& run) {
     run.sent_at = Clock::now();
     const std::string replica = delivery.replica;
     const int64_t seq = delivery.seq;
+    const std::string origin = delivery.origin;
     Completions* completions = &completions_;
-    transport_->send(std::move(delivery), [completions, replica, seq](Outcome outcome) {
-        completions->push(Settlement{replica, seq, std::move(outcome)});
+    transport_->send(std::move(delivery), [completions, replica, seq, origin](Outcome outcome) {
+        completions->push(Settlement{replica, seq, std::move(outcome), origin});
     });
 }
 

@@ -15,6 +15,7 @@ struct Delivery {
     int64_t seq = 0;         // the replica's message counter
     std::string message_id;  // "<gen>.<seq>": the same on every resend, so the other side dedupes
     std::string bytes;       // exactly what is to be sent
+    std::string origin;      // the history it was leased in (its header's origin)
     std::chrono::milliseconds timeout{30000};  // a send that takes longer is a transient failure
 };
 

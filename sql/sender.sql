@@ -138,6 +138,25 @@ SELECT * FROM sync.next(0, '1 minute');
 SELECT * FROM sync.next(1, '-1 second');
 SELECT * FROM sync.next(1, '1 minute', NULL, 0);
 
+-- What a sender had in flight when it reconnected to another history (a restore, a failover) is
+-- not recorded against the message of that seq here: sync.next returned the origin with each
+-- message, and sync.sent and sync.failed take it back.
+INSERT INTO sync.replica (id, gen) VALUES ('00000000-0000-0000-0000-00000000000e', 1);
+INSERT INTO sync.outbox (replica, seq, gen, kind, body)
+VALUES ('00000000-0000-0000-0000-00000000000e', 1, 1, 'rows', convert_to('{"seq":1}', 'UTF8'));
+SELECT count(*) AS leased, bool_and(origin = sync_internal.origin()) AS origin_returned
+FROM sync.next(1, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000e']::uuid[], 1);
+SELECT count(*) AS recovered FROM sync.sent(ARRAY['00000000-0000-0000-0000-00000000000e']::uuid[],
+                                           ARRAY[1], ARRAY['1/1/00000000-0000-0000-0000-000000000000']);
+SELECT sync.failed('00000000-0000-0000-0000-00000000000e', 1, false, 'refused: another history',
+                   '1/1/00000000-0000-0000-0000-000000000000') AS started;
+SELECT sent_at IS NULL AS unsent, lease_until IS NOT NULL AS still_leased FROM sync.outbox
+WHERE replica = '00000000-0000-0000-0000-00000000000e';
+SELECT backoff, refusals FROM sync.replica WHERE id = '00000000-0000-0000-0000-00000000000e';
+SELECT count(*) AS recovered FROM sync.sent(ARRAY['00000000-0000-0000-0000-00000000000e']::uuid[],
+                                           ARRAY[1], ARRAY[sync_internal.origin()]);
+SELECT sent_at IS NOT NULL AS sent FROM sync.outbox WHERE replica = '00000000-0000-0000-0000-00000000000e';
+
 -- The backlog, for the sender's progress line.
 SELECT unsent, in_backoff, oldest_unsent IS NOT NULL AS has_oldest FROM sync.backlog();
 

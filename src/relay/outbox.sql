@@ -55,9 +55,9 @@ BEGIN
         FROM queued q JOIN sync.replica r ON r.id = q.replica AND r.live),
     stored AS (
         INSERT INTO sync.outbox (replica, seq, gen, kind, chunks, reset, drops, table_drops,
-                                 advances, body)
+                                 advances, upload, body)
         SELECT n.replica, n.seq, n.gen, n.kind, n.chunks, n.reset, n.drops, n.table_drops,
-               n.advances,
+               n.advances, (n.payload->>'upload')::uuid,
                CASE WHEN n.kind = 'filed' THEN sync_internal.encode_filed(n.replica, n.gen, n.seq, n.payload)
                     WHEN n.body IS NOT NULL THEN sync_internal.stamp_message(n.body, n.replica, n.gen, n.seq)
                END
@@ -209,7 +209,8 @@ AS $$ SELECT * FROM sync.next(n, lease, NULL, 1) $$;
 -- recovered), for the sender's log. One statement for a whole batch of deliveries. A generic plan,
 -- for the reason sync.next has one: a custom plan for a batch of a thousand deliveries cost more
 -- than recording them, and chose to read the whole outbox.
-CREATE FUNCTION sync.sent(replicas uuid[], seqs bigint[]) RETURNS SETOF uuid
+CREATE FUNCTION sync.sent(replicas uuid[], seqs bigint[], origins text[] DEFAULT NULL)
+RETURNS SETOF uuid
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -222,10 +223,14 @@ BEGIN
             cardinality(replicas), cardinality(seqs)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- A message delivered from another history (`origins`, as sync.next returned them: the
+    -- sender reconnected after a restore or a failover) is not the one of that seq here.
     UPDATE sync.outbox o SET sent_at = now(), lease_until = NULL, lease_pid = NULL,
                              lease_backend_start = NULL
-    FROM unnest(replicas, seqs) AS delivered(replica, seq)
-    WHERE o.replica = delivered.replica AND o.seq = delivered.seq AND o.sent_at IS NULL;
+    FROM unnest(replicas, seqs, coalesce(origins, array_fill(NULL::text, ARRAY[cardinality(replicas)])))
+         AS delivered(replica, seq, origin)
+    WHERE o.replica = delivered.replica AND o.seq = delivered.seq AND o.sent_at IS NULL
+      AND (delivered.origin IS NULL OR delivered.origin = sync_internal.origin());
     -- A delivery ends a run of refusals too: the alarm counts refusals in a row.
     RETURN QUERY
     WITH ending AS (
@@ -258,7 +263,8 @@ AS $$ SELECT EXISTS (SELECT FROM sync.sent(ARRAY[replica], ARRAY[seq])) $$;
 -- starts at magic_sync.backoff and doubles up to magic_sync.backoff_max, while every other
 -- replica carries on. `retry` false means the other side refused it (counted in `refusals`).
 -- Returns true when this failure started the replica's backoff, for the sender's log.
-CREATE FUNCTION sync.failed(replica uuid, seq bigint, retry boolean, error text) RETURNS boolean
+CREATE FUNCTION sync.failed(replica uuid, seq bigint, retry boolean, error text,
+                            origin text DEFAULT NULL) RETURNS boolean
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -271,7 +277,8 @@ DECLARE
 BEGIN
     PERFORM sync_internal.relay_guard();
     UPDATE sync.outbox o SET lease_until = NULL, lease_pid = NULL, lease_backend_start = NULL
-    WHERE o.replica = failed.replica AND o.seq = failed.seq AND o.sent_at IS NULL;
+    WHERE o.replica = failed.replica AND o.seq = failed.seq AND o.sent_at IS NULL
+      AND (failed.origin IS NULL OR failed.origin = sync_internal.origin());
     IF NOT FOUND THEN
         -- Recorded sent already (another sender took it after this one's lease ended and
         -- delivered it), or gone: a late failure of a delivered message backs nothing off.
@@ -424,8 +431,8 @@ $$;
 REVOKE ALL ON FUNCTION sync.next(int, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.next(int, interval, uuid[], int) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.sent(uuid, bigint) FROM PUBLIC;
-REVOKE ALL ON FUNCTION sync.sent(uuid[], bigint[]) FROM PUBLIC;
-REVOKE ALL ON FUNCTION sync.failed(uuid, bigint, boolean, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION sync.sent(uuid[], bigint[], text[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION sync.failed(uuid, bigint, boolean, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.backlog() FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.pull_head(uuid, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.pull_ack(uuid, text) FROM PUBLIC;
@@ -433,8 +440,8 @@ REVOKE ALL ON FUNCTION sync.pull_refused(uuid, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sync.next(int, interval) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.next(int, interval, uuid[], int) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.sent(uuid, bigint) TO sync_sender;
-GRANT EXECUTE ON FUNCTION sync.sent(uuid[], bigint[]) TO sync_sender;
-GRANT EXECUTE ON FUNCTION sync.failed(uuid, bigint, boolean, text) TO sync_sender;
+GRANT EXECUTE ON FUNCTION sync.sent(uuid[], bigint[], text[]) TO sync_sender;
+GRANT EXECUTE ON FUNCTION sync.failed(uuid, bigint, boolean, text, text) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.backlog() TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.pull_head(uuid, interval) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.pull_ack(uuid, text) TO sync_sender;

@@ -88,13 +88,15 @@ COMMENT ON FUNCTION sync.next(integer, interval, uuid[], integer) IS
 COMMENT ON FUNCTION sync.sent(uuid, bigint) IS
 'For the sender: the replica took message seq. Marks it sent (it stays until the replica confirms '
 'it) and ends its lease and the replica''s backoff.';
-COMMENT ON FUNCTION sync.sent(uuid[], bigint[]) IS
+COMMENT ON FUNCTION sync.sent(uuid[], bigint[], text[]) IS
 'For the sender: many deliveries recorded at once, as sync.sent(replica, seq) each; returns the '
-'replicas whose backoff it ended.';
-COMMENT ON FUNCTION sync.failed(uuid, bigint, boolean, text) IS
+'replicas whose backoff it ended. origins, when given, are the ones sync.next returned with the '
+'messages: a delivery of another history (the sender reconnected after a restore or a failover) '
+'is not recorded.';
+COMMENT ON FUNCTION sync.failed(uuid, bigint, boolean, text, text) IS
 'For the sender: message seq was not taken. Ends its lease, backs the replica off '
 '(magic_sync.backoff doubling to magic_sync.backoff_max), keeps error as its last error, and counts '
-'a refusal when retry is false.';
+'a refusal when retry is false; not when origin, given, is not this history (as sync.sent).';
 COMMENT ON FUNCTION sync.backlog() IS
 'For the sender''s progress line: the unsent messages, the replicas backing off, and how long the '
 'oldest unsent message has waited.';
