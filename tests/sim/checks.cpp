@@ -205,9 +205,11 @@ class Checkpoint {
         return lines;
     }
 
+    // `t.*`, not `t`: a column may be named t (hostile_column), and `to_jsonb(t)` is then that
+    // column.
     bool filed(const Upload& upload) {
         return world_.db().value(
-                   "SELECT count(*) FROM " + upload.table + " t WHERE to_jsonb(t) @> $1::jsonb",
+                   "SELECT count(*) FROM " + upload.table + " t WHERE to_jsonb(t.*) @> $1::jsonb",
                    {upload.contains}) == "1";
     }
     // A row of a table that does not sync is kept without its key (the server cannot know its
