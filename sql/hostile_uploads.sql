@@ -263,7 +263,8 @@ SELECT * FROM shop.products;
 SELECT current_user = session_user AS own_role, current_setting('shop.register', true) AS register;
 
 -- The relay sends every answer to the hostile register, one filed message per upload id it could
--- read (the cases answered again included), and nothing to the bystander.
+-- read (a case sent again under an id whose answer still waits is answered by that one), and
+-- nothing to the bystander.
 SELECT provisioned, forgotten FROM sync.pass();
 SELECT r.label, o.kind, count(*) AS messages,
        count(DISTINCT convert_from(sync.message(o.replica, o.seq), 'UTF8')::jsonb->>'upload') AS uploads

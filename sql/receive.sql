@@ -272,6 +272,27 @@ SELECT r.label, x.next_seq FROM sync.replica x JOIN shop.registers r ON r.id = x
 SELECT count(*) AS answers_left FROM sync.answer;
 UPDATE shop.registers SET active = true WHERE label = 'a2';
 SELECT provisioned FROM sync.pass();
+-- An upload sent again while its answer waits for the replica (not moved yet, or in the outbox
+-- and not confirmed) is answered by that answer, however often it comes: 300 resends of one
+-- upload made 300 messages before.
+SELECT sync.receive('00000000-0000-0000-0000-0000000000a1', up('10000000-0000-0000-0000-000000000030', $$[
+  {"t":"shop.ghosts","r":{"id":4}}]$$)) AS first;
+SELECT sync.receive('00000000-0000-0000-0000-0000000000a1', up('10000000-0000-0000-0000-000000000030', $$[
+  {"t":"shop.ghosts","r":{"id":4}}]$$)) AS again;
+SELECT sync.receive('00000000-0000-0000-0000-0000000000a1', up('10000000-0000-0000-0000-000000000030', $$[
+  {"t":"shop.ghosts","r":{"id":4}}]$$)) AS again;
+SELECT count(*) AS answers_waiting FROM sync.answer WHERE payload->>'upload' = '10000000-0000-0000-0000-000000000030';
+SELECT messages FROM sync.pass();
+SELECT sync.receive('00000000-0000-0000-0000-0000000000a1', up('10000000-0000-0000-0000-000000000030', $$[
+  {"t":"shop.ghosts","r":{"id":4}}]$$)) AS again;
+SELECT (SELECT count(*) FROM sync.answer) AS answers_waiting,
+       (SELECT count(*) FROM sync.outbox WHERE upload = '10000000-0000-0000-0000-000000000030') AS answers_in_outbox;
+-- Confirmed, it is gone: sent again, the upload is answered again.
+DELETE FROM sync.outbox WHERE upload = '10000000-0000-0000-0000-000000000030';
+SELECT sync.receive('00000000-0000-0000-0000-0000000000a1', up('10000000-0000-0000-0000-000000000030', $$[
+  {"t":"shop.ghosts","r":{"id":4}}]$$)) AS again;
+SELECT count(*) AS answers_waiting FROM sync.answer;
+DELETE FROM sync.upload WHERE id = '10000000-0000-0000-0000-000000000030';
 -- encode_filed refuses what is not a filed answer.
 SELECT sync_internal.encode_filed('00000000-0000-0000-0000-0000000000a1', 1, 1, '{"upload": "x"}');
 SELECT forget();

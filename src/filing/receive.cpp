@@ -633,10 +633,17 @@ std::string receive(Spi& spi, const std::string& replica, const std::string& mes
     const bool this_history = upload.origin.empty() || upload.origin == known.origin.value_or("");
     const pg::Param applied =
         upload.applied && this_history ? pg::Param(*upload.applied) : pg::Param(std::nullopt);
+    // Sent again while its answer still waits for the replica: that answer is the answer.
+    bool answer = !upload.rows.empty() || kept != "[]";
+    if (answer && status == "answered again")
+        pg::as_extension_owner([&] {
+            answer = !spi.scalar("SELECT sync_internal.answer_waits($1::uuid, $2::uuid)",
+                                 {Param::uuid(replica), Param::uuid(upload.id)})
+                          .flag_or(false);
+        });
     finish_upload(spi, replica, upload.id, kept, applied,
                   this_history ? protocol::untaken_json(upload) : "[]",
-                  this_history ? protocol::holds_json(upload) : "{}",
-                  !upload.rows.empty() || kept != "[]", known.change);
+                  this_history ? protocol::holds_json(upload) : "{}", answer, known.change);
     return status;
 }
 

@@ -190,6 +190,19 @@ BEGIN
 END
 $$;
 
+-- Whether an answer of the upload waits for the replica: not moved to its outbox yet, or there
+-- and not confirmed. An upload sent again meanwhile is answered by that one (a device whose
+-- answers are slow to come, sending it again and again, got a message more each time).
+CREATE FUNCTION sync_internal.answer_waits(replica uuid, upload uuid) RETURNS boolean
+LANGUAGE sql STABLE SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT EXISTS (SELECT FROM sync.answer a WHERE a.replica = answer_waits.replica
+                   AND a.payload->>'upload' = answer_waits.upload::text)
+        OR EXISTS (SELECT FROM sync.outbox o WHERE o.replica = answer_waits.replica
+                   AND o.upload = answer_waits.upload)
+$$;
+
 -- A message that could not be decoded, kept as it came, under its id when that could be read.
 -- `filed_as`: as for upload_end. `waits`: as for sync_internal.keep_upload (a message over the size limit
 -- does not wait: it is filed once the limit is raised).
@@ -219,6 +232,7 @@ $$;
 REVOKE ALL ON FUNCTION sync.receive(uuid, bytea), sync_internal.encode_filed(uuid, bigint, bigint, jsonb),
     sync_internal.filed_parts(uuid, jsonb, bigint),
     sync_internal.receive_setup(uuid), sync_internal.receive_undeclared(text[]), sync_internal.upload_begin(uuid, uuid),
+    sync_internal.answer_waits(uuid, uuid),
     sync_internal.upload_end(uuid, uuid, jsonb, bigint, jsonb, jsonb, boolean, name, bigint),
     sync_internal.keep_message(uuid, bytea, text, name, uuid, boolean), sync_internal.filer(name),
     sync_internal.upload_echoes(uuid, uuid, jsonb)

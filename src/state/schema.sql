@@ -237,6 +237,7 @@ CREATE TABLE sync.outbox (
     table_drops text[] NOT NULL DEFAULT '{}',
     body bytea,
     advances jsonb,
+    upload uuid,  -- a filed answer's upload: one answer of an upload waits at a time
     created_at timestamptz NOT NULL DEFAULT now(),
     sent_at timestamptz,
     tries int NOT NULL DEFAULT 0,
