@@ -4,6 +4,12 @@
 #include <gtest/gtest.h>
 #include <httplib.h>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <future>
 
 #include "pull_server.hpp"
@@ -59,7 +65,43 @@ class PullSender {
     }
     std::string log() const { return process_.log(); }
 
+    // Sends `head` (a request's line and headers) on a connection of its own, and nothing more:
+    // what the sender answers within `wait`, without the body its headers announce.
+    std::string answer_to_head(const std::string& head, std::chrono::milliseconds wait) const {
+        const int fd = socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in address{};
+        address.sin_family = AF_INET;
+        address.sin_port = htons(static_cast<uint16_t>(port_));
+        address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        std::string answer;
+        if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
+            send(fd, head.data(), head.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(head.size())) {
+            const auto deadline = std::chrono::steady_clock::now() + wait;
+            pollfd readable{fd, POLLIN, 0};
+            char buffer[4096];
+            while (std::chrono::steady_clock::now() < deadline) {
+                const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                    deadline - std::chrono::steady_clock::now());
+                if (poll(&readable, 1, static_cast<int>(left.count())) <= 0) break;
+                const ssize_t n = recv(fd, buffer, sizeof buffer, 0);
+                if (n <= 0) break;
+                answer.append(buffer, static_cast<size_t>(n));
+                if (answered_whole(answer)) break;
+            }
+        }
+        close(fd);
+        return answer;
+    }
+
   private:
+    // Whether `answer` holds a whole response: its headers and the body they announce.
+    static bool answered_whole(const std::string& answer) {
+        const size_t end = answer.find("\r\n\r\n");
+        if (end == std::string::npos) return false;
+        const size_t length = answer.find("Content-Length: ");
+        if (length == std::string::npos || length > end) return true;
+        return answer.size() - end - 4 >= std::stoul(answer.substr(length + 16));
+    }
     static httplib::Headers auth(int device) {
         if (device == 0) return {};
         return {{"Authorization", "Bearer token-" + std::to_string(device)}};
@@ -247,6 +289,41 @@ TEST(PullSender, UploadsGoToSyncReceiveUnderThePathsReplica) {
                             "replica = '" +
                             replica_id(1) + "'"),
               1);
+}
+
+// A body is read only for a device that may send it: a POST is refused on its headers, at once,
+// before its body comes (the gateway used to read a 60 MB body first, then answer 401), and so is
+// one whose Content-Length is over the limit.
+TEST(PullSender, ARequestIsRefusedOnItsHeadersBeforeItsBodyIsRead) {
+    Outbox outbox("pull_headers", 2, 1);
+    TempDir dir;
+    PullSender sender(outbox, dir, "1");
+    const auto head = [&](int replica, const std::string& what, const std::string& headers) {
+        return "POST /replicas/" + replica_id(replica) + "/" + what +
+               " HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n" + headers +
+               "\r\n";
+    };
+    const auto status_line = [](const std::string& answer) {
+        return answer.substr(0, answer.find("\r\n"));
+    };
+    const std::string big = "Content-Length: 60000000\r\n";
+    EXPECT_EQ(status_line(sender.answer_to_head(head(1, "up", big), 3s)),
+              "HTTP/1.1 401 Unauthorized");
+    EXPECT_EQ(status_line(sender.answer_to_head(
+                  head(2, "up", big + "Authorization: Bearer token-1\r\n"), 3s)),
+              "HTTP/1.1 403 Forbidden");
+    EXPECT_EQ(status_line(sender.answer_to_head(head(1, "ack/" + message_id(1), big), 3s)),
+              "HTTP/1.1 401 Unauthorized");
+    const std::string answer = sender.answer_to_head(
+        head(1, "up", "Content-Length: 70000000\r\nAuthorization: Bearer token-1\r\n"), 3s);
+    EXPECT_EQ(status_line(answer), "HTTP/1.1 413 Payload Too Large");
+    EXPECT_NE(answer.find("a body may hold 67108864 bytes at most"), std::string::npos) << answer;
+    // A device that may send its body still does.
+    auto filed =
+        sender.up(1, R"({"v":1,"id":"10000000-0000-0000-0000-000000000001","rows":[]})", 1);
+    ASSERT_TRUE(filed);
+    EXPECT_EQ(filed->status, 500) << filed->body;  // its role is not sync_receiver here
+    EXPECT_EQ(filed->body, "permission denied for function receive\n");
 }
 
 TEST(PullSender, RefusesATokenQueryThatDoesNotTakeTheToken) {
