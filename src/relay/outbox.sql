@@ -216,6 +216,8 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET plan_cache_mode = force_generic_plan
 AS $$
+DECLARE
+    here CONSTANT text := sync_internal.origin();  -- once, not per delivery
 BEGIN
     PERFORM sync_internal.relay_guard();
     IF cardinality(replicas) IS DISTINCT FROM cardinality(seqs) THEN
@@ -230,7 +232,7 @@ BEGIN
     FROM unnest(replicas, seqs, coalesce(origins, array_fill(NULL::text, ARRAY[cardinality(replicas)])))
          AS delivered(replica, seq, origin)
     WHERE o.replica = delivered.replica AND o.seq = delivered.seq AND o.sent_at IS NULL
-      AND (delivered.origin IS NULL OR delivered.origin = sync_internal.origin());
+      AND (delivered.origin IS NULL OR delivered.origin = here);
     -- A delivery ends a run of refusals too: the alarm counts refusals in a row.
     RETURN QUERY
     WITH ending AS (
