@@ -41,7 +41,8 @@ WHERE p.pronamespace IN ('sync'::regnamespace, 'sync_internal'::regnamespace)
   AND p.oid <> 'sync_internal.withheld_note(text, text, text, text)'::regprocedure  -- reads a setting, no name
   AND p.oid <> 'sync_internal.withheld_size(text, text, text, text)'::regprocedure  -- reads a setting, no name
   AND p.oid <> 'sync_internal.withheld_reason(text, text, text, text)'::regprocedure  -- reads a setting, no name
-  AND p.oid <> 'sync.setting(text)'::regprocedure;  -- reads a setting, no name
+  AND p.oid <> 'sync.setting(text)'::regprocedure  -- reads a setting, no name
+  AND p.oid <> 'sync_internal.history()'::regprocedure;  -- reads shared memory, no name
 
 -- The extension cannot be moved to another schema.
 ALTER EXTENSION magic_sync SET SCHEMA public;

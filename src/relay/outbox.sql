@@ -11,15 +11,9 @@ AS $$
     SELECT format('%s/%s', sync_internal.history(), r.origin) FROM sync.relay_state r
 $$;
 
--- The cluster's part of the origin: its system identifier and its timeline.
+-- The cluster's part of the origin: its system identifier and its timeline (src/pg/history.cpp).
 CREATE FUNCTION sync_internal.history() RETURNS text
-LANGUAGE sql STABLE SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT format('%s/%s', c.system_identifier,
-                  ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::bigint)
-    FROM pg_control_system() c
-$$;
+AS 'MODULE_PATHNAME', 'magic_sync_history' LANGUAGE C STABLE;
 
 -- What a device is told must outlive a failover. A lease (sync.next, sync.pull_head) commits with
 -- synchronous_commit at least `on`, whatever the session's: its commit waits until it is where
