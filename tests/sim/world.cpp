@@ -233,14 +233,9 @@ void World::run(const Step& step) {
             process.start();
             return;
         }
-        case Action::KillRelay: {
-            std::string pid = relay_pid();
-            kill(std::stoi(pid), SIGKILL);
-            deployment_.disconnect();
-            route_.reset();
-            await_relay_other_than(pid);
+        case Action::KillRelay:
+            kill_relay();
             return;
-        }
         case Action::RestartPostgres: {
             std::string pid = relay_pid();
             deployment_.disconnect();
@@ -276,16 +271,21 @@ void World::run(const Step& step) {
         case Action::RollBack:
             roll_back();
             return;
-        case Action::SettingChange: {
+        case Action::SettingChange:
             exec(step.sql);
-            std::string pid = relay_pid();
-            kill(std::stoi(pid), SIGKILL);
-            deployment_.disconnect();
-            route_.reset();
-            await_relay_other_than(pid);
+            kill_relay();
             return;
-        }
     }
+}
+
+// kill -9 of the relay's backend (the postmaster restarts every backend), until another holds the
+// relay lock.
+void World::kill_relay() {
+    std::string pid = relay_pid();
+    kill(std::stoi(pid), SIGKILL);
+    deployment_.disconnect();
+    route_.reset();
+    await_relay_other_than(pid);
 }
 
 // As an operator moves a database: the sender stopped first (so no device is told of what the

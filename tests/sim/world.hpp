@@ -61,6 +61,7 @@ class World {
     test::Connection& route();
     void grant_what_check_names();
 
+    void kill_relay();
     void dump_and_restore();
     void roll_back();
 
