@@ -453,7 +453,14 @@ struct PullServer::Serving {
             Result filed =
                 pool.borrow()->execute(kReceive.name, {replica.c_str(), request.body.data()},
                                        {0, static_cast<int>(request.body.size())}, {0, 1}, 0);
-            answer(response, 200, PQgetvalue(filed.get(), 0, 0));
+            const std::string outcome = PQgetvalue(filed.get(), 0, 0);
+            if (outcome == "refused")
+                answer(response, 507,
+                       "refused: the server keeps as much from replica " + replica +
+                           " as it may (sync.status, sync.upload_refusal); nothing was filed, "
+                           "send it again later");
+            else
+                answer(response, 200, outcome);
         });
     }
 

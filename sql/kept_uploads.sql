@@ -183,6 +183,42 @@ RESET client_min_messages;
 SELECT * FROM insp.sales WHERE id = 6;
 SELECT count(*) AS kept FROM kept;
 
+-- What a replica may keep is bounded (magic_sync.max_kept_items, magic_sync.max_kept_bytes): an
+-- upload that would keep more is refused whole, nothing of it filed or kept, and its id not taken,
+-- so the device sends it again once there is room. The operator sees the refusals in sync.status.
+DELETE FROM sync.set_aside;
+TRUNCATE sync.answer;
+SET magic_sync.max_kept_items = 2;
+SET magic_sync.max_kept_bytes = '8kB';
+SELECT route(up('10000000-0000-0000-0000-000000000006', $$[
+  {"t":"insp.lines","r":{"sale_id":7,"n":1,"qty":1}},
+  {"t":"insp.lines","r":{"sale_id":7,"n":2,"qty":1}}]$$));
+-- A third kept row would be one too many: the sale filed beside it is not filed either.
+SELECT route(up('10000000-0000-0000-0000-000000000007', $$[
+  {"t":"insp.sales","r":{"id":8}},
+  {"t":"insp.lines","r":{"sale_id":7,"n":3,"qty":1}}]$$));
+-- So is a message kept whole.
+SELECT route(convert_to('not an upload', 'UTF8'));
+SELECT (SELECT count(*) FROM insp.sales WHERE id = 8) AS sale_8, (SELECT count(*) FROM kept) AS kept,
+       (SELECT count(*) FROM sync.upload WHERE id = '10000000-0000-0000-0000-000000000007') AS upload_7;
+-- An upload that keeps nothing is filed.
+SELECT route(up('10000000-0000-0000-0000-000000000008', '[{"t":"insp.sales","r":{"id":9}}]'));
+-- Bytes bound as well as items.
+SET magic_sync.max_kept_items = 100;
+SELECT route(up('10000000-0000-0000-0000-000000000009',
+                '[{"t":"insp.lines","r":{"sale_id":7,"n":4,"qty":"' || repeat('x', 9000) || '"}}]'));
+SELECT replica, set_aside, uploads_refused FROM sync.status;
+SELECT refused, why FROM sync.upload_refusal;
+-- Room made (what was kept is discarded): the refused upload sent again is filed.
+DELETE FROM sync.set_aside;
+SELECT route(up('10000000-0000-0000-0000-000000000007', $$[
+  {"t":"insp.sales","r":{"id":8}},
+  {"t":"insp.lines","r":{"sale_id":7,"n":3,"qty":1}}]$$));
+SELECT (SELECT count(*) FROM insp.sales WHERE id = 8) AS sale_8, (SELECT count(*) FROM kept) AS kept;
+RESET magic_sync.max_kept_items;
+RESET magic_sync.max_kept_bytes;
+SELECT name, setting, unit FROM pg_settings WHERE name LIKE 'magic_sync.max_kept%' ORDER BY name;
+
 \c regression
 DROP DATABASE kept_test;
 DROP ROLE kept_route;

@@ -47,9 +47,14 @@ std::string PostgresUpRoute::send(const std::string& replica_id, const std::stri
 std::vector<std::string> send_uploads(Replica& replica, UpRoute& route) {
     std::vector<std::string> sent;
     while (std::optional<PreparedUpload> upload = replica.prepare_upload()) {
-        if (route.send(replica.id(), upload->body) == "dropped")
+        const std::string answer = route.send(replica.id(), upload->body);
+        if (answer == "dropped")
             throw UpRouteError("the server dropped upload " + upload->id +
                                ": it does not know this replica (is it live?)");
+        if (answer == "refused")
+            throw UpRouteError("the server refused upload " + upload->id +
+                               ": it keeps as much from this replica as it may; kept here, it "
+                               "goes again later");
         replica.mark_sent(upload->id, upload->body);
         sent.push_back(upload->id);
     }

@@ -23,8 +23,8 @@ class UpRouteError : public std::runtime_error {
 class UpRoute {
   public:
     virtual ~UpRoute() = default;
-    // The answer of sync.receive ('filed', 'answered again', 'kept' or 'dropped'); throws
-    // UpRouteError when the upload must go again.
+    // The answer of sync.receive ('filed', 'answered again', 'kept', 'dropped' or 'refused');
+    // throws UpRouteError when the upload must go again.
     virtual std::string send(const std::string& replica_id, const std::string& body) = 0;
 };
 
@@ -35,8 +35,8 @@ class PostgresUpRoute : public UpRoute {
     PostgresUpRoute(const PostgresUpRoute&) = delete;
     PostgresUpRoute& operator=(const PostgresUpRoute&) = delete;
 
-    // SELECT sync.receive($1::uuid, $2::bytea): its answer ('filed', 'answered again', 'kept' or
-    // 'dropped'). Connects (again) when needed.
+    // SELECT sync.receive($1::uuid, $2::bytea): its answer ('filed', 'answered again', 'kept',
+    // 'refused' or 'dropped'). Connects (again) when needed.
     std::string send(const std::string& replica_id, const std::string& body) override;
 
   private:

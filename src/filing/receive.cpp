@@ -460,6 +460,26 @@ void finish_upload(Spi& spi, const std::string& replica, const std::string& id,
     pg::wake_relay_at_commit();
 }
 
+// An upload that would keep more than its replica may (sync_internal.kept_room) is refused whole:
+// thrown out of its subtransaction (receive), so nothing of it stays.
+struct OverTheBound {
+    std::string why;
+};
+
+void require_room_to_keep(Spi& spi, const std::string& replica, size_t items, size_t bytes) {
+    if (items == 0) return;
+    Value why;
+    pg::as_extension_owner([&] {
+        why = spi.scalar(
+            "SELECT sync_internal.kept_room($1::uuid, $2::bigint, $3::bigint, $4::bigint, "
+            "$5::bigint)",
+            {Param::uuid(replica), static_cast<int64_t>(items), static_cast<int64_t>(bytes),
+             static_cast<int64_t>(settings::max_kept_items),
+             static_cast<int64_t>(settings::max_kept_kb) * 1024});
+    });
+    if (why) throw OverTheBound{*why};
+}
+
 // A message that cannot be decoded is kept as it came and, when its id can be read, answered.
 // `waits`: for a change of what filing depends on (see data_may_cure).
 std::string keep_whole(Spi& spi, const std::string& replica, const std::string& message,
@@ -471,6 +491,7 @@ std::string keep_whole(Spi& spi, const std::string& replica, const std::string& 
             return "answered again";
         }
     }
+    require_room_to_keep(spi, replica, 1, message.size());
     const Value role = filing_role(spi);
     pg::as_extension_owner([&] {
         spi.execute(
@@ -590,16 +611,9 @@ void require_installed_version() {
                 kNotYet, "", "Run ALTER EXTENSION magic_sync UPDATE, then send the upload again.");
 }
 
-std::string receive(Spi& spi, const std::string& replica, const std::string& message) {
-    require_installed_version();
-    if (settings::role != nullptr && settings::role[0] != '\0') become(spi, settings::role);
-    const Known known = known_replica(spi, replica);
-    if (!known.known) {
-        pg::log_line("magic_sync: dropped an upload from replica " + replica + ", which " +
-                     known.unknown_because + "; nothing was filed");
-        return "dropped";
-    }
-
+// Files the message of a known replica: decoded, its rows filed or kept, answered.
+std::string file_message(Spi& spi, const std::string& replica, const Known& known,
+                         const std::string& message) {
     protocol::Upload upload;
     try {
         upload = protocol::decode_upload(message, upload_limits());
@@ -619,7 +633,11 @@ std::string receive(Spi& spi, const std::string& replica, const std::string& mes
         status = "answered again";
     } else {
         std::string echoes;
-        kept = kept_json(file_rows(spi, upload.rows, known, echoes));
+        const std::vector<Kept> kept_rows = file_rows(spi, upload.rows, known, echoes);
+        size_t kept_bytes = 0;
+        for (const Kept& k : kept_rows) kept_bytes += k.body.size();
+        require_room_to_keep(spi, replica, kept_rows.size(), kept_bytes);
+        kept = kept_json(kept_rows);
         if (!echoes.empty())
             pg::as_extension_owner([&] {
                 spi.execute(
@@ -645,6 +663,34 @@ std::string receive(Spi& spi, const std::string& replica, const std::string& mes
                   this_history ? protocol::untaken_json(upload) : "[]",
                   this_history ? protocol::holds_json(upload) : "{}", answer, known.change);
     return status;
+}
+
+std::string receive(Spi& spi, const std::string& replica, const std::string& message) {
+    require_installed_version();
+    if (settings::role != nullptr && settings::role[0] != '\0') become(spi, settings::role);
+    const Known known = known_replica(spi, replica);
+    if (!known.known) {
+        pg::log_line("magic_sync: dropped an upload from replica " + replica + ", which " +
+                     known.unknown_because + "; nothing was filed");
+        return "dropped";
+    }
+    // In a subtransaction, so that an upload over the bound of what its replica may keep leaves
+    // nothing: not its filed rows, not its id (the device sends it again once there is room).
+    try {
+        std::string status;
+        pg::subtransaction([&] { status = file_message(spi, replica, known, message); });
+        return status;
+    } catch (const OverTheBound& over) {
+        pg::as_extension_owner([&] {
+            spi.execute("SELECT sync_internal.upload_refused($1::uuid, $2)",
+                        {Param::uuid(replica), over.why});
+        });
+        pg::warning("magic_sync: refused an upload: " + over.why + "; nothing of it was filed",
+                    "File or discard what the replica keeps (sync.set_aside, "
+                    "sync.retry_set_aside()), or raise the setting; the device keeps the upload "
+                    "and sends it again.");
+        return "refused";
+    }
 }
 
 // Filing again ------------------------------------------------------------------------------------

@@ -8,7 +8,9 @@
 
 -- Files an upload from `replica` (the one the route authenticated). Returns 'filed', 'answered
 -- again' (an upload id filed before), 'kept' (a message that could not be decoded, set aside
--- whole) or 'dropped' (a replica that known() does not know). An ERROR means nothing was filed:
+-- whole), 'dropped' (a replica that known() does not know) or 'refused' (nothing of it filed or
+-- kept: it would have kept more than its replica may, see sync_internal.kept_room; send it again
+-- once there is room). An ERROR means nothing was filed:
 -- send the same message again later (55000: it speaks a newer protocol than this server).
 -- Generic plans for the statements it runs (its own and its helpers'): with custom plans, each
 -- call would plan them afresh, which costs more than filing a small upload.

@@ -157,6 +157,35 @@ AS $$
     ORDER BY x.i
 $$;
 
+-- Why `replica` may not keep `items` more rows or messages of `bytes` bytes from its uploads,
+-- when what it keeps already would then be over `max_items` or `max_bytes`
+-- (magic_sync.max_kept_items, magic_sync.max_kept_bytes); NULL when it may. One device must not
+-- fill the database's disk with what cannot be filed.
+CREATE FUNCTION sync_internal.kept_room(replica uuid, items bigint, bytes bigint, max_items bigint,
+                                        max_bytes bigint) RETURNS text
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT format('replica %s keeps %s rows and messages of %s from its uploads (sync.set_aside); '
+                  'this upload would keep %s more of %s, past magic_sync.max_kept_items = %s or '
+                  'magic_sync.max_kept_bytes = %s', kept_room.replica, k.items,
+                  pg_size_pretty(k.bytes), kept_room.items, pg_size_pretty(kept_room.bytes),
+                  max_items, pg_size_pretty(max_bytes))
+    FROM (SELECT count(*) AS items, coalesce(sum(octet_length(s.body)), 0) AS bytes
+          FROM sync.set_aside s
+          WHERE s.kind = 'upload' AND s.replica = kept_room.replica) k
+    WHERE k.items + kept_room.items > max_items OR k.bytes + kept_room.bytes > max_bytes
+$$;
+
+-- An upload of `replica` refused (`why`): counted, for the operator.
+CREATE FUNCTION sync_internal.upload_refused(replica uuid, why text) RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    INSERT INTO sync.upload_refusal AS f (replica, why) VALUES (upload_refused.replica, upload_refused.why)
+    ON CONFLICT (replica) DO UPDATE SET refused = f.refused + 1, last_at = now(), why = excluded.why
+$$;
+
 -- Releasing -------------------------------------------------------------------------------------
 
 -- Releases what the pass planned now: its notes, and its rows set aside (planned again, a row

@@ -46,4 +46,10 @@ void log_line(const std::string& line) {
     guard([&]() noexcept { ereport(LOG, (errmsg_internal("%s", line.c_str()))); });
 }
 
+void warning(const std::string& message, const std::string& hint) {
+    guard([&]() noexcept {
+        ereport(WARNING, (errmsg_internal("%s", message.c_str()), errhint("%s", hint.c_str())));
+    });
+}
+
 }  // namespace magic_sync::pg

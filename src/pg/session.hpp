@@ -20,5 +20,7 @@ void as_extension_owner(const std::function<void()>& work);
 
 // Writes `line` to the server log (LOG).
 void log_line(const std::string& line);
+// Raises a WARNING (the server log and the client), with a hint of what to do.
+void warning(const std::string& message, const std::string& hint);
 
 }  // namespace magic_sync::pg

@@ -31,6 +31,8 @@ int unconfirmed_after_s = 86400;
 int max_refusals = 10;
 int max_upload_bytes = 16 * 1024 * 1024;
 int max_upload_rows = 10000;
+int max_kept_items = 10000;
+int max_kept_kb = 64 * 1024;
 int replica_scan_s = 10;
 int leaf_rows = 64;
 int storm_window_ms = 10000;
@@ -114,6 +116,12 @@ void define() {
                &max_upload_bytes, 1024, INT_MAX, GUC_UNIT_BYTE);
     define_int("magic_sync.max_upload_rows", "Most rows (and untaken rows) one upload carries.",
                &max_upload_rows, 1, 1000000, 0);
+    define_int("magic_sync.max_kept_items",
+               "Most rows and messages one replica's uploads may have kept (sync.set_aside).",
+               &max_kept_items, 0, INT_MAX, 0);
+    define_int("magic_sync.max_kept_bytes",
+               "Most bytes one replica's uploads may have kept (sync.set_aside).", &max_kept_kb, 0,
+               INT_MAX, GUC_UNIT_KB);
     define_int("magic_sync.replica_scan", "How often a replicas view is re-read.", &replica_scan_s,
                1, kDay, GUC_UNIT_S);
     define_int("magic_sync.leaf_rows", "A mismatched range this small is resent whole.", &leaf_rows,

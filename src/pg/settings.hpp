@@ -22,6 +22,8 @@ extern int unconfirmed_after_s;
 extern int max_refusals;
 extern int max_upload_bytes;
 extern int max_upload_rows;
+extern int max_kept_items;
+extern int max_kept_kb;
 extern int replica_scan_s;
 extern int leaf_rows;
 extern int storm_window_ms;

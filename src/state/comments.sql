@@ -115,8 +115,9 @@ COMMENT ON FUNCTION sync.pull_refused(uuid, text, text) IS
 COMMENT ON FUNCTION sync.receive(uuid, bytea) IS
 'Files an upload from the replica the caller authenticated, in the caller''s transaction and as the '
 'caller: rows by their table''s rules, what cannot be filed kept with its reason, the answer left for '
-'the relay. Returns filed, answered again, kept or dropped; an ERROR means send the same bytes again '
-'later.';
+'the relay. Returns filed, answered again, kept, dropped, or refused (nothing filed: the replica keeps '
+'as much as magic_sync.max_kept_items and max_kept_bytes allow); refused or an ERROR means send the same '
+'bytes again later.';
 COMMENT ON FUNCTION sync.retry_set_aside() IS
 'Tries again, in this transaction, everything set aside that is due: what the relay could not plan '
 'or send, and every slice of the kept uploads. Returns what it did, as log lines.';
@@ -141,7 +142,9 @@ COMMENT ON VIEW sync.status IS
 'Per replica: live, generation, outbox depth, how long the oldest message has waited to be sent and '
 'to be confirmed, backoff, last error, what is set aside, the rows it lacks and why (withheld as too '
 'big, set aside by the pass, not taken by it), and sync: in sync (proven by its reports against the '
-'server''s fingerprints, and lacking no row), lacks rows, repairing, storm or unknown.';
+'server''s fingerprints, and lacking no row), lacks rows, repairing, storm or unknown; and how many of '
+'its uploads were refused because they would have kept more than magic_sync.max_kept_items or '
+'max_kept_bytes allow (sync.upload_refusal says why).';
 COMMENT ON TABLE sync.repair IS
 'Repairs under way, one row per replica and scope: its phase, the ranges of the key hash asked, '
 'the rounds so far and the storm breaker.';

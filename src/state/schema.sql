@@ -286,6 +286,16 @@ CREATE INDEX set_aside_upload_due ON sync.set_aside (next_try_at) WHERE kind = '
 CREATE INDEX set_aside_upload_change ON sync.set_aside (change_seen) WHERE kind = 'upload';
 CREATE INDEX set_aside_upload_of ON sync.set_aside (replica, upload) WHERE kind = 'upload';
 
+-- Uploads refused because they would have kept more than their replica may keep
+-- (sync_internal.kept_room): how many, and the last one's time and reason, for the operator
+-- (sync.status). One row per replica that had one.
+CREATE TABLE sync.upload_refusal (
+    replica uuid PRIMARY KEY,
+    refused bigint NOT NULL DEFAULT 1,
+    last_at timestamptz NOT NULL DEFAULT now(),
+    why text NOT NULL
+);
+
 -- Uploads filed, so one sent again is answered, not filed twice.
 CREATE TABLE sync.upload (
     replica uuid NOT NULL,

@@ -349,11 +349,13 @@ SELECT r.id AS replica,
                 AND NOT EXISTS (SELECT FROM unproven u WHERE u.replica = r.id)
                THEN CASE WHEN l.n = 0 THEN 'in sync' ELSE 'lacks rows' END
            ELSE 'unknown'
-       END AS sync
+       END AS sync,
+       coalesce(f.refused, 0) AS uploads_refused
 FROM sync.replica r
 JOIN lacks l ON l.replica = r.id
+LEFT JOIN sync.upload_refusal f ON f.replica = r.id
 LEFT JOIN sync.outbox o ON o.replica = r.id
-GROUP BY r.id, l.n, l.why;
+GROUP BY r.id, l.n, l.why, f.refused;
 
 -- For monitoring (packaging/postgres_exporter_queries.yaml, for prometheus-postgres-exporter):
 -- the replicas counted by what sync.status says of them, and the relay's health, which the

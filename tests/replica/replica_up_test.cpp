@@ -17,14 +17,14 @@ const char* kStandIn = R"sql(
 CREATE SCHEMA sync;
 CREATE TABLE public.received (replica uuid, body text, at timestamptz DEFAULT clock_timestamp());
 CREATE TABLE public.receive_fails (why text);
-CREATE TABLE public.receive_drops (why text);
+CREATE TABLE public.receive_answers (answer text);
 CREATE FUNCTION sync.receive(replica uuid, message bytea) RETURNS text LANGUAGE plpgsql AS $$
 BEGIN
     IF EXISTS (SELECT FROM public.receive_fails) THEN
         RAISE EXCEPTION 'test stand-in: receive fails for now';
     END IF;
-    IF EXISTS (SELECT FROM public.receive_drops) THEN
-        RETURN 'dropped';  -- as the real one answers a replica known() does not know
+    IF EXISTS (SELECT FROM public.receive_answers) THEN
+        RETURN (SELECT answer FROM public.receive_answers);  -- nothing taken: dropped, refused
     END IF;
     INSERT INTO public.received (replica, body) VALUES (replica, convert_from(message, 'UTF8'));
     RETURN 'filed';
@@ -97,7 +97,8 @@ TEST(UpRouteTest, UploadsReachSyncReceiveAndFailuresAreRetriedUnderTheSameId) {
     // The server drops it (it does not know the replica, e.g. not live yet): nothing was taken,
     // so the upload and what it says stay to be sent again, like a failure.
     cluster.sql("shop",
-                "DELETE FROM public.receive_fails; INSERT INTO public.receive_drops VALUES ('x')");
+                "DELETE FROM public.receive_fails; INSERT INTO public.receive_answers VALUES "
+                "('dropped')");
     EXPECT_EQ(run_cli(with({"upload", "--up", conninfo}), &out), 1);
     EXPECT_NE(out.find("the server dropped upload " + pending_id +
                        ": it does not know this replica (is it live?)"),
@@ -105,9 +106,19 @@ TEST(UpRouteTest, UploadsReachSyncReceiveAndFailuresAreRetriedUnderTheSameId) {
         << out;
     ASSERT_EQ(run_cli(with({"upload"}), &out), 0);
     EXPECT_EQ(protocol::decode_upload(out).id, pending_id);
+    // Refused (the server keeps as much from this replica as it may): kept, to go again.
+    cluster.sql("shop", "UPDATE public.receive_answers SET answer = 'refused'");
+    EXPECT_EQ(run_cli(with({"upload", "--up", conninfo}), &out), 1);
+    EXPECT_NE(out.find("the server refused upload " + pending_id +
+                       ": it keeps as much from this replica as it may; kept here, it goes "
+                       "again later"),
+              std::string::npos)
+        << out;
+    ASSERT_EQ(run_cli(with({"upload"}), &out), 0);
+    EXPECT_EQ(protocol::decode_upload(out).id, pending_id);
     cluster.sql(
         "shop",
-        "DELETE FROM public.receive_drops; INSERT INTO public.receive_fails VALUES ('down')");
+        "DELETE FROM public.receive_answers; INSERT INTO public.receive_fails VALUES ('down')");
 
     // serve --up keeps trying; once the route works the same upload arrives, once.
     int port = magic_sync::test::free_port();

@@ -281,12 +281,23 @@ TEST(PullSender, UploadsGoToSyncReceiveUnderThePathsReplica) {
     }
     std::string conninfo = outbox.conninfo();
     conninfo.replace(conninfo.find("user=magic_sender"), 17, "user=pull_route");
+    // The replica may keep one item: garbage once is kept, garbage again is refused (507).
+    outbox.sql("ALTER ROLE pull_route SET magic_sync.max_kept_items = 1");
     PullSender sender(outbox, dir, "1", conninfo);
     auto filed = sender.up(1, "not an upload", 1);
     EXPECT_EQ(filed->status, 200) << filed->body;
     EXPECT_EQ(filed->body, "kept\n");
+    auto refused = sender.up(1, "not an upload either", 1);
+    outbox.sql("ALTER ROLE pull_route RESET magic_sync.max_kept_items");
+    EXPECT_EQ(refused->status, 507) << refused->body;
+    EXPECT_EQ(refused->body, "refused: the server keeps as much from replica " + replica_id(1) +
+                                 " as it may (sync.status, sync.upload_refusal); nothing was "
+                                 "filed, send it again later\n");
     EXPECT_EQ(outbox.number("SELECT count(*) FROM sync.set_aside WHERE kind = 'upload' AND "
                             "replica = '" +
+                            replica_id(1) + "'"),
+              1);
+    EXPECT_EQ(outbox.number("SELECT uploads_refused FROM sync.status WHERE replica = '" +
                             replica_id(1) + "'"),
               1);
 }
