@@ -351,10 +351,21 @@ build/bench/pull_bench: bench/pull/pull_bench.cpp $(TEST_SUPPORT_SRCS) $(wildcar
 	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) $(PROTOCOL_INCLUDES) -Itests -o $@ \
 		bench/pull/pull_bench.cpp $(TEST_SUPPORT_SRCS) build/protocol/conninfo.o -lpq $(HTTPLIB) -lpthread
 
+# The pull gateway under load (issue 26): N devices long-polling at once, one epoll thread of the
+# benchmark; the gateway's threads, memory, CPU and commit-to-answer latency with all N waiting and
+# with 100, side by side (build/bench/pull_load --help).
+build/bench/pull_load: bench/pull/pull_load.cpp $(TEST_SUPPORT_SRCS) $(wildcard tests/server/*.hpp) \
+		$(LIBPQ_HELPER)
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) $(PROTOCOL_INCLUDES) -Ireplica -Itests -o $@ \
+		bench/pull/pull_load.cpp $(TEST_SUPPORT_SRCS) build/protocol/conninfo.o -lpq $(HTTPLIB) -lpthread
+
 .PHONY: bench-pull
-bench-pull: build/bench/pull_bench build/bin/magic-sync-sender build/bin/magic-sync-replica
+bench-pull: build/bench/pull_bench build/bench/pull_load build/bin/magic-sync-sender \
+		build/bin/magic-sync-replica
 	$(MAKE) install
 	build/bench/pull_bench 50 2000
+	build/bench/pull_load 10000
 
 # Long transactions (issue 10): delivery throughput while a session holds the xmin horizon open
 # (BEGIN; SELECT txid_current();) against the same run without it (bench/README.md).

@@ -42,10 +42,11 @@ constexpr Statement kFailed{
 // Binary results: the bytes arrive as they are, and seq as 8 bytes.
 constexpr Statement kNext{"magic_sync_next",
                           "SELECT replica::text, seq, message_id, message, origin "
-                          "FROM sync.next($1::int, $2::interval, NULL, $3::int)"};
+                          "FROM sync.next($1::int, $2::interval, NULL, $3::int, $4::text)"};
 constexpr Statement kNextAmong{"magic_sync_next_among",
                                "SELECT replica::text, seq, message_id, message, origin "
-                               "FROM sync.next($1::int, $2::interval, $3::uuid[], $4::int)"};
+                               "FROM sync.next($1::int, $2::interval, $3::uuid[], $4::int, "
+                               "$5::text)"};
 constexpr Statement kStatements[] = {kSent, kFailed, kNext, kNextAmong};
 
 // An array literal of values that came from the database (uuids, numbers): nothing to quote.
@@ -77,7 +78,8 @@ struct Database::Pending {
     Exchange exchange;
 };
 
-Database::Database(std::string conninfo) : conninfo_(std::move(conninfo)) {}
+Database::Database(std::string conninfo, std::string transport)
+    : conninfo_(std::move(conninfo)), transport_(std::move(transport)) {}
 
 Database::~Database() { disconnect(); }
 
@@ -170,9 +172,12 @@ void Database::start_exchange(const std::vector<Settlement>& settlements, const 
     const std::string any_count = std::to_string(wants.any);
     if (wants.among_taken > 0 && !taken.empty())
         send(Pending::Step::next_among, kNextAmong,
-             {among_count.c_str(), lease.c_str(), taken_replicas.c_str(), run.c_str()}, 1);
+             {among_count.c_str(), lease.c_str(), taken_replicas.c_str(), run.c_str(),
+              transport_.c_str()},
+             1);
     if (wants.any > 0)
-        send(Pending::Step::next_any, kNext, {any_count.c_str(), lease.c_str(), run.c_str()}, 1);
+        send(Pending::Step::next_any, kNext,
+             {any_count.c_str(), lease.c_str(), run.c_str(), transport_.c_str()}, 1);
     if (PQpipelineSync(connection_) != 1) fail("cannot send the exchange");
     pending_ = std::move(pending);
 }

@@ -67,7 +67,8 @@ struct Backlog {
 
 class Database {
   public:
-    explicit Database(std::string conninfo);
+    // `transport`: the sender's (--transport); it leases only the replicas that transport delivers.
+    Database(std::string conninfo, std::string transport);
     ~Database();
     Database(const Database&) = delete;
     Database& operator=(const Database&) = delete;
@@ -103,6 +104,7 @@ class Database {
     bool read_one_result();
 
     std::string conninfo_;
+    std::string transport_;
     PGconn* connection_ = nullptr;
     std::unique_ptr<Pending> pending_;
 };

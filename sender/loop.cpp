@@ -78,7 +78,7 @@ std::vector<Settlement> Completions::take() {
 
 Sender::Sender(const Options& options, std::unique_ptr<Transport> transport)
     : options_(options),
-      database_(options.db),
+      database_(options.db, options.transport),
       metrics_(options.transport),
       metrics_server_(options.metrics.empty()
                           ? nullptr

@@ -310,6 +310,8 @@ void answer(httplib::Response& response, int status, const std::string& text) {
 
 int pull_failure_status(const std::string& sqlstate, bool connection_lost) {
     if (connection_lost) return 503;
+    // sync.pull_head: another transport delivers the replica (its row says which).
+    if (sqlstate == "42809") return 409;
     const std::string sqlclass = sqlstate.substr(0, 2);
     for (const char* again : {"08", "40", "53", "55", "57"})
         if (sqlclass == again) return 503;

@@ -40,7 +40,8 @@ class PullServer {
 
 // The HTTP status for a statement that failed with `sqlstate` (empty when there is none): 503 when
 // asking again may help (classes 08 connection, 40 rollback, 53 resources, 55 object state, 57
-// operator intervention, or the connection lost), 500 when it would fail the same way.
+// operator intervention, or the connection lost), 409 for a replica another transport delivers
+// (42809, from sync.pull_head), 500 when it would fail the same way.
 int pull_failure_status(const std::string& sqlstate, bool connection_lost);
 
 }  // namespace magic_sync::sender

@@ -337,5 +337,18 @@ SELECT messages FROM sync.pass();
 SELECT register, left(rows, 60) AS rows, withheld FROM messages WHERE register = 'a1';
 SELECT kind, left(key->>'id', 10) AS key FROM sync.set_aside;
 
+-- Which transport delivers each replica: the column sync.replicas names (any sender's when none is
+-- named; none when its value is NULL). A change of the column is taken by the next pass.
+ALTER TABLE shop.registers ADD COLUMN delivery text;
+SELECT sync.replicas('shop.registers', 'registers', live => 'active', transport => 'route');
+SELECT sync.replicas('shop.registers', 'registers', live => 'active', transport => 'delivery');
+UPDATE shop.registers SET delivery = CASE label WHEN 'a1' THEN 'pull' WHEN 'a2' THEN 'http' END;
+SELECT provisioned FROM sync.pass();
+SELECT g.label, quote_nullable(r.transport) AS transport FROM sync.replica r JOIN shop.registers g ON g.id = r.id ORDER BY 1;
+SELECT transport FROM sync.replica_set;
+SELECT sync.replicas('shop.registers', 'registers', live => 'active');
+SELECT provisioned FROM sync.pass();
+SELECT g.label, quote_nullable(r.transport) AS transport FROM sync.replica r JOIN shop.registers g ON g.id = r.id ORDER BY 1;
+
 \c regression
 DROP DATABASE pass_test;

@@ -71,6 +71,36 @@ SELECT count(*) AS not_live FROM sync.pull_head('00000000-0000-0000-0000-0000000
 SELECT count(*) AS unknown FROM sync.pull_head('00000000-0000-0000-0000-0000000000ff', '1 minute');
 SELECT * FROM sync.pull_head('00000000-0000-0000-0000-0000000000e1', '0 seconds');
 
+-- A device's answer about a head a push sender holds takes nothing and records nothing: that
+-- sender delivers it, and records it itself.
+SELECT sync.pull_ack('00000000-0000-0000-0000-0000000000e2', '1.1') AS ack_of_a_pushed_head,
+       sync.pull_refused('00000000-0000-0000-0000-0000000000e2', '1.1', 'no') AS refusal_of_it;
+SELECT seq, sent_at IS NOT NULL AS sent, lease_pid = pg_backend_pid() AS still_pushed, tries
+FROM sync.outbox WHERE replica = '00000000-0000-0000-0000-0000000000e2' AND seq = 1;
+SELECT sync.failed('00000000-0000-0000-0000-0000000000e2', 1, true, 'line down');
+UPDATE sync.replica SET backoff = NULL, backoff_until = NULL, last_error = NULL
+WHERE id = '00000000-0000-0000-0000-0000000000e2';
+
+-- Each replica is delivered by the transport its row names (sync.replica.transport): the pull
+-- gateway serves only replicas it delivers (or any sender does), and a push sender leases only its
+-- own transport's replicas.
+UPDATE sync.replica SET transport = 'http' WHERE id = '00000000-0000-0000-0000-0000000000e2';
+SELECT * FROM sync.pull_head('00000000-0000-0000-0000-0000000000e2', '1 minute');
+UPDATE sync.replica SET transport = '' WHERE id = '00000000-0000-0000-0000-0000000000e2';
+SELECT * FROM sync.pull_head('00000000-0000-0000-0000-0000000000e2', '1 minute');
+UPDATE sync.replica SET transport = 'pull' WHERE id = '00000000-0000-0000-0000-0000000000e2';
+SELECT count(*) AS pushed_by_http
+FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-0000000000e2']::uuid[], 1, 'http');
+SELECT count(*) AS pushed_by_a_sender_of_no_transport
+FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-0000000000e2']::uuid[], 1);
+SELECT seq, message_id FROM sync.pull_head('00000000-0000-0000-0000-0000000000e2', '1 minute');
+SELECT sync.pull_ack('00000000-0000-0000-0000-0000000000e2', '1.1') AS pulled_and_taken;
+UPDATE sync.replica SET transport = 'http' WHERE id = '00000000-0000-0000-0000-0000000000e2';
+SELECT replica, seq
+FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-0000000000e2']::uuid[], 1, 'http');
+SELECT sync.sent('00000000-0000-0000-0000-0000000000e2', 2) AS recovered;
+UPDATE sync.replica SET transport = NULL WHERE id = '00000000-0000-0000-0000-0000000000e2';
+
 -- Only sync_sender may call them; they run as the extension's owner with a pinned search_path.
 SELECT p.oid::regprocedure AS routine, p.prosecdef AS security_definer, p.proconfig,
        has_function_privilege('sync_sender', p.oid, 'EXECUTE') AS sender_can,

@@ -247,8 +247,13 @@ END
 $$;
 
 -- Declares the relation that lists the replicas. Redeclaring replaces the declaration.
+-- `transport`, a column of it whose value names the transport that delivers each replica ('http',
+-- 'nats', 'exec' or 'pull'): a sender leases only the replicas of its --transport, so push and pull
+-- senders share one database without delivering a replica twice. Without it, every sender
+-- delivers every replica.
 CREATE FUNCTION sync.replicas(relation regclass, name text, live text DEFAULT 'true',
-                              partitioned_by name DEFAULT NULL) RETURNS void
+                              partitioned_by name DEFAULT NULL, transport name DEFAULT NULL)
+RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -289,14 +294,20 @@ BEGIN
         END IF;
     END IF;
 
+    IF transport IS NOT NULL THEN
+        PERFORM sync_internal.require_columns(relation, ARRAY[transport], 'transport');
+    END IF;
+
     IF previous IS NOT NULL AND previous <> relation THEN
         PERFORM sync_internal.remove_capture(previous);
     END IF;
-    INSERT INTO sync.replica_set AS s (relation, relation_name, name, live, partitioned_by)
-    VALUES (relation, sync_internal.relation_name(relation), name, coalesce(live, 'true'), partitioned_by)
+    INSERT INTO sync.replica_set AS s (relation, relation_name, name, live, partitioned_by, transport)
+    VALUES (relation, sync_internal.relation_name(relation), name, coalesce(live, 'true'), partitioned_by,
+            transport)
     ON CONFLICT (singleton) DO UPDATE
         SET relation = excluded.relation, relation_name = excluded.relation_name,
-            name = excluded.name, live = excluded.live, partitioned_by = excluded.partitioned_by;
+            name = excluded.name, live = excluded.live, partitioned_by = excluded.partitioned_by,
+            transport = excluded.transport;
     IF kind IN ('r', 'p') THEN
         PERFORM sync_internal.install_capture(relation, 0, ARRAY['id']::name[]);
     END IF;

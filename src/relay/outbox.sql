@@ -114,12 +114,14 @@ AS $$ SELECT gen || '.' || seq $$;
 -- per run, so a long outbox costs one lease per run instead of one per message.
 -- `among`, when given, limits the look to those replicas: a sender that has just recorded their
 -- messages sent asks only for their next ones, without looking at every live replica's head.
+-- `transport` is the sender's (http, nats, exec): it leases only the replicas that transport
+-- delivers (sync.replica.transport), and those any sender delivers.
 -- plpgsql, so that sync.message (the relay's assembly of a message from its chunks) is resolved
 -- when the query is first planned, not when this function is created. Its plan is generic: the
 -- planner would otherwise plan it afresh at every call (its estimate of a custom plan is lower),
 -- which costs more than all the rest of a call. Every step reaches the outbox through a LATERAL
 -- lookup by key, so that no plan, generic or not, reads the whole outbox to find a few heads.
-CREATE FUNCTION sync.next(n int, lease interval, among uuid[], run int)
+CREATE FUNCTION sync.next(n int, lease interval, among uuid[], run int, transport text DEFAULT NULL)
 RETURNS TABLE (replica uuid, seq bigint, message_id text, message bytea, origin text)
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -153,6 +155,7 @@ BEGIN
             ORDER BY h.seq LIMIT 1
         ) head
         WHERE r.live AND (r.backoff_until IS NULL OR r.backoff_until <= now())
+          AND (r.transport IS NULL OR r.transport = next.transport)
     ),
     chosen AS (
         -- The oldest heads, locked one by one until n are: a head another sender holds is
@@ -196,7 +199,7 @@ RETURNS TABLE (replica uuid, seq bigint, message_id text, message bytea, origin 
 LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT * FROM sync.next(n, lease, NULL, 1) $$;
+AS $$ SELECT * FROM sync.next(n, lease, NULL, 1, NULL) $$;
 
 -- The messages were taken: each is sent (it stays in the outbox until the replica confirms it),
 -- its lease ends, its replica's backoff ends. Returns the replicas whose backoff this ended (they
@@ -318,8 +321,9 @@ $$;
 -- sender and connection, and its lease is renewed. While the lease holds the head stays the head:
 -- the pass writes only full messages behind it and does not prune it when the replica confirms it
 -- (apply_confirmations), so its message_id stays valid until pull_ack. A head a push sender's
--- session holds (sync.next) is not served: that sender is delivering it. The replica's backoff is
--- not looked at: it is for failed pushes, and a device asks when it can.
+-- session holds (sync.next) is not served: that sender is delivering it. A replica another
+-- transport delivers (sync.replica.transport) is refused. The replica's backoff is not looked at:
+-- it is for failed pushes, and a device asks when it can.
 CREATE FUNCTION sync.pull_head(replica uuid, lease interval)
 RETURNS TABLE (seq bigint, message_id text, message bytea, origin text)
 LANGUAGE plpgsql
@@ -328,11 +332,21 @@ SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     head sync.outbox;
+    delivered_by text;
 BEGIN
     PERFORM sync_internal.relay_guard();
     IF lease IS NULL OR lease <= interval '0' THEN
         RAISE EXCEPTION 'sync.pull_head needs a positive lease (got %)', lease
             USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    SELECT r.transport INTO delivered_by FROM sync.replica r WHERE r.id = pull_head.replica;
+    IF delivered_by <> 'pull' THEN
+        RAISE EXCEPTION 'replica % is delivered by %, not by the pull gateway', pull_head.replica,
+                        CASE WHEN delivered_by = '' THEN 'no transport'
+                             ELSE 'transport ' || quote_literal(delivered_by) END
+            USING ERRCODE = 'wrong_object_type',
+                  HINT = 'Its row of the replicas relation names the transport that delivers it '
+                         '(sync.replicas(transport => ...)): ''pull'' for a device that asks.';
     END IF;
     LOOP
         SELECT o.* INTO head FROM sync.outbox o JOIN sync.replica r ON r.id = o.replica
@@ -361,8 +375,10 @@ BEGIN
 END
 $$;
 
--- The seq of the replica's head when `message_id` names it, locked (two devices' or two requests'
--- answers about one message at once: the second finds it sent); NULL otherwise.
+-- The seq of the replica's head when `message_id` names it and its lease is the pull gateway's
+-- (sync.pull_head: a lease that names no session), locked (two devices' or two requests' answers
+-- about one message at once: the second finds it sent); NULL otherwise. A head a push sender
+-- leased is that sender's to record: a device's answer about it takes nothing.
 CREATE FUNCTION sync_internal.pull_named_head(replica uuid, message_id text) RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -370,11 +386,12 @@ AS $$
 DECLARE
     head record;
 BEGIN
-    SELECT o.seq, o.gen INTO head FROM sync.outbox o
+    SELECT o.seq, o.gen, o.lease_pid, o.lease_until INTO head FROM sync.outbox o
     WHERE o.replica = pull_named_head.replica AND o.sent_at IS NULL
     ORDER BY o.seq LIMIT 1
     FOR UPDATE;
-    IF NOT FOUND OR sync_internal.message_id(head.gen, head.seq) IS DISTINCT FROM pull_named_head.message_id THEN
+    IF NOT FOUND OR sync_internal.message_id(head.gen, head.seq) IS DISTINCT FROM pull_named_head.message_id
+       OR head.lease_pid IS NOT NULL OR head.lease_until IS NULL THEN
         RETURN NULL;
     END IF;
     RETURN head.seq;
@@ -425,7 +442,7 @@ END
 $$;
 
 REVOKE ALL ON FUNCTION sync.next(int, interval) FROM PUBLIC;
-REVOKE ALL ON FUNCTION sync.next(int, interval, uuid[], int) FROM PUBLIC;
+REVOKE ALL ON FUNCTION sync.next(int, interval, uuid[], int, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.sent(uuid, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.sent(uuid[], bigint[], text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.failed(uuid, bigint, boolean, text, text) FROM PUBLIC;
@@ -434,7 +451,7 @@ REVOKE ALL ON FUNCTION sync.pull_head(uuid, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.pull_ack(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.pull_refused(uuid, text, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sync.next(int, interval) TO sync_sender;
-GRANT EXECUTE ON FUNCTION sync.next(int, interval, uuid[], int) TO sync_sender;
+GRANT EXECUTE ON FUNCTION sync.next(int, interval, uuid[], int, text) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.sent(uuid, bigint) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.sent(uuid[], bigint[], text[]) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.failed(uuid, bigint, boolean, text, text) TO sync_sender;

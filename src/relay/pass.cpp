@@ -38,6 +38,7 @@ struct ReplicaSet {
     std::string relation;  // quoted, schema-qualified
     std::string live;
     std::string partition_column;  // empty: not partitioned
+    std::string transport_column;  // empty: any sender delivers every replica
     bool is_view = false;
     bool scan_due = false;
 };
@@ -52,13 +53,18 @@ ReplicaSet replica_set(Spi& spi) {
     set.relation = row["relation"].value_or("");
     set.live = row["live"].value_or("true");
     set.partition_column = row["partitioned_by"].value_or("");
+    set.transport_column = row["transport"].value_or("");
     set.is_view = row["is_view"].flag_or(false);
     set.scan_due = row["scan_due"].flag_or(true);
     return set;
 }
 
-std::string partition_expression(const std::string& column, const std::string& alias) {
-    if (column.empty()) return "''";
+// The text of `column` over `alias` ('' for NULL), or `undeclared` when no column is declared: the
+// partition of a row or a replica ('': not partitioned), a replica's transport (NULL: any
+// sender's).
+std::string replica_column_text(const std::string& column, const std::string& alias,
+                                const char* undeclared) {
+    if (column.empty()) return undeclared;
     return "coalesce(" + alias + "." + pg::quote_identifier(column) + "::text, '')";
 }
 
@@ -68,8 +74,8 @@ struct ReplicaCounts {
 };
 
 // Each noted replica as its relation has it now (pg_temp.magic_sync_replica): whether it is live,
-// its partition, and the value of each replicas column that `to => 'col = replica_col'` codecs
-// match on (sync_internal.group_columns).
+// its partition, the value of each replicas column that `to => 'col = replica_col'` codecs
+// match on (sync_internal.group_columns), and the transport that delivers it.
 void read_noted_replicas(Spi& spi, const ReplicaSet& replicas) {
     std::string groups = "jsonb_build_object(";
     const std::vector<std::string> group_columns =
@@ -82,13 +88,15 @@ void read_noted_replicas(Spi& spi, const ReplicaSet& replicas) {
     groups += ")";
     spi.execute(
         R"sql(
-        INSERT INTO pg_temp.magic_sync_replica (id, live, part, groups)
-        SELECT n.id, coalesce(r.live, false), coalesce(r.part, ''), coalesce(r.groups, '{}')
+        INSERT INTO pg_temp.magic_sync_replica (id, live, part, groups, transport)
+        SELECT n.id, coalesce(r.live, false), coalesce(r.part, ''), coalesce(r.groups, '{}'),
+               r.transport
         FROM (SELECT DISTINCT (key->>'id')::uuid AS id FROM pg_temp.magic_sync_note
         WHERE codec = 0) n LEFT JOIN (SELECT t.id, coalesce(()sql" +
         replicas.live + "), false) AS live, " +
-        partition_expression(replicas.partition_column, "t") + " AS part, " + groups +
-        " AS groups FROM " + replicas.relation + " t) r ON r.id = n.id");
+        replica_column_text(replicas.partition_column, "t", "''") + " AS part, " + groups +
+        " AS groups, " + replica_column_text(replicas.transport_column, "t", "NULL::text") +
+        " AS transport FROM " + replicas.relation + " t) r ON r.id = n.id");
 }
 
 // 3. Replicas: newly live ones provisioned, ones no longer live forgotten, ones whose matching
@@ -171,8 +179,8 @@ std::string encode_statement(const Codec& codec, const ReplicaSet& replicas,
            " AND a.value IS NOT NULL THEN coalesce(sync_internal.encode_row(t.*, $3::text[]),"
            " sync_internal.canonical(to_jsonb(t.*) - $3::text[])) END AS body"
            " FROM (SELECT " +
-           audience.value + " AS value, " + partition_expression(replicas.partition_column, "t") +
-           " AS part) a OFFSET 0) e";
+           audience.value + " AS value, " +
+           replica_column_text(replicas.partition_column, "t", "''") + " AS part) a OFFSET 0) e";
 }
 
 // 4. Re-read the noted rows of one codec, encode them and find their scope. A codec whose rows

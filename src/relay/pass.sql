@@ -54,7 +54,7 @@ BEGIN
             new_scope bigint, new_hash bytea, new_withheld boolean, body text,
             tomb_seq bigint, new_seq bigint, echo_of uuid, echo_prev bigint);
         CREATE TEMP TABLE magic_sync_replica (id uuid NOT NULL, live boolean NOT NULL,
-            part text NOT NULL, groups jsonb NOT NULL);
+            part text NOT NULL, groups jsonb NOT NULL, transport text);
         CREATE TEMP TABLE magic_sync_want (replica uuid NOT NULL, match text NOT NULL,
             value text NOT NULL, part text NOT NULL, scope bigint);
         CREATE TEMP TABLE magic_sync_need (replica uuid NOT NULL, scope bigint NOT NULL,
@@ -354,11 +354,11 @@ $$;
 -- magic_sync.replica_scan, `scan_due`).
 CREATE FUNCTION sync_internal.pass_replica_set(replica_scan_s int)
 RETURNS TABLE (relation text, relation_name text, live text, partitioned_by text,
-               is_view boolean, scan_due boolean)
+               transport text, is_view boolean, scan_due boolean)
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT s.relation::regclass::text, s.relation_name, s.live, s.partitioned_by,
+    SELECT s.relation::regclass::text, s.relation_name, s.live, s.partitioned_by, s.transport,
            c.relkind NOT IN ('r', 'p'),
            coalesce(st.replicas_scanned_at < now() - make_interval(secs => replica_scan_s), true)
     FROM sync.replica_set s JOIN pg_class c ON c.oid = s.relation
@@ -437,7 +437,7 @@ END
 $$;
 
 -- 3. Replicas (pg_temp.magic_sync_replica holds each noted one as its relation has it now).
--- Replicas no longer live are forgotten. Returns how many.
+-- Each takes the transport its row names; replicas no longer live are forgotten. Returns how many.
 CREATE FUNCTION sync_internal.pass_forget_replicas() RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -445,6 +445,9 @@ AS $$
 DECLARE
     gone uuid[];
 BEGIN
+    -- The transport that delivers each one, as its row says now.
+    UPDATE sync.replica r SET transport = p.transport FROM pg_temp.magic_sync_replica p
+    WHERE p.id = r.id AND r.transport IS DISTINCT FROM p.transport;
     WITH forgotten AS (UPDATE sync.replica r SET live = false FROM pg_temp.magic_sync_replica p
                        WHERE p.id = r.id AND NOT p.live AND r.live RETURNING r.id)
     SELECT array_agg(id) INTO gone FROM forgotten;
@@ -484,8 +487,9 @@ AS $$
 DECLARE
     provisioned uuid[];
 BEGIN
-    WITH fresh AS (INSERT INTO sync.replica AS r (id, gen, live, partition, reset_pending, proving)
-                   SELECT p.id, 1, true, p.part, NOT restored, restored
+    WITH fresh AS (INSERT INTO sync.replica AS r (id, gen, live, partition, reset_pending, proving,
+                                                  transport)
+                   SELECT p.id, 1, true, p.part, NOT restored, restored, p.transport
                    FROM pg_temp.magic_sync_replica p
                    CROSS JOIN (SELECT s.proving_through IS NOT NULL AS restored
                                FROM sync.relay_state s) state

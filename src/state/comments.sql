@@ -6,11 +6,13 @@
 -- COMMENT ON replaces what was there, so the update script runs this part again as it is.
 
 -- Declaring what syncs (src/declare/declare.sql)
-COMMENT ON FUNCTION sync.replicas(regclass, text, text, name) IS
+COMMENT ON FUNCTION sync.replicas(regclass, text, text, name, name) IS
 'Declares the relation (table or view, with an id uuid column) that lists the replicas: name names '
 'the set in messages and logs, live is a boolean SQL expression over its columns (a replica is sent '
 'rows while its row meets it), partitioned_by a column of it and of every synced table that no row '
-'crosses. One per database; declaring again replaces it.';
+'crosses, transport a column of it naming the transport that delivers each replica (http, nats, '
+'exec or pull; without it every sender delivers every replica). One per database; declaring again '
+'replaces it.';
 COMMENT ON FUNCTION sync.catalog(regclass, text, name[]) IS
 'Declares a table whose rows the server writes and sends down (to: ''all'' by default, a column '
 'holding a replica id, ''col = replica_col'', or NULL for nobody; columns: what travels, all by '
@@ -82,9 +84,10 @@ COMMENT ON FUNCTION sync.next(integer, interval) IS
 'For the sender: leases the head unsent message of up to n replicas that are live, not backing off '
 'and not leased, for lease (and while this session lives), and returns each assembled with its '
 'message id and the origin the sender puts in its header (the history it is sent from).';
-COMMENT ON FUNCTION sync.next(integer, interval, uuid[], integer) IS
-'For the sender: as sync.next(n, lease), among the replicas named (all when among is NULL), each '
-'head returned with up to run - 1 of the messages after it, covered by the head''s lease.';
+COMMENT ON FUNCTION sync.next(integer, interval, uuid[], integer, text) IS
+'For the sender: as sync.next(n, lease), among the replicas named (all when among is NULL) that '
+'transport delivers (or any sender does), each head returned with up to run - 1 of the messages '
+'after it, covered by the head''s lease.';
 COMMENT ON FUNCTION sync.sent(uuid, bigint) IS
 'For the sender: the replica took message seq. Marks it sent (it stays until the replica confirms '
 'it) and ends its lease and the replica''s backoff.';
@@ -103,10 +106,10 @@ COMMENT ON FUNCTION sync.backlog() IS
 COMMENT ON FUNCTION sync.pull_head(uuid, interval) IS
 'For the pull transport: the replica''s head message, leased to the device that asks for lease (by '
 'its time alone, renewed when it asks again), with the origin to put in its header; nothing when '
-'there is none or a push sender holds it.';
+'there is none or a push sender holds it; an error when another transport delivers the replica.';
 COMMENT ON FUNCTION sync.pull_ack(uuid, text) IS
 'For the pull transport: the device took message_id. Recorded sent, and true, only when it names the '
-'replica''s current head; anything else takes nothing and returns false.';
+'replica''s current head, leased to the pull gateway; anything else takes nothing and returns false.';
 COMMENT ON FUNCTION sync.pull_refused(uuid, text, text) IS
 'For the pull transport: the device cannot take message_id. Recorded as a push transport''s refusal '
 '(refusals, last error, the alarm), and true, when it names the head; the message stays the head.';

@@ -45,7 +45,10 @@ CREATE TABLE sync.replica_set (
     relation_name text NOT NULL,
     name text NOT NULL,
     live text NOT NULL DEFAULT 'true',
-    partitioned_by name
+    partitioned_by name,
+    -- The column whose value names the transport that delivers each replica (NULL: any sender
+    -- delivers every replica).
+    transport name
 );
 
 -- One codec per synced table: how its rows travel.
@@ -181,7 +184,11 @@ CREATE TABLE sync.replica (
     -- Provisioned by a relay state that a restore made: the device may hold what was dumped, so
     -- it is sent no rows but where it stands, once that state planned its tables, and proves
     -- what it holds (sync_internal.pass_prove_holdings).
-    proving boolean NOT NULL DEFAULT false
+    proving boolean NOT NULL DEFAULT false,
+    -- The transport that delivers it (sync.replica_set.transport): only a sender of that
+    -- transport leases its messages. NULL: any sender's (no transport column is declared); ''
+    -- when its row names none: no sender's.
+    transport text
 );
 -- Replicas whose next message must carry a reset or a drop.
 CREATE INDEX replica_pending ON sync.replica (id)

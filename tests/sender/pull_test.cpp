@@ -168,6 +168,9 @@ TEST(PullSender, ServesTheHeadUntilAckedAndAnAckTakesOnlyTheHead) {
     EXPECT_EQ(sender.ack(1, message_id(3), 1)->status, 409);
     EXPECT_EQ(unsent_of(outbox, 1), 2);
     EXPECT_EQ(sender.ack(1, message_id(2), 1)->status, 200);
+    // A head no device was served takes no ack that guesses its id (its lease is not a pull's).
+    EXPECT_EQ(sender.ack(1, message_id(3), 1)->status, 409);
+    EXPECT_EQ(sender.get_next(1, 1)->get_header_value("message-id"), message_id(3));
     EXPECT_EQ(sender.ack(1, message_id(3), 1)->status, 200);
 
     // Nothing left: 204 once --wait has passed.
@@ -356,6 +359,7 @@ TEST(PullSender, FailuresSayWhetherAskingAgainMayHelp) {
     for (const char* same : {"42501", "22P02", "23505", "XX000", "P0001", ""})
         EXPECT_EQ(pull_failure_status(same, false), 500) << same;
     EXPECT_EQ(pull_failure_status("", true), 503);
+    EXPECT_EQ(pull_failure_status("42809", false), 409);  // another transport's replica
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // pull from it with their own tokens. Each replica is compared with the oracle (sync.expected:
 // what the declarations and the tables say it must hold), row by row.
 #include <gtest/gtest.h>
+#include <httplib.h>
 #include <signal.h>
 
 #include <algorithm>
@@ -10,7 +11,9 @@
 #include <iostream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "server/deployment.hpp"
@@ -232,6 +235,118 @@ TEST_F(Pull, AMessageTheDeviceCannotApplyIsRecordedAsRefused) {
     EXPECT_EQ(head_of(1), db().value("SELECT sync_internal.message_id(gen, $1::bigint) FROM "
                                      "sync.replica WHERE id = $2::uuid",
                                      {seq, replica_id(1)}));
+}
+
+// Two pull gateways behind one address (a proxy that sends each request to the next of them in
+// turn), for the proxy's count of what each device was served.
+class RoundRobin {
+  public:
+    explicit RoundRobin(std::vector<int> gateways) : port_(free_port()), gateways_(gateways) {
+        server_.new_task_queue = [] { return new httplib::ThreadPool(16); };
+        const auto forward = [this](const httplib::Request& request, httplib::Response& response) {
+            int gateway = 0;
+            {
+                std::lock_guard<std::mutex> lock(mutex_);
+                gateway = gateways_[turn_++ % gateways_.size()];
+            }
+            httplib::Client client("127.0.0.1", gateway);
+            client.set_read_timeout(60, 0);
+            httplib::Headers headers{{"Authorization", request.get_header_value("Authorization")}};
+            auto result = request.method == "GET"
+                              ? client.Get(request.path.c_str(), headers)
+                              : client.Post(request.path.c_str(), headers, request.body,
+                                            "application/octet-stream");
+            if (!result) {
+                response.status = 502;
+                return;
+            }
+            response.status = result->status;
+            response.set_content(result->body, result->get_header_value("Content-Type"));
+            if (result->has_header("message-id")) {
+                const std::string id = result->get_header_value("message-id");
+                response.set_header("message-id", id);
+                std::lock_guard<std::mutex> lock(mutex_);
+                ++served_[request.path + " " + id];
+                ++by_gateway_[gateway];
+            }
+        };
+        server_.Get(".*", forward);
+        server_.Post(".*", forward);
+        if (!server_.bind_to_port("127.0.0.1", port_))
+            throw std::runtime_error("the proxy cannot listen on its port");
+        thread_ = std::thread([this] { server_.listen_after_bind(); });
+    }
+    ~RoundRobin() {
+        server_.stop();
+        thread_.join();
+    }
+    int port() const { return port_; }
+    // "path message-id" of every head served more than once.
+    std::vector<std::string> served_twice() {
+        std::lock_guard<std::mutex> lock(mutex_);
+        std::vector<std::string> twice;
+        for (const auto& [what, times] : served_)
+            if (times > 1) twice.push_back(what);
+        return twice;
+    }
+    // How many heads each gateway served.
+    std::map<int, int> by_gateway() {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return by_gateway_;
+    }
+
+  private:
+    int port_;
+    std::vector<int> gateways_;
+    httplib::Server server_;
+    std::thread thread_;
+    std::mutex mutex_;
+    size_t turn_ = 0;
+    std::map<std::string, int> served_;
+    std::map<int, int> by_gateway_;
+};
+
+// Push and pull on one database (issue 36): each replica is delivered by the transport its row
+// names. The push sender never posts a pull device's messages (before: it leased every live
+// replica's head, and a catch-all endpoint would have had them recorded sent), and two pull
+// gateways behind one address serve each device each head once.
+TEST_F(Pull, PushAndPullShareADatabaseAndTwoGatewaysServeEachHeadOnce) {
+    db().query("ALTER TABLE shop.registers ADD COLUMN delivery text NOT NULL DEFAULT 'pull'");
+    db().query(
+        "SELECT sync.replicas('shop.registers', 'registers', live => 'active', transport => "
+        "'delivery')");
+    add_registers(1, 4);
+    db().query("UPDATE shop.registers SET delivery = 'http' WHERE id IN ($1::uuid, $2::uuid)",
+               {replica_id(3), replica_id(4)});
+    std::vector<int> ports;
+    std::vector<std::unique_ptr<Process>> gateways;
+    for (const char* name : {"/gateway_1.log", "/gateway_2.log"}) {
+        ports.push_back(free_port());
+        gateways.push_back(std::make_unique<Process>(
+            std::vector<std::string>{deployment_->bin() + "/magic-sync-sender", "--db",
+                                     deployment_->conninfo(), "--transport", "pull", "--listen",
+                                     "127.0.0.1:" + std::to_string(ports.back()), "--token-query",
+                                     kTokenQuery, "--wait", "5"},
+            deployment_->directory() + name));
+    }
+    RoundRobin proxy(ports);
+    port_ = proxy.port();  // the devices' url()
+    deployment_->start_http_sender();
+    for (int n : {3, 4}) deployment_->start_http_replica(replicas_[n]);
+    for (int n : {1, 2}) start_replica(n);
+    converge("two devices pushed, two pulling through two gateways");
+    db().query("UPDATE shop.products SET price = price + 1 WHERE id <= 80");
+    db().query("INSERT INTO shop.prices VALUES (1, 41, 1.50), (2, 41, 2.50)");
+    converge("changes for both kinds of device");
+
+    const std::map<std::string, size_t> posted = deployment_->router().largest();
+    EXPECT_EQ(posted.count(replica_id(1)) + posted.count(replica_id(2)), 0u)
+        << "the push sender posted a pull device's messages";
+    EXPECT_EQ(posted.count(replica_id(3)) + posted.count(replica_id(4)), 2u);
+    EXPECT_EQ(proxy.served_twice(), std::vector<std::string>{});
+    const std::map<int, int> served = proxy.by_gateway();
+    for (int port : ports) EXPECT_GT(served.count(port) ? served.at(port) : 0, 0) << port;
+    EXPECT_EQ(db().value("SELECT count(*) FROM sync.replica WHERE last_error IS NOT NULL"), "0");
 }
 
 }  // namespace
