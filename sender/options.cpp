@@ -47,17 +47,27 @@ pull (devices behind NAT ask this sender over HTTP; put TLS in front with a reve
                          for, in the first column, e.g. SELECT id FROM shop.registers WHERE
                          token_hash = encode(sha256(convert_to($1, 'UTF8')), 'hex')
   --wait SECONDS         how long GET .../next waits for a message before 204 (default 25)
-  --devices N            requests served at once, a thread each: a waiting GET and a kept-alive
-                         connection hold one (default 256)
+  --devices N            connections held at once, waiting long polls included (default
+                         10000); one more is answered 503 and closed. One thread moves every
+                         connection's bytes, a few more (2 per core, 2 to 8) run the statements:
+                         a waiting device costs a socket, not a thread
+  --header-timeout SECONDS
+                         a request's head must arrive within this (default 10), its body
+                         within this and a second per 64 KiB it announces; else 408
+  --idle-timeout SECONDS a kept-alive connection without a request is closed (default 60)
   GET  /replicas/{id}/next               the head message (header message-id), the same until
                                          acknowledged; 204 when none came within --wait
   POST /replicas/{id}/ack/{message-id}   200 taken; 409 not the head: nothing taken
   POST /replicas/{id}/refused/{message-id}
                                          the device cannot take it (body: why): recorded as
                                          a refusal, it stays the head; 409 not the head
-  POST /replicas/{id}/up                 the body to sync.receive; 200 with its answer
-  401 without a bearer token, 403 for a replica the token may not act for, 503 when asking
-  again may help, 500 when it would fail the same way. The --db role needs sync_sender,
+  POST /replicas/{id}/up                 the body to sync.receive; 200 with its answer, 507
+                                         when it is refused (send it again later)
+  A request is refused on its head, before its body is read: 401 without a bearer token,
+  403 for a replica the token may not act for, 404 for no such path or replica, 413 for a
+  body over 64 MiB (up) or 64 KiB (ack, refused), 411 for a chunked one; 409 for a replica
+  another transport delivers; 503 when asking again may help, 500 when it would fail the
+  same way. The --db role needs sync_sender,
   sync_receiver (for up) and what the token query reads. --concurrency, --run, --once,
   --send-timeout, --report and --metrics are for push transports.
 )";
@@ -114,6 +124,14 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--wait",
          [&](const std::string& v) { options.wait_seconds = parse_seconds("--wait", v, false); }},
         {"--devices", [&](const std::string& v) { options.devices = parse_count("--devices", v); }},
+        {"--header-timeout",
+         [&](const std::string& v) {
+             options.header_timeout_seconds = parse_seconds("--header-timeout", v, false);
+         }},
+        {"--idle-timeout",
+         [&](const std::string& v) {
+             options.idle_timeout_seconds = parse_seconds("--idle-timeout", v, false);
+         }},
     };
     for (size_t i = 0; i < arguments.size(); ++i) {
         const std::string& argument = arguments[i];

@@ -31,7 +31,9 @@ struct Options {
     std::string listen;       // HOST:PORT the devices' requests come to
     std::string token_query;  // SQL: $1 the token, returns the replica ids it may act for
     double wait_seconds = 25;
-    int devices = 256;  // requests served at once, a thread each
+    int devices = 10000;                 // connections held at once (each costs a socket)
+    double header_timeout_seconds = 10;  // a request's head must come within this
+    double idle_timeout_seconds = 60;    // a kept-alive connection with no request is closed
 
     bool help = false;
 };

@@ -1,9 +1,16 @@
 #include "pull_server.hpp"
 
-#include <httplib.h>
+#include <arpa/inet.h>
+#include <fcntl.h>
 #include <libpq-fe.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -12,14 +19,18 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <mutex>
 #include <optional>
-#include <regex>
+#include <set>
 #include <stdexcept>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "database.hpp"
+#include "http_head.hpp"
 #include "libpq/connection.hpp"
 #include "log.hpp"
 
@@ -30,13 +41,18 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using Result = std::unique_ptr<PGresult, decltype(&PQclear)>;
 
-// Database connections for the requests: each holds one only for its statements, never while it
-// waits, so a few serve many devices.
-constexpr size_t kPoolConnections = 8;
 // Larger than magic_sync.max_upload_bytes' default, so that sync.receive keeps and answers an
 // upload over the database's limit itself; a body over this one is answered 413.
 constexpr size_t kMaxUploadBytes = 64 * 1024 * 1024;
+// What an ack's or a refusal's body may hold (a refusal's says why; an ack's is not read).
+constexpr size_t kMaxNoteBytes = 64 * 1024;
+// A body's deadline: the header timeout, and a second more for each 64 KiB it announces.
+constexpr size_t kBodyBytesPerSecond = 64 * 1024;
+// How long an answer may take to be written before the connection is dropped.
+constexpr std::chrono::seconds kWriteTimeout{30};
 constexpr std::chrono::milliseconds kLongestListenRetry{30000};
+// How often the deadlines are looked at.
+constexpr std::chrono::milliseconds kSweepEvery{100};
 
 // The statements, prepared on every connection; every value from a request is a bound parameter.
 constexpr const char* kTokenStatement = "magic_sync_pull_token";
@@ -51,7 +67,9 @@ constexpr Statement kAck{"magic_sync_pull_ack", "SELECT sync.pull_ack($1::uuid, 
 constexpr Statement kRefused{"magic_sync_pull_refused",
                              "SELECT sync.pull_refused($1::uuid, $2::text, $3::text)"};
 constexpr Statement kReceive{"magic_sync_pull_receive", "SELECT sync.receive($1::uuid, $2::bytea)"};
-constexpr Statement kStatements[] = {kHead, kAck, kRefused, kReceive};
+constexpr Statement kWaiting{"magic_sync_pull_waiting",
+                             "SELECT replica::text FROM sync.pull_waiting($1::uuid[]) replica"};
+constexpr Statement kStatements[] = {kHead, kAck, kRefused, kReceive, kWaiting};
 
 std::string lowercase(std::string text) {
     std::transform(text.begin(), text.end(), text.begin(),
@@ -83,7 +101,63 @@ struct Refusal {
     std::string why;
 };
 
-// A database connection of the pool's, with the statements prepared.
+const char* reason_phrase(int status) {
+    switch (status) {
+        case 100:
+            return "Continue";
+        case 200:
+            return "OK";
+        case 204:
+            return "No Content";
+        case 400:
+            return "Bad Request";
+        case 401:
+            return "Unauthorized";
+        case 403:
+            return "Forbidden";
+        case 404:
+            return "Not Found";
+        case 405:
+            return "Method Not Allowed";
+        case 408:
+            return "Request Timeout";
+        case 409:
+            return "Conflict";
+        case 411:
+            return "Length Required";
+        case 413:
+            return "Payload Too Large";
+        case 431:
+            return "Request Header Fields Too Large";
+        case 500:
+            return "Internal Server Error";
+        case 503:
+            return "Service Unavailable";
+        case 505:
+            return "HTTP Version Not Supported";
+        case 507:
+            return "Insufficient Storage";
+        default:
+            return "Unknown";
+    }
+}
+
+// An answer as it goes on the wire.
+std::string response(int status, const std::string& body, const std::string& content_type,
+                     const std::string& message_id, bool close) {
+    std::string out = "HTTP/1.1 " + std::to_string(status) + " " + reason_phrase(status) + "\r\n";
+    if (status != 204) {
+        out += "Content-Type: " + content_type + "\r\n";
+        out += "Content-Length: " + std::to_string(body.size()) + "\r\n";
+    }
+    if (!message_id.empty()) out += "message-id: " + message_id + "\r\n";
+    if (close) out += "Connection: close\r\n";
+    out += "\r\n";
+    if (status != 204) out += body;
+    return out;
+}
+
+// A database connection with the statements prepared; throws Refusal (503 when it is away).
 PGconn* connect_prepared(const std::string& conninfo, const std::string& token_query) {
     PGconn* connection = nullptr;
     try {
@@ -102,138 +176,242 @@ PGconn* connect_prepared(const std::string& conninfo, const std::string& token_q
     return connection;
 }
 
-class ConnectionPool {
-  public:
-    ConnectionPool(std::string conninfo, std::string token_query)
-        : conninfo_(std::move(conninfo)), token_query_(std::move(token_query)) {}
-    ~ConnectionPool() {
-        for (PGconn* connection : idle_) PQfinish(connection);
-    }
+// Runs a prepared statement; throws Refusal with the status its failure calls for.
+Result execute(PGconn* connection, const char* statement, const std::vector<const char*>& values,
+               const std::vector<int>& lengths, const std::vector<int>& formats,
+               int result_format) {
+    Result result(PQexecPrepared(connection, statement, static_cast<int>(values.size()),
+                                 values.data(), lengths.data(), formats.data(), result_format),
+                  PQclear);
+    if (PQresultStatus(result.get()) == PGRES_TUPLES_OK) return result;
+    const char* sqlstate = PQresultErrorField(result.get(), PG_DIAG_SQLSTATE);
+    const bool lost = PQstatus(connection) != CONNECTION_OK;
+    const char* primary = PQresultErrorField(result.get(), PG_DIAG_MESSAGE_PRIMARY);
+    const std::string why =
+        primary != nullptr ? primary : libpq::first_line(PQerrorMessage(connection));
+    throw Refusal{pull_failure_status(sqlstate == nullptr ? "" : sqlstate, lost), why};
+}
 
-    // A connection for one request's statements, given back when it goes (closed when a
-    // statement found it broken).
-    class Borrowed {
-      public:
-        Borrowed(ConnectionPool& pool, PGconn* connection) : pool_(pool), connection_(connection) {}
-        ~Borrowed() { pool_.give_back(connection_); }
-        Borrowed(const Borrowed&) = delete;
-        Borrowed& operator=(const Borrowed&) = delete;
-
-        PGconn* get() const { return connection_; }
-
-        // Runs a prepared statement; throws Refusal with the status its failure calls for.
-        Result execute(const char* statement, const std::vector<const char*>& values,
-                       const std::vector<int>& lengths, const std::vector<int>& formats,
-                       int result_format) {
-            Result result(
-                PQexecPrepared(connection_, statement, static_cast<int>(values.size()),
-                               values.data(), lengths.data(), formats.data(), result_format),
-                PQclear);
-            if (PQresultStatus(result.get()) == PGRES_TUPLES_OK) return result;
-            const char* sqlstate = PQresultErrorField(result.get(), PG_DIAG_SQLSTATE);
-            const bool lost = PQstatus(connection_) != CONNECTION_OK;
-            const char* primary = PQresultErrorField(result.get(), PG_DIAG_MESSAGE_PRIMARY);
-            const std::string why =
-                primary != nullptr ? primary : libpq::first_line(PQerrorMessage(connection_));
-            throw Refusal{pull_failure_status(sqlstate == nullptr ? "" : sqlstate, lost), why};
-        }
-
-      private:
-        ConnectionPool& pool_;
-        PGconn* connection_;
-    };
-
-    // Waits while every connection is out; connects when there are fewer than the most.
-    std::unique_ptr<Borrowed> borrow() {
-        std::unique_lock<std::mutex> lock(mutex_);
-        given_back_.wait(lock, [&] { return !idle_.empty() || open_ < kPoolConnections; });
-        if (!idle_.empty()) {
-            PGconn* connection = idle_.back();
-            idle_.pop_back();
-            return std::make_unique<Borrowed>(*this, connection);
-        }
-        ++open_;
-        lock.unlock();
-        try {
-            return std::make_unique<Borrowed>(*this, connect_prepared(conninfo_, token_query_));
-        } catch (...) {
-            give_back(nullptr);
-            throw;
-        }
-    }
-
-  private:
-    void give_back(PGconn* connection) {
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            if (connection != nullptr && PQstatus(connection) == CONNECTION_OK &&
-                PQtransactionStatus(connection) == PQTRANS_IDLE) {
-                idle_.push_back(connection);
-            } else {
-                if (connection != nullptr) PQfinish(connection);
-                --open_;
-            }
-        }
-        given_back_.notify_one();
-    }
-
-    const std::string conninfo_;
-    const std::string token_query_;
-    std::mutex mutex_;
-    std::condition_variable given_back_;
-    std::vector<PGconn*> idle_;
-    size_t open_ = 0;  // idle and out
+// What a request asks of the database, done by a worker: never in the event loop, which only
+// moves bytes and so never waits on the database.
+struct Task {
+    enum class Kind { authorize, head, ack, refused, up, waiting };
+    Kind kind;
+    uint64_t connection = 0;  // the request's (0: the loop's own, for `waiting`)
+    std::string replica;
+    std::string token;
+    std::string message_id;
+    std::string body;
+    std::vector<std::string> replicas;  // waiting: whose devices wait
+    uint64_t wakes_seen = 0;            // head: the wake-ups counted when it was asked
 };
 
-// One connection that LISTENs on magic_sync (the relay notifies it after a pass wrote messages)
-// and wakes the waiting long polls. While it is away nothing wakes them; once it is back they all
-// look again, for what came meanwhile.
-class Wakeups {
-  public:
-    explicit Wakeups(std::string conninfo)
-        : conninfo_(std::move(conninfo)), stop_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
-        if (stop_fd_ < 0) throw std::runtime_error("eventfd failed");
-        thread_ = std::thread([this] { listen(); });
-    }
-    ~Wakeups() {
-        stop();
-        thread_.join();
-        close(stop_fd_);
-    }
+Task task_for(Task::Kind kind, uint64_t connection) {
+    Task task;
+    task.kind = kind;
+    task.connection = connection;
+    return task;
+}
 
-    // How many wake-ups there were: what a request saw before it looked at its outbox.
-    uint64_t seen() {
-        std::lock_guard<std::mutex> lock(mutex_);
-        return wakeups_;
+struct TaskOutcome {
+    Task::Kind kind;
+    uint64_t connection = 0;
+    int status = 200;
+    std::string body;
+    std::string content_type = "text/plain; charset=utf-8";
+    std::string message_id;
+    bool none = false;               // head: nothing to serve now
+    std::vector<std::string> ready;  // waiting: the replicas with a message
+    uint64_t wakes_seen = 0;
+};
+
+// Threads that run the tasks, each with its own database connection (made when first needed,
+// made again when a statement found it broken). Their results go to `done`, and the loop is told
+// through `notify_fd`.
+class Workers {
+  public:
+    Workers(size_t threads, std::string conninfo, std::string token_query, std::string lease,
+            int notify_fd)
+        : conninfo_(std::move(conninfo)),
+          token_query_(std::move(token_query)),
+          lease_(std::move(lease)),
+          notify_fd_(notify_fd) {
+        for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { work(); });
     }
-    // Waits for a wake-up after `seen` until `deadline`; false when none came or we are stopping.
-    bool wait(uint64_t seen, Clock::time_point deadline) {
-        std::unique_lock<std::mutex> lock(mutex_);
-        woken_.wait_until(lock, deadline, [&] { return stopping_ || wakeups_ != seen; });
-        return !stopping_ && wakeups_ != seen;
-    }
-    bool stopping() {
-        std::lock_guard<std::mutex> lock(mutex_);
-        return stopping_;
-    }
-    // Ends every wait, now and later.
-    void stop() {
+    ~Workers() {
         {
             std::lock_guard<std::mutex> lock(mutex_);
             stopping_ = true;
         }
-        woken_.notify_all();
-        const uint64_t one = 1;
-        [[maybe_unused]] const ssize_t written = write(stop_fd_, &one, sizeof one);
+        queued_.notify_all();
+        for (std::thread& thread : threads_) thread.join();
+    }
+
+    void push(Task task) {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            tasks_.push_back(std::move(task));
+        }
+        queued_.notify_one();
+    }
+    std::vector<TaskOutcome> take_outcomes() {
+        std::lock_guard<std::mutex> lock(mutex_);
+        std::vector<TaskOutcome> taken;
+        taken.swap(done_);
+        return taken;
     }
 
   private:
-    void wake_all() {
-        {
-            std::lock_guard<std::mutex> lock(mutex_);
-            ++wakeups_;
+    void work() {
+        PGconn* connection = nullptr;
+        while (true) {
+            Task task;
+            {
+                std::unique_lock<std::mutex> lock(mutex_);
+                queued_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
+                if (stopping_) break;
+                task = std::move(tasks_.front());
+                tasks_.pop_front();
+            }
+            TaskOutcome done;
+            done.kind = task.kind;
+            done.connection = task.connection;
+            done.wakes_seen = task.wakes_seen;
+            try {
+                if (connection == nullptr) connection = connect_prepared(conninfo_, token_query_);
+                run(connection, task, done);
+            } catch (const Refusal& refusal) {
+                done.status = refusal.status;
+                done.body = refusal.why + "\n";
+                done.content_type = "text/plain; charset=utf-8";
+                done.message_id.clear();
+                if (connection != nullptr && (PQstatus(connection) != CONNECTION_OK ||
+                                              PQtransactionStatus(connection) != PQTRANS_IDLE)) {
+                    PQfinish(connection);
+                    connection = nullptr;
+                }
+            }
+            {
+                std::lock_guard<std::mutex> lock(mutex_);
+                done_.push_back(std::move(done));
+            }
+            const uint64_t one = 1;
+            [[maybe_unused]] const ssize_t written = write(notify_fd_, &one, sizeof one);
         }
-        woken_.notify_all();
+        PQfinish(connection);
+    }
+
+    void run(PGconn* connection, const Task& task, TaskOutcome& done) {
+        const char* replica = task.replica.c_str();
+        switch (task.kind) {
+            case Task::Kind::authorize: {
+                Result may =
+                    execute(connection, kTokenStatement, {task.token.c_str()}, {0}, {0}, 0);
+                for (int row = 0; row < PQntuples(may.get()); ++row)
+                    if (lowercase(PQgetvalue(may.get(), row, 0)) == task.replica) return;
+                throw Refusal{403, "this token may not act for replica " + task.replica};
+            }
+            case Task::Kind::head: {
+                Result head =
+                    execute(connection, kHead.name, {replica, lease_.c_str()}, {0, 0}, {0, 0}, 1);
+                if (PQntuples(head.get()) != 1) {
+                    done.none = true;
+                    return;
+                }
+                done.message_id = PQgetvalue(head.get(), 0, 0);
+                done.body = stamped_with_origin(
+                    std::string(PQgetvalue(head.get(), 0, 1), PQgetlength(head.get(), 0, 1)),
+                    PQgetvalue(head.get(), 0, 2));
+                done.content_type = "application/json";
+                return;
+            }
+            case Task::Kind::ack: {
+                Result taken = execute(connection, kAck.name, {replica, task.message_id.c_str()},
+                                       {0, 0}, {0, 0}, 0);
+                if (std::string(PQgetvalue(taken.get(), 0, 0)) == "t") {
+                    done.body = "taken " + task.message_id + "\n";
+                } else {
+                    done.status = 409;
+                    done.body = task.message_id + " is not the head of replica " + task.replica +
+                                ": nothing taken\n";
+                }
+                return;
+            }
+            case Task::Kind::refused: {
+                const std::string why = printable(task.body, "refused by the device");
+                Result recorded = execute(connection, kRefused.name,
+                                          {replica, task.message_id.c_str(), why.c_str()},
+                                          {0, 0, static_cast<int>(why.size())}, {0, 0, 0}, 0);
+                if (std::string(PQgetvalue(recorded.get(), 0, 0)) == "t") {
+                    done.body = "refusal of " + task.message_id + " recorded\n";
+                } else {
+                    done.status = 409;
+                    done.body = task.message_id + " is not the head of replica " + task.replica +
+                                ": nothing recorded\n";
+                }
+                return;
+            }
+            case Task::Kind::up: {
+                Result filed = execute(connection, kReceive.name, {replica, task.body.data()},
+                                       {0, static_cast<int>(task.body.size())}, {0, 1}, 0);
+                const std::string outcome = PQgetvalue(filed.get(), 0, 0);
+                if (outcome == "refused") {
+                    done.status = 507;
+                    done.body = "refused: the server keeps as much from replica " + task.replica +
+                                " as it may (sync.status, sync.upload_refusal); nothing was "
+                                "filed, send it again later\n";
+                } else {
+                    done.body = outcome + "\n";
+                }
+                return;
+            }
+            case Task::Kind::waiting: {
+                std::string ids = "{";
+                for (const std::string& id : task.replicas) ids += (ids.size() > 1 ? "," : "") + id;
+                ids += "}";
+                Result ready = execute(connection, kWaiting.name, {ids.c_str()}, {0}, {0}, 0);
+                for (int row = 0; row < PQntuples(ready.get()); ++row)
+                    done.ready.push_back(PQgetvalue(ready.get(), row, 0));
+                return;
+            }
+        }
+    }
+
+    const std::string conninfo_;
+    const std::string token_query_;
+    const std::string lease_;
+    const int notify_fd_;
+    std::mutex mutex_;
+    std::condition_variable queued_;
+    std::deque<Task> tasks_;
+    std::vector<TaskOutcome> done_;
+    bool stopping_ = false;
+    std::vector<std::thread> threads_;
+};
+
+// One connection that LISTENs on magic_sync (the relay notifies it after a pass wrote messages)
+// and tells the loop through `wake_fd`. While it is away nothing wakes the long polls; once it is
+// back the loop looks at them all, for what came meanwhile.
+class Wakeups {
+  public:
+    Wakeups(std::string conninfo, int wake_fd)
+        : conninfo_(std::move(conninfo)),
+          wake_fd_(wake_fd),
+          stop_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
+        if (stop_fd_ < 0) throw std::runtime_error("eventfd failed");
+        thread_ = std::thread([this] { listen(); });
+    }
+    ~Wakeups() {
+        const uint64_t one = 1;
+        [[maybe_unused]] const ssize_t written = write(stop_fd_, &one, sizeof one);
+        thread_.join();
+        close(stop_fd_);
+    }
+
+  private:
+    void wake() {
+        const uint64_t one = 1;
+        [[maybe_unused]] const ssize_t written = write(wake_fd_, &one, sizeof one);
     }
 
     // Waits on the socket (or, with -1, only) until it is readable or we stop; false when
@@ -247,7 +425,7 @@ class Wakeups {
     void listen() {
         std::chrono::milliseconds retry{1000};
         bool away_logged = false;
-        while (!stopping()) {
+        while (await(-1, 0)) {
             PGconn* connection = PQconnectdb(conninfo_.c_str());
             Result listening(connection != nullptr && PQstatus(connection) == CONNECTION_OK
                                  ? PQexec(connection, "LISTEN magic_sync")
@@ -267,7 +445,7 @@ class Wakeups {
             if (away_logged) log_line("listening on magic_sync again");
             away_logged = false;
             retry = std::chrono::milliseconds(1000);
-            wake_all();  // what arrived while nobody listened
+            wake();  // what arrived while nobody listened
             while (await(PQsocket(connection), -1)) {
                 if (PQconsumeInput(connection) != 1) break;
                 bool notified = false;
@@ -275,18 +453,15 @@ class Wakeups {
                     notified = true;
                     PQfreemem(notify);
                 }
-                if (notified) wake_all();
+                if (notified) wake();
             }
             PQfinish(connection);
         }
     }
 
     const std::string conninfo_;
+    const int wake_fd_;
     const int stop_fd_;
-    std::mutex mutex_;
-    std::condition_variable woken_;
-    uint64_t wakeups_ = 0;
-    bool stopping_ = false;
     std::thread thread_;
 };
 
@@ -301,9 +476,53 @@ std::pair<std::string, int> listen_address(const std::string& listen) {
     }
 }
 
-void answer(httplib::Response& response, int status, const std::string& text) {
-    response.status = status;
-    response.set_content(text + "\n", "text/plain; charset=utf-8");
+// A listening socket on `listen`, non-blocking; throws saying why it cannot be made.
+int bind_listener(const std::string& listen) {
+    auto [host, port] = listen_address(listen);
+    if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+        host = host.substr(1, host.size() - 2);
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    addrinfo* found = nullptr;
+    if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 ||
+        found == nullptr)
+        throw std::runtime_error("--listen " + listen + ": not an address of this host");
+    const int fd = socket(found->ai_family, found->ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    // SO_REUSEADDR only: with SO_REUSEPORT a second sender would share the port.
+    const int yes = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    const bool bound =
+        fd >= 0 && bind(fd, found->ai_addr, found->ai_addrlen) == 0 && ::listen(fd, SOMAXCONN) == 0;
+    freeaddrinfo(found);
+    if (!bound) {
+        if (fd >= 0) close(fd);
+        throw std::runtime_error("--listen " + listen +
+                                 ": cannot listen there (in use, or not an address of this host)");
+    }
+    return fd;
+}
+
+bool is_loopback(const std::string& listen) {
+    const std::string host = listen_address(listen).first;
+    return host == "localhost" || host == "[::1]" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+// Raises this process's limit of open files to what `devices` connections need, as far as the
+// hard limit allows; says so when that is not enough.
+void make_room_for(int devices) {
+    rlimit files{};
+    if (getrlimit(RLIMIT_NOFILE, &files) != 0) return;
+    const rlim_t wanted = static_cast<rlim_t>(devices) + 64;
+    if (files.rlim_cur < wanted) {
+        files.rlim_cur = std::min(wanted, files.rlim_max);
+        setrlimit(RLIMIT_NOFILE, &files);
+    }
+    if (files.rlim_cur < wanted)
+        log_line("--devices " + std::to_string(devices) + " needs " + std::to_string(wanted) +
+                 " open files, and this process may open " + std::to_string(files.rlim_cur) +
+                 ": raise its limit (LimitNOFILE= in a systemd unit, ulimit -n)");
 }
 
 }  // namespace
@@ -318,161 +537,483 @@ int pull_failure_status(const std::string& sqlstate, bool connection_lost) {
     return 500;
 }
 
+// The event loop: one thread moves every byte of every connection (epoll, non-blocking sockets),
+// so a device that waits, or sends slowly, costs a socket and a few hundred bytes, never a
+// thread. Deadlines bound each step: the head (--header-timeout), the body (the same, and a
+// second per 64 KiB announced), an idle kept-alive connection (--idle-timeout), an answer's
+// writing; past one the connection is answered 408 (or, idle, closed).
 struct PullServer::Serving {
+    // epoll's data for what is not a connection; connections are numbered after them.
+    enum : uint64_t { kListener = 1, kDone, kWake, kSignal, kFirstConnection = 16 };
+
+    enum class State { head, authorizing, body, serving, waiting, writing };
+
+    struct Connection {
+        int fd = -1;
+        State state = State::head;
+        std::string in;
+        std::string out;
+        size_t written = 0;
+        Clock::time_point deadline;
+        bool close_after = false;
+        // The request being served.
+        HttpHead head;
+        std::string route;  // next, ack, refused, up
+        std::string replica;
+        std::string message_id;
+        size_t body_length = 0;
+        Clock::time_point poll_until;  // next: when it is answered 204
+    };
+
     explicit Serving(const Options& options)
         : lease(std::to_string(options.lease_seconds.value_or(60)) + " seconds"),
           wait(std::chrono::duration_cast<Clock::duration>(
               std::chrono::duration<double>(options.wait_seconds))),
-          pool(options.db, options.token_query),
-          wakeups(options.db),
-          listen(options.listen) {}
+          header_timeout(std::chrono::duration_cast<Clock::duration>(
+              std::chrono::duration<double>(options.header_timeout_seconds))),
+          idle_timeout(std::chrono::duration_cast<Clock::duration>(
+              std::chrono::duration<double>(options.idle_timeout_seconds))),
+          devices(static_cast<size_t>(options.devices)),
+          listen(options.listen),
+          db(options.db),
+          epoll_fd(epoll_create1(EPOLL_CLOEXEC)),
+          done_fd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
+          wake_fd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
+          listener(bind_listener(options.listen)),
+          workers(std::clamp<size_t>(2 * std::thread::hardware_concurrency(), 2, 8), options.db,
+                  options.token_query, lease, done_fd) {
+        if (epoll_fd < 0 || done_fd < 0 || wake_fd < 0)
+            throw std::runtime_error("cannot make the event loop's descriptors");
+        watch(listener, kListener, EPOLLIN);
+        watch(done_fd, kDone, EPOLLIN);
+        watch(wake_fd, kWake, EPOLLIN);
+    }
+    ~Serving() {
+        for (auto& [id, connection] : connections) close(connection.fd);
+        close(listener);
+        close(epoll_fd);
+        close(done_fd);
+        close(wake_fd);
+    }
 
-    // The replica the path names (`path_id`), when the request's bearer token may act for it;
-    // otherwise throws the refusal: 401 without a token, 404 for a path id that is no uuid, 403
-    // when the token query does not give the path's replica for the token.
-    std::string authorized(const httplib::Request& request, const std::string& path_id,
-                           ConnectionPool::Borrowed& connection) {
-        const std::string header = request.get_header_value("Authorization");
+    void watch(int fd, uint64_t id, uint32_t events) {
+        epoll_event event{};
+        event.events = events;
+        event.data.u64 = id;
+        epoll_ctl(epoll_fd, EPOLL_CTL_ADD, fd, &event);
+    }
+    // What the loop waits for on a connection: its bytes while it reads, room to write while it
+    // writes, and otherwise only its hanging up (a waiting device that goes).
+    void interest(uint64_t id, Connection& connection) {
+        epoll_event event{};
+        event.events = EPOLLRDHUP;
+        if (connection.state == State::head || connection.state == State::body)
+            event.events |= EPOLLIN;
+        if (connection.state == State::writing) event.events |= EPOLLOUT;
+        event.data.u64 = id;
+        epoll_ctl(epoll_fd, EPOLL_CTL_MOD, connection.fd, &event);
+    }
+
+    void accept_all() {
+        while (true) {
+            const int fd = accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+            if (fd < 0) return;
+            if (connections.size() >= devices) {
+                // Past --devices: answered at once, and not kept.
+                const std::string busy = response(
+                    503, "this gateway serves " + std::to_string(devices) + " devices at once\n",
+                    "text/plain; charset=utf-8", "", true);
+                [[maybe_unused]] const ssize_t sent =
+                    send(fd, busy.data(), busy.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+                close(fd);
+                continue;
+            }
+            const int yes = 1;
+            setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof yes);
+            const uint64_t id = next_id++;
+            Connection& connection = connections[id];
+            connection.fd = fd;
+            connection.deadline = Clock::now() + idle_timeout;
+            watch(fd, id, EPOLLIN | EPOLLRDHUP);
+        }
+    }
+
+    void drop(uint64_t id) {
+        auto found = connections.find(id);
+        if (found == connections.end()) return;
+        if (found->second.state == State::waiting) stop_waiting(id, found->second);
+        close(found->second.fd);
+        connections.erase(found);
+    }
+
+    void stop_waiting(uint64_t id, const Connection& connection) {
+        auto waiting_for = waiting.find(connection.replica);
+        if (waiting_for == waiting.end()) return;
+        waiting_for->second.erase(id);
+        if (waiting_for->second.empty()) waiting.erase(waiting_for);
+    }
+
+    // The answer goes out; the connection then reads its next request, or closes.
+    void answer(uint64_t id, Connection& connection, int status, const std::string& body,
+                const std::string& content_type = "text/plain; charset=utf-8",
+                const std::string& message_id = "") {
+        if (connection.state == State::waiting) stop_waiting(id, connection);
+        connection.close_after = connection.close_after || !connection.head.keep_alive() ||
+                                 status == 408 || status == 431 || status == 400;
+        connection.out = response(status, body, content_type, message_id, connection.close_after);
+        connection.written = 0;
+        connection.state = State::writing;
+        connection.deadline = Clock::now() + kWriteTimeout;
+        write_some(id, connection);
+    }
+    void refuse(uint64_t id, Connection& connection, int status, const std::string& why) {
+        answer(id, connection, status, why + "\n");
+    }
+
+    void write_some(uint64_t id, Connection& connection) {
+        while (connection.written < connection.out.size()) {
+            const ssize_t n = send(connection.fd, connection.out.data() + connection.written,
+                                   connection.out.size() - connection.written, MSG_NOSIGNAL);
+            if (n < 0) {
+                if (errno == EAGAIN || errno == EWOULDBLOCK) {
+                    interest(id, connection);
+                    return;
+                }
+                drop(id);
+                return;
+            }
+            connection.written += static_cast<size_t>(n);
+        }
+        if (connection.close_after) {
+            drop(id);
+            return;
+        }
+        // The next request, which may have come with this one.
+        connection.state = State::head;
+        connection.out.clear();
+        connection.head = HttpHead{};
+        connection.deadline =
+            Clock::now() + (connection.in.empty() ? idle_timeout : header_timeout);
+        interest(id, connection);
+        if (!connection.in.empty()) read_head(id, connection);
+    }
+
+    // Bytes came: read them all, then go on with what they complete.
+    void readable(uint64_t id, Connection& connection) {
+        char buffer[16384];
+        while (true) {
+            const ssize_t n = recv(connection.fd, buffer, sizeof buffer, 0);
+            if (n > 0) {
+                if (connection.state == State::head && connection.in.empty())
+                    connection.deadline = Clock::now() + header_timeout;
+                connection.in.append(buffer, static_cast<size_t>(n));
+                // Never more than the step needs: a head past its limit is refused below.
+                if (connection.state == State::head && connection.in.size() > kMaxHeadBytes) break;
+                continue;
+            }
+            if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
+                drop(id);
+                return;
+            }
+            break;
+        }
+        if (connection.state == State::head)
+            read_head(id, connection);
+        else if (connection.state == State::body)
+            read_body(id, connection);
+    }
+
+    void read_head(uint64_t id, Connection& connection) {
+        const std::optional<size_t> end = head_end(connection.in);
+        if (!end) {
+            if (connection.in.size() > kMaxHeadBytes)
+                refuse(id, connection, 431,
+                       "a request's head may hold " + std::to_string(kMaxHeadBytes) +
+                           " bytes at most");
+            return;
+        }
+        try {
+            connection.head = parse_head(std::string_view(connection.in).substr(0, *end - 4));
+        } catch (const HeadRefusal& refusal) {
+            refuse(id, connection, refusal.status, refusal.why);
+            return;
+        }
+        connection.in.erase(0, *end);
+        try {
+            route(connection);
+        } catch (const Refusal& refusal) {
+            refuse(id, connection, refusal.status, refusal.why);
+            return;
+        }
+        // Authorized before anything more is read: a body comes only from a device that may
+        // send it, so what others send costs no memory.
+        connection.state = State::authorizing;
+        interest(id, connection);
+        Task task = task_for(Task::Kind::authorize, id);
+        task.replica = connection.replica;
+        task.token = token_of(connection.head);
+        workers.push(std::move(task));
+    }
+
+    // What the request asks for, checked on its head alone; throws Refusal.
+    void route(Connection& connection) {
+        const HttpHead& head = connection.head;
+        std::vector<std::string> parts;
+        for (size_t at = 1; at <= head.path.size();) {
+            const size_t slash = std::min(head.path.find('/', at), head.path.size());
+            parts.push_back(head.path.substr(at, slash - at));
+            at = slash + 1;
+        }
+        const bool replicas_path = parts.size() >= 3 && parts[0] == "replicas";
+        const std::string what = replicas_path ? parts[2] : "";
+        const bool known =
+            replicas_path && ((parts.size() == 3 && (what == "next" || what == "up")) ||
+                              (parts.size() == 4 && (what == "ack" || what == "refused")));
+        if (!known) throw Refusal{404, "no such path: " + printable(head.path, "/")};
+        const bool get = what == "next";
+        if (head.method != (get ? "GET" : "POST"))
+            throw Refusal{405, head.path + " is asked with " + (get ? "GET" : "POST")};
+        connection.route = what;
+        connection.replica = lowercase(parts[1]);
+        connection.message_id = parts.size() == 4 ? parts[3] : "";
+        if (!is_uuid(connection.replica))
+            throw Refusal{404, "no replica " + printable(parts[1], "")};
+        const std::string header = head.header("authorization").value_or("");
         const std::string scheme = "bearer ";
         if (header.size() <= scheme.size() || lowercase(header.substr(0, scheme.size())) != scheme)
             throw Refusal{401, "send Authorization: Bearer TOKEN"};
-        const std::string token = header.substr(scheme.size());
-        const std::string replica = lowercase(path_id);
-        if (!is_uuid(replica)) throw Refusal{404, "no replica " + path_id};
-        Result may = connection.execute(kTokenStatement, {token.c_str()}, {0}, {0}, 0);
-        for (int row = 0; row < PQntuples(may.get()); ++row)
-            if (lowercase(PQgetvalue(may.get(), row, 0)) == replica) return replica;
-        throw Refusal{403, "this token may not act for replica " + replica};
+        if (head.header("transfer-encoding"))
+            throw Refusal{411, "send the body with a Content-Length, not chunked"};
+        // A POST without a body, or without Content-Length, has an empty body: an ack.
+        const std::string length = head.header("content-length").value_or("0");
+        const size_t limit = what == "up" ? kMaxUploadBytes : kMaxNoteBytes;
+        if (length.empty() || length.size() > 18 ||
+            !std::all_of(length.begin(), length.end(),
+                         [](unsigned char c) { return std::isdigit(c); }))
+            throw Refusal{400, "Content-Length is not a number"};
+        connection.body_length = std::stoull(length);
+        if (connection.body_length > limit)
+            throw Refusal{413, "a body may hold " + std::to_string(limit) + " bytes at most"};
     }
 
-    // A request with a body (every POST) is refused on its headers, before its body is read:
-    // one whose token may not act for the path's replica, or whose Content-Length is over the
-    // limit. Only a device that may send a body has it read, so what others send costs no
-    // memory (eight unauthenticated 60 MB uploads at once took the gateway to 945 MB). Returns
-    // whether it answered; the connection is closed after, its body unread.
-    bool refused_before_body(const httplib::Request& request, httplib::Response& response) {
-        static const std::regex posted(R"(/replicas/([^/]+)/(up|ack/[^/]+|refused/[^/]+))");
-        std::smatch path;
-        if (request.method != "POST" || !std::regex_match(request.path, path, posted)) return false;
-        try {
-            const std::string length = request.get_header_value("Content-Length");
-            if (length.size() > 18 || (!length.empty() && std::stoull(length) > kMaxUploadBytes))
-                throw Refusal{
-                    413, "a body may hold " + std::to_string(kMaxUploadBytes) + " bytes at most"};
-            authorized(request, path[1], *pool.borrow());
-            return false;
-        } catch (const std::logic_error&) {
-            answer(response, 400, "Content-Length is not a number");
-        } catch (const Refusal& refusal) {
-            if (refusal.status >= 500)
-                log_line(request.method + " " + request.path + ": " +
-                         std::to_string(refusal.status) + " " + refusal.why);
-            answer(response, refusal.status, refusal.why);
+    static std::string token_of(const HttpHead& head) {
+        return head.header("authorization").value_or("").substr(7);
+    }
+
+    void read_body(uint64_t id, Connection& connection) {
+        if (connection.in.size() < connection.body_length) return;
+        std::string body = connection.in.substr(0, connection.body_length);
+        connection.in.erase(0, connection.body_length);
+        serve(id, connection, std::move(body));
+    }
+
+    void serve(uint64_t id, Connection& connection, std::string body) {
+        connection.state = State::serving;
+        interest(id, connection);
+        Task task = task_for(Task::Kind::head, id);
+        task.replica = connection.replica;
+        task.message_id = connection.message_id;
+        task.wakes_seen = wakes;
+        if (connection.route == "ack") task.kind = Task::Kind::ack;
+        if (connection.route == "refused") task.kind = Task::Kind::refused;
+        if (connection.route == "up") task.kind = Task::Kind::up;
+        if (task.kind != Task::Kind::ack) task.body = std::move(body);
+        workers.push(std::move(task));
+    }
+
+    void finished(TaskOutcome& done) {
+        if (done.kind == Task::Kind::waiting) {
+            checking = false;
+            for (const std::string& replica : done.ready) {
+                auto waiting_for = waiting.find(replica);
+                if (waiting_for == waiting.end()) continue;
+                const std::set<uint64_t> ids = waiting_for->second;
+                waiting.erase(waiting_for);
+                for (uint64_t id : ids) {
+                    auto found = connections.find(id);
+                    if (found != connections.end()) serve(id, found->second, "");
+                }
+            }
+            if (check_again) check_waiting();
+            return;
         }
-        response.set_header("Connection", "close");
-        return true;
+        auto found = connections.find(done.connection);
+        if (found == connections.end()) return;  // it went meanwhile
+        Connection& connection = found->second;
+        const uint64_t id = done.connection;
+        if (done.status >= 500 && done.status != 507)
+            log_line(connection.head.method + " " + connection.head.path + ": " +
+                     std::to_string(done.status) + " " + done.body.substr(0, done.body.find('\n')));
+        if (done.kind == Task::Kind::authorize) {
+            if (done.status != 200) {
+                answer(id, connection, done.status, done.body);
+                return;
+            }
+            if (connection.route == "next") {
+                connection.poll_until = Clock::now() + wait;
+                serve(id, connection, "");
+                return;
+            }
+            connection.state = State::body;
+            const auto seconds = std::chrono::seconds(connection.body_length / kBodyBytesPerSecond);
+            connection.deadline = Clock::now() + header_timeout + seconds;
+            connection.in.reserve(connection.body_length);
+            if (connection.in.size() < connection.body_length &&
+                lowercase(connection.head.header("expect").value_or("")) == "100-continue") {
+                const std::string go_on = "HTTP/1.1 100 Continue\r\n\r\n";
+                [[maybe_unused]] const ssize_t sent =
+                    send(connection.fd, go_on.data(), go_on.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+            }
+            interest(id, connection);
+            read_body(id, connection);
+            return;
+        }
+        if (done.kind == Task::Kind::head && done.status == 200 && done.none) {
+            if (done.wakes_seen != wakes) {
+                serve(id, connection, "");  // woken while it looked: look again
+                return;
+            }
+            if (Clock::now() >= connection.poll_until) {
+                answer(id, connection, 204, "");
+                return;
+            }
+            connection.state = State::waiting;
+            connection.deadline = connection.poll_until;
+            waiting[connection.replica].insert(id);
+            interest(id, connection);
+            return;
+        }
+        answer(id, connection, done.status, done.body, done.content_type, done.message_id);
     }
 
-    // Runs `serve` with the authorized replica; a refusal is the answer. A POST was authorized
-    // on its headers (refused_before_body), a GET is here, with a connection of its own.
-    template <typename Serve>
-    void handle(const httplib::Request& request, httplib::Response& response, Serve serve) {
-        try {
-            // The connection goes back before serving: a long poll waits without one.
-            const std::string replica =
-                request.method == "POST" ? lowercase(request.matches[1])
-                                         : authorized(request, request.matches[1], *pool.borrow());
-            serve(replica);
-        } catch (const Refusal& refusal) {
-            if (refusal.status >= 500)
-                log_line(request.method + " " + request.path + ": " +
-                         std::to_string(refusal.status) + " " + refusal.why);
-            answer(response, refusal.status, refusal.why);
+    // A NOTIFY came: one statement finds which waiting devices have a message now.
+    void check_waiting() {
+        check_again = false;
+        if (waiting.empty()) return;
+        if (checking) {
+            check_again = true;
+            return;
+        }
+        checking = true;
+        Task task = task_for(Task::Kind::waiting, 0);
+        for (const auto& [replica, ids] : waiting) task.replicas.push_back(replica);
+        workers.push(std::move(task));
+    }
+
+    void sweep(Clock::time_point now) {
+        std::vector<uint64_t> due;
+        for (const auto& [id, connection] : connections)
+            if (now >= connection.deadline && connection.state != State::authorizing &&
+                connection.state != State::serving)
+                due.push_back(id);
+        for (uint64_t id : due) {
+            Connection& connection = connections[id];
+            switch (connection.state) {
+                case State::waiting:
+                    answer(id, connection, 204, "");
+                    break;
+                case State::head:
+                    if (connection.in.empty())
+                        drop(id);  // idle
+                    else
+                        refuse(id, connection, 408, "the request's head took too long");
+                    break;
+                case State::body:
+                    connection.close_after = true;
+                    refuse(id, connection, 408, "the request's body took too long");
+                    break;
+                default:
+                    drop(id);  // an answer nobody reads
+            }
         }
     }
 
-    void next(const httplib::Request& request, httplib::Response& response) {
-        handle(request, response, [&](const std::string& replica) {
-            const Clock::time_point deadline = Clock::now() + wait;
-            while (true) {
-                // Read before looking, so that a message that arrives meanwhile wakes us.
-                const uint64_t seen = wakeups.seen();
-                {
-                    const auto connection = pool.borrow();
-                    Result head = connection->execute(kHead.name, {replica.c_str(), lease.c_str()},
-                                                      {0, 0}, {0, 0}, 1);
-                    if (PQntuples(head.get()) == 1) {
-                        response.status = 200;
-                        response.set_header("message-id", PQgetvalue(head.get(), 0, 0));
-                        response.set_content(
-                            stamped_with_origin(std::string(PQgetvalue(head.get(), 0, 1),
-                                                            PQgetlength(head.get(), 0, 1)),
-                                                PQgetvalue(head.get(), 0, 2)),
-                            "application/json");
-                        return;
+    // Until a stop signal: then the waiting devices are told to ask again, and the loop ends once
+    // the answers are out (or after two seconds).
+    void loop(int signal_fd) {
+        watch(signal_fd, kSignal, EPOLLIN);
+        Clock::time_point last_sweep = Clock::now();
+        std::optional<Clock::time_point> stop_by;
+        std::vector<epoll_event> events(1024);
+        while (true) {
+            const int n = epoll_wait(epoll_fd, events.data(), static_cast<int>(events.size()),
+                                     static_cast<int>(kSweepEvery.count()));
+            for (int i = 0; i < n; ++i) {
+                const uint64_t id = events[i].data.u64;
+                if (id == kListener) {
+                    if (!stop_by) accept_all();
+                } else if (id == kDone) {
+                    uint64_t count;
+                    [[maybe_unused]] const ssize_t got = read(done_fd, &count, sizeof count);
+                    for (TaskOutcome& done : workers.take_outcomes()) finished(done);
+                } else if (id == kWake) {
+                    uint64_t count;
+                    [[maybe_unused]] const ssize_t got = read(wake_fd, &count, sizeof count);
+                    ++wakes;
+                    check_waiting();
+                } else if (id == kSignal) {
+                    signalfd_siginfo info;
+                    [[maybe_unused]] const ssize_t got = read(signal_fd, &info, sizeof info);
+                    if (!stop_by) {
+                        log_line("stopping: answering the waiting devices");
+                        stop_by = Clock::now() + std::chrono::seconds(2);
+                        epoll_ctl(epoll_fd, EPOLL_CTL_DEL, listener, nullptr);
+                        std::vector<uint64_t> ids;
+                        for (const auto& [replica, waiting_ids] : waiting)
+                            ids.insert(ids.end(), waiting_ids.begin(), waiting_ids.end());
+                        for (uint64_t waiter : ids) {
+                            Connection& connection = connections[waiter];
+                            connection.close_after = true;
+                            refuse(waiter, connection, 503, "the sender is stopping; ask again");
+                        }
+                    }
+                } else {
+                    auto found = connections.find(id);
+                    if (found == connections.end()) continue;
+                    Connection& connection = found->second;
+                    const uint32_t what = events[i].events;
+                    if (connection.state == State::writing && (what & EPOLLOUT)) {
+                        write_some(id, connection);
+                    } else if (connection.state == State::head || connection.state == State::body) {
+                        readable(id, connection);
+                    } else if (what & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) {
+                        drop(id);  // gone while it waited or was served
                     }
                 }
-                if (!wakeups.wait(seen, deadline)) break;
             }
-            if (wakeups.stopping()) throw Refusal{503, "the sender is stopping; ask again"};
-            response.status = 204;
-        });
-    }
-
-    void ack(const httplib::Request& request, httplib::Response& response) {
-        handle(request, response, [&](const std::string& replica) {
-            const std::string message_id = request.matches[2];
-            Result taken = pool.borrow()->execute(kAck.name, {replica.c_str(), message_id.c_str()},
-                                                  {0, 0}, {0, 0}, 0);
-            if (std::string(PQgetvalue(taken.get(), 0, 0)) == "t")
-                answer(response, 200, "taken " + message_id);
-            else
-                answer(response, 409,
-                       message_id + " is not the head of replica " + replica + ": nothing taken");
-        });
-    }
-
-    // The device cannot take the message (the body says why): recorded as a refusal, the message
-    // stays the head.
-    void refused(const httplib::Request& request, httplib::Response& response) {
-        handle(request, response, [&](const std::string& replica) {
-            const std::string message_id = request.matches[2];
-            const std::string why = printable(request.body, "refused by the device");
-            Result recorded = pool.borrow()->execute(
-                kRefused.name, {replica.c_str(), message_id.c_str(), why.c_str()},
-                {0, 0, static_cast<int>(why.size())}, {0, 0, 0}, 0);
-            if (std::string(PQgetvalue(recorded.get(), 0, 0)) == "t")
-                answer(response, 200, "refusal of " + message_id + " recorded");
-            else
-                answer(
-                    response, 409,
-                    message_id + " is not the head of replica " + replica + ": nothing recorded");
-        });
-    }
-
-    void up(const httplib::Request& request, httplib::Response& response) {
-        handle(request, response, [&](const std::string& replica) {
-            Result filed =
-                pool.borrow()->execute(kReceive.name, {replica.c_str(), request.body.data()},
-                                       {0, static_cast<int>(request.body.size())}, {0, 1}, 0);
-            const std::string outcome = PQgetvalue(filed.get(), 0, 0);
-            if (outcome == "refused")
-                answer(response, 507,
-                       "refused: the server keeps as much from replica " + replica +
-                           " as it may (sync.status, sync.upload_refusal); nothing was filed, "
-                           "send it again later");
-            else
-                answer(response, 200, outcome);
-        });
+            const Clock::time_point now = Clock::now();
+            if (now - last_sweep >= kSweepEvery) {
+                sweep(now);
+                last_sweep = now;
+            }
+            if (stop_by) {
+                bool writing = false;
+                for (const auto& [id, connection] : connections)
+                    writing = writing || connection.state == State::writing;
+                if (!writing || now >= *stop_by) return;
+            }
+        }
     }
 
     const std::string lease;
     const Clock::duration wait;
-    ConnectionPool pool;
-    Wakeups wakeups;
+    const Clock::duration header_timeout;
+    const Clock::duration idle_timeout;
+    const size_t devices;
     const std::string listen;
-    httplib::Server server;
-    std::thread thread;
+    const std::string db;
+    const int epoll_fd;
+    const int done_fd;
+    const int wake_fd;
+    const int listener;
+    std::unordered_map<uint64_t, Connection> connections;
+    std::unordered_map<std::string, std::set<uint64_t>> waiting;  // by replica
+    uint64_t next_id = kFirstConnection;
+    uint64_t wakes = 0;
+    bool checking = false;     // a `waiting` task is out
+    bool check_again = false;  // and a NOTIFY came since
+    Workers workers;
+    std::optional<Wakeups> wakeups;
 };
 
 PullServer::PullServer(const Options& options) {
@@ -481,13 +1022,15 @@ PullServer::PullServer(const Options& options) {
     } catch (const libpq::Failure& e) {
         throw std::runtime_error(std::string("--db: ") + e.what());
     }
-    serving_ = std::make_unique<Serving>(options);
     // A token query or statement the database refuses is said now, not at the first request;
     // a database that is away is not: devices are answered 503 until it is back.
     try {
-        const auto connection = serving_->pool.borrow();
-        Result described(PQdescribePrepared(connection->get(), kTokenStatement), PQclear);
-        if (PQnparams(described.get()) != 1 || PQnfields(described.get()) < 1)
+        PGconn* connection = connect_prepared(options.db, options.token_query);
+        Result described(PQdescribePrepared(connection, kTokenStatement), PQclear);
+        const bool takes_the_token =
+            PQnparams(described.get()) == 1 && PQnfields(described.get()) >= 1;
+        PQfinish(connection);
+        if (!takes_the_token)
             throw std::runtime_error(
                 "--token-query must take the token as $1, and nothing else, and return the ids "
                 "of the replicas it may act for in its first column");
@@ -495,55 +1038,20 @@ PullServer::PullServer(const Options& options) {
         if (refusal.status != 503) throw std::runtime_error(refusal.why);
         log_line(refusal.why + "; devices are answered 503 until it is back");
     }
-    httplib::Server& server = serving_->server;
-    server.new_task_queue = [devices = options.devices] {
-        return new httplib::ThreadPool(devices);
-    };
-    server.set_payload_max_length(kMaxUploadBytes);
-    server.set_pre_routing_handler(
-        [&serving = *serving_](const httplib::Request& request, httplib::Response& response) {
-            return serving.refused_before_body(request, response)
-                       ? httplib::Server::HandlerResponse::Handled
-                       : httplib::Server::HandlerResponse::Unhandled;
-        });
-    // SO_REUSEADDR only: cpp-httplib's default adds SO_REUSEPORT, with which a second sender
-    // would share the port.
-    server.set_socket_options([](socket_t sock) {
-        int yes = 1;
-        setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
-    });
-    using Handler = void (Serving::*)(const httplib::Request&, httplib::Response&);
-    const auto to = [&serving = *serving_](Handler handler) {
-        return [&serving, handler](const httplib::Request& request, httplib::Response& response) {
-            (serving.*handler)(request, response);
-        };
-    };
-    server.Get(R"(/replicas/([^/]+)/next)", to(&Serving::next));
-    server.Post(R"(/replicas/([^/]+)/ack/([^/]+))", to(&Serving::ack));
-    server.Post(R"(/replicas/([^/]+)/refused/([^/]+))", to(&Serving::refused));
-    server.Post(R"(/replicas/([^/]+)/up)", to(&Serving::up));
-    const auto [host, port] = listen_address(options.listen);
-    if (!server.bind_to_port(host, port))
-        throw std::runtime_error("--listen " + options.listen +
-                                 ": cannot listen there (in use, or not an address of this host)");
+    make_room_for(options.devices);
+    serving_ = std::make_unique<Serving>(options);
+    if (!is_loopback(options.listen))
+        log_line("--listen " + options.listen +
+                 " is not a loopback address: devices' tokens and data cross the network in "
+                 "plain HTTP; put a reverse proxy with TLS in front (README, Pull)");
 }
 
-PullServer::~PullServer() {
-    serving_->wakeups.stop();
-    serving_->server.stop();
-    if (serving_->thread.joinable()) serving_->thread.join();
-}
+PullServer::~PullServer() = default;
 
 int PullServer::run(int signal_fd) {
-    serving_->thread = std::thread([this] { serving_->server.listen_after_bind(); });
+    serving_->wakeups.emplace(serving_->db, serving_->wake_fd);
     log_line("pull: serving devices on " + serving_->listen);
-    pollfd stop{signal_fd, POLLIN, 0};
-    while (poll(&stop, 1, -1) < 0) {
-    }
-    log_line("stopping: answering the waiting devices");
-    serving_->wakeups.stop();
-    serving_->server.stop();
-    serving_->thread.join();
+    serving_->loop(signal_fd);
     log_line("stopped");
     return 0;
 }

@@ -689,6 +689,8 @@ struct Measured {
     double quiet_seconds = 0;
     double gateway_cpu = 0;  // seconds of CPU over the quiet window
     double database_cpu = 0;
+    double quiet_pull_heads = 0;   // sync.pull_head calls over the quiet window
+    double commit_pull_heads = 0;  // from the first commit until its answers, per commit
     int commits = 0;
     std::vector<double> latencies_ms;  // of the commits answered
     Tally tally;
@@ -746,8 +748,10 @@ class Bench {
     int measure() {
         log("cluster, " + std::to_string(options_.devices) + " registers");
         deployment_ = std::make_unique<Deployment>(
-            "pull_load", std::vector<std::string>{"magic_sync.idle = 100"}, "shop", kShop,
-            options_.bin);
+            "pull_load",
+            // track_functions: the gateway's sync.pull_head calls are counted.
+            std::vector<std::string>{"magic_sync.idle = 100", "track_functions = 'pl'"}, "shop",
+            kShop, options_.bin);
         if (options_.keep) deployment_->keep_directory();
         Connection& db = deployment_->db();
         db.query(
@@ -910,9 +914,11 @@ class Bench {
         const auto quiet_from = Clock::now();
         const double gateway_from = cpu_seconds(pid);
         const double database_from = database_cpu_seconds(data);
+        const long heads_from = pull_heads();
         std::this_thread::sleep_for(std::chrono::seconds(options_.quiet_seconds));
         measured.gateway_cpu = cpu_seconds(pid) - gateway_from;
         measured.database_cpu = database_cpu_seconds(data) - database_from;
+        measured.quiet_pull_heads = pull_heads() - heads_from;
         measured.quiet_seconds = std::chrono::duration<double>(Clock::now() - quiet_from).count();
         measured.gateway = look_at(pid);
 
@@ -924,6 +930,7 @@ class Bench {
         std::shuffle(order.begin(), order.end(), random_);
         Connection& db = deployment_->db();
         const size_t first = next_probe_;
+        const long commit_heads_from = pull_heads();
         const auto commits_from = Clock::now();
         for (int k = 0; k < options_.commits; ++k) {
             check_deadline(kind + ": committing");
@@ -952,12 +959,24 @@ class Bench {
                 measured.latencies_ms.push_back((probes_.answered(k) - probes_.committed(k)) / 1e6);
         fleet_->set_measuring(false);
         measured.tally = fleet_->tally() - before;
+        // A backend sends its counts within a second of going idle.
+        std::this_thread::sleep_for(1500ms);
+        measured.commit_pull_heads =
+            static_cast<double>(pull_heads() - commit_heads_from) / options_.commits;
         measured.gateway.peak_rss_kb = look_at(pid).peak_rss_kb;
         measured.gateway.threads = std::max(measured.gateway.threads, look_at(pid).threads);
         log(kind + ": " + std::to_string(measured.latencies_ms.size()) + " of " +
             std::to_string(measured.commits) + " answered, p50 " +
             figure(percentile(measured.latencies_ms, 0.5)) + " ms");
         phases_.push_back(measured);
+    }
+
+    // The gateway's sync.pull_head calls so far (pg_stat_user_functions).
+    long pull_heads() {
+        return std::atol(deployment_->db()
+                             .value("SELECT coalesce(sum(calls), 0) FROM pg_stat_user_functions "
+                                    "WHERE schemaname = 'sync' AND funcname = 'pull_head'")
+                             .c_str());
     }
 
     int verdict() {
@@ -1042,6 +1061,12 @@ class Bench {
                 [](const Measured& m) { return m.gateway_cpu / m.quiet_seconds; });
             line("database CPU, quiet window (% of a core)",
                  [](const Measured& m) { return figure(100 * m.database_cpu / m.quiet_seconds); });
+            line("sync.pull_head calls a second, quiet window",
+                 [](const Measured& m) { return figure(m.quiet_pull_heads / m.quiet_seconds); });
+            line(
+                "sync.pull_head calls a commit (while answered)",
+                [](const Measured& m) { return figure(m.commit_pull_heads); },
+                [](const Measured& m) { return m.commit_pull_heads; });
             line("commits answered", [](const Measured& m) {
                 return std::to_string(m.latencies_ms.size()) + "/" + std::to_string(m.commits);
             });
@@ -1082,15 +1107,19 @@ class Bench {
             const Standing standing = fleet_->standing();
             std::printf(
                 "\nwhole run: %ld messages taken (%ld acks), %ld 204s, %ld failures, %ld "
-                "reconnects "
-                "after failures, %ld at the gateway's keep-alive limit; at most %d devices waiting "
-                "at once\n",
+                "reconnects after failures, %ld at the gateway's keep-alive limit; at most %d "
+                "devices waiting at once\n",
                 tally.answered_200, tally.acks, tally.answered_204, tally.failures,
                 tally.failure_reconnects, tally.planned_reconnects, standing.most_waiting);
             std::printf(
                 "the gateway's listen backlog: %s; listen queue overflows during the run (the "
                 "kernel's count, whole machine): %ld\n",
                 backlog_.c_str(), listen_overflows() - overflows_from_);
+            rusage own{};
+            getrusage(RUSAGE_SELF, &own);
+            std::printf("this benchmark's own CPU (the devices' thread and the rest): %.1f s\n",
+                        own.ru_utime.tv_sec + own.ru_stime.tv_sec +
+                            (own.ru_utime.tv_usec + own.ru_stime.tv_usec) / 1e6);
             for (const auto& [why, times] : fleet_->failures())
                 std::printf("  failure x%ld: %s\n", times, why.c_str());
         }

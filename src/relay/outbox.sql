@@ -441,6 +441,23 @@ BEGIN
 END
 $$;
 
+-- For the pull gateway, once per wake-up: of the replicas whose devices wait for a message
+-- (`replicas`), the live ones with an unsent message. One statement however many devices wait,
+-- where asking sync.pull_head for each would cost a statement per waiting device at every NOTIFY.
+CREATE FUNCTION sync.pull_waiting(replicas uuid[]) RETURNS SETOF uuid
+LANGUAGE plpgsql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    PERFORM sync_internal.relay_guard();
+    RETURN QUERY
+    SELECT r.id FROM sync.replica r
+    WHERE r.id = ANY (replicas) AND r.live
+      AND EXISTS (SELECT FROM sync.outbox o WHERE o.replica = r.id AND o.sent_at IS NULL);
+END
+$$;
+
 REVOKE ALL ON FUNCTION sync.next(int, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.next(int, interval, uuid[], int, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.sent(uuid, bigint) FROM PUBLIC;
@@ -450,6 +467,7 @@ REVOKE ALL ON FUNCTION sync.backlog() FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.pull_head(uuid, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.pull_ack(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.pull_refused(uuid, text, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION sync.pull_waiting(uuid[]) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sync.next(int, interval) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.next(int, interval, uuid[], int, text) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.sent(uuid, bigint) TO sync_sender;
@@ -459,3 +477,4 @@ GRANT EXECUTE ON FUNCTION sync.backlog() TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.pull_head(uuid, interval) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.pull_ack(uuid, text) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.pull_refused(uuid, text, text) TO sync_sender;
+GRANT EXECUTE ON FUNCTION sync.pull_waiting(uuid[]) TO sync_sender;

@@ -110,6 +110,9 @@ COMMENT ON FUNCTION sync.pull_head(uuid, interval) IS
 COMMENT ON FUNCTION sync.pull_ack(uuid, text) IS
 'For the pull transport: the device took message_id. Recorded sent, and true, only when it names the '
 'replica''s current head, leased to the pull gateway; anything else takes nothing and returns false.';
+COMMENT ON FUNCTION sync.pull_waiting(uuid[]) IS
+'For the pull transport, at each wake-up: of the replicas whose devices wait, the live ones with an '
+'unsent message (one statement for every waiting device).';
 COMMENT ON FUNCTION sync.pull_refused(uuid, text, text) IS
 'For the pull transport: the device cannot take message_id. Recorded as a push transport''s refusal '
 '(refusals, last error, the alarm), and true, when it names the head; the message stays the head.';
