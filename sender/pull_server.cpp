@@ -666,7 +666,13 @@ struct PullServer::Serving {
         connection.deadline = Clock::now() + kWriteTimeout;
         write_some(id, connection);
     }
+    // A refusal before the body was read closes the connection: what follows the head is that
+    // body, not another request.
     void refuse(uint64_t id, Connection& connection, int status, const std::string& why) {
+        if (connection.state == State::head || connection.state == State::authorizing)
+            connection.close_after = connection.close_after ||
+                                     connection.head.header("transfer-encoding") ||
+                                     connection.head.header("content-length").value_or("0") != "0";
         answer(id, connection, status, why + "\n");
     }
 
@@ -846,7 +852,7 @@ struct PullServer::Serving {
                      std::to_string(done.status) + " " + done.body.substr(0, done.body.find('\n')));
         if (done.kind == Task::Kind::authorize) {
             if (done.status != 200) {
-                answer(id, connection, done.status, done.body);
+                refuse(id, connection, done.status, done.body.substr(0, done.body.size() - 1));
                 return;
             }
             if (connection.route == "next") {

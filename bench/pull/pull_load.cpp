@@ -16,7 +16,6 @@
 //   build/bench/pull_load [devices] [options]   (--help)
 #include <arpa/inet.h>
 #include <dirent.h>
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <signal.h>
@@ -27,6 +26,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -693,6 +693,8 @@ struct Measured {
     double commit_pull_heads = 0;  // from the first commit until its answers, per commit
     int commits = 0;
     std::vector<double> latencies_ms;  // of the commits answered
+    std::vector<double> relay_ms;      // commit -> the relay's next NOTIFY, of those
+    std::vector<double> gateway_ms;    // that NOTIFY -> answered
     Tally tally;
 };
 
@@ -720,6 +722,45 @@ const char* const kUndelivered = R"sql(
 )sql";
 
 const char* const kTokenQuery = "SELECT id FROM shop.registers WHERE token = $1";
+
+// When the relay's notifications (NOTIFY magic_sync, sent after a pass wrote messages) came, on a
+// connection of its own: splits a commit's latency into the relay's part and the gateway's.
+class Notifications {
+  public:
+    explicit Notifications(const std::string& conninfo) : connection_(conninfo) {
+        connection_.query("LISTEN magic_sync");
+        thread_ = std::thread([this] { run(); });
+    }
+    ~Notifications() {
+        stop_ = true;
+        thread_.join();
+    }
+    Notifications(const Notifications&) = delete;
+    Notifications& operator=(const Notifications&) = delete;
+
+    // When the first notification at or after `at` came (ns), or 0.
+    int64_t first_after(int64_t at) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        const auto found = std::lower_bound(times_.begin(), times_.end(), at);
+        return found == times_.end() ? 0 : *found;
+    }
+
+  private:
+    void run() {
+        while (!stop_) {
+            if (!await_notify(connection_.raw(), 100ms)) continue;
+            const int64_t now = nanoseconds(Clock::now());
+            std::lock_guard<std::mutex> lock(mutex_);
+            times_.push_back(now);
+        }
+    }
+
+    Connection connection_;
+    std::atomic<bool> stop_{false};
+    std::mutex mutex_;
+    std::vector<int64_t> times_;
+    std::thread thread_;
+};
 
 class Bench {
   public:
@@ -767,6 +808,7 @@ class Bench {
         start_gateway();
         fleet_ = std::make_unique<Fleet>(port_, options_.devices, options_.batch, options_.rate,
                                          std::chrono::seconds(options_.wait_seconds), probes_);
+        notifications_ = std::make_unique<Notifications>(deployment_->conninfo());
 
         log("warm-up: " + std::to_string(options_.devices) +
             " devices connect and drain their provisioning");
@@ -954,9 +996,18 @@ class Bench {
             check_deadline(kind + ": waiting for the commits' answers");
             std::this_thread::sleep_for(50ms);
         }
-        for (size_t k = first; k < next_probe_; ++k)
-            if (probes_.answered(k) != 0)
-                measured.latencies_ms.push_back((probes_.answered(k) - probes_.committed(k)) / 1e6);
+        for (size_t k = first; k < next_probe_; ++k) {
+            const int64_t committed = probes_.committed(k);
+            const int64_t answered = probes_.answered(k);
+            if (answered == 0) continue;
+            measured.latencies_ms.push_back((answered - committed) / 1e6);
+            // The first NOTIFY after the commit returned: the pass that wrote its message, or
+            // (when a pass was under way) the one before it.
+            const int64_t notified = notifications_->first_after(committed);
+            if (notified == 0 || notified > answered) continue;
+            measured.relay_ms.push_back((notified - committed) / 1e6);
+            measured.gateway_ms.push_back((answered - notified) / 1e6);
+        }
         fleet_->set_measuring(false);
         measured.tally = fleet_->tally() - before;
         // A backend sends its counts within a second of going idle.
@@ -1001,7 +1052,7 @@ class Bench {
 
     void row(const std::string& label, const std::vector<std::string>& cells,
              const std::string& ratio = "") {
-        std::printf("| %-44s |", label.c_str());
+        std::printf("| %-48s |", label.c_str());
         for (const std::string& cell : cells) std::printf(" %12s |", cell.c_str());
         if (!ratio.empty()) std::printf(" %10s |", ratio.c_str());
         std::printf("\n");
@@ -1055,10 +1106,8 @@ class Bench {
                 [](const Measured& m) { return m.gateway.rss_kb / 1024.0; });
             line("gateway peak RSS so far (MiB)",
                  [](const Measured& m) { return figure(m.gateway.peak_rss_kb / 1024.0); });
-            line(
-                "gateway CPU, quiet window (% of a core)",
-                [](const Measured& m) { return figure(100 * m.gateway_cpu / m.quiet_seconds); },
-                [](const Measured& m) { return m.gateway_cpu / m.quiet_seconds; });
+            line("gateway CPU, quiet window (% of a core)",
+                 [](const Measured& m) { return figure(100 * m.gateway_cpu / m.quiet_seconds); });
             line("database CPU, quiet window (% of a core)",
                  [](const Measured& m) { return figure(100 * m.database_cpu / m.quiet_seconds); });
             line("sync.pull_head calls a second, quiet window",
@@ -1086,6 +1135,18 @@ class Bench {
                 "commit -> answered max (ms)",
                 [](const Measured& m) { return figure(percentile(m.latencies_ms, 1.0)); },
                 [](const Measured& m) { return percentile(m.latencies_ms, 1.0); });
+            line(
+                "  of which commit -> relay's NOTIFY p50 (ms)",
+                [](const Measured& m) { return figure(percentile(m.relay_ms, 0.5)); },
+                [](const Measured& m) { return percentile(m.relay_ms, 0.5); });
+            line(
+                "  of which NOTIFY -> answered p50 (ms)",
+                [](const Measured& m) { return figure(percentile(m.gateway_ms, 0.5)); },
+                [](const Measured& m) { return percentile(m.gateway_ms, 0.5); });
+            line(
+                "  of which NOTIFY -> answered p99 (ms)",
+                [](const Measured& m) { return figure(percentile(m.gateway_ms, 0.99)); },
+                [](const Measured& m) { return percentile(m.gateway_ms, 0.99); });
             line("spurious: 200 without a probe",
                  [](const Measured& m) { return std::to_string(m.tally.unprobed_200); });
             line("spurious: 204 before --wait",
@@ -1139,6 +1200,7 @@ class Bench {
     std::mt19937 random_{26};
     std::unique_ptr<Deployment> deployment_;
     std::unique_ptr<Fleet> fleet_;  // after the deployment: hangs up before the gateway goes
+    std::unique_ptr<Notifications> notifications_;
     int port_ = 0;
     int idle_descriptors_ = 0;
     std::string backlog_;

@@ -14,6 +14,7 @@
 
 #include "pull_server.hpp"
 #include "sender/harness.hpp"
+#include "support/raw_connection.hpp"
 
 namespace magic_sync::test::sender {
 namespace {
@@ -26,7 +27,7 @@ constexpr const char* kTokenQuery = "SELECT replica FROM public.device_token WHE
 class PullSender {
   public:
     PullSender(const Outbox& outbox, const TempDir& dir, const std::string& wait_seconds,
-               const std::string& conninfo = "")
+               const std::string& conninfo = "", const std::vector<std::string>& options = {})
         : port_(free_port()),
           tokens_(outbox.sql(
               "CREATE TABLE IF NOT EXISTS public.device_token (token text PRIMARY KEY, "
@@ -34,7 +35,7 @@ class PullSender {
               "INSERT INTO public.device_token SELECT 'token-' || right(id::text, 1), id "
               "FROM sync.replica ON CONFLICT DO NOTHING;"
               "GRANT SELECT ON public.device_token TO PUBLIC")),
-          process_(argv(outbox, wait_seconds, conninfo), dir.path() + "/pull_sender.log") {
+          process_(argv(outbox, wait_seconds, conninfo, options), dir.path() + "/pull_sender.log") {
         const bool up = eventually(
             [&] { return client().Get("/replicas/" + replica_id(1) + "/next") != nullptr; }, 10s);
         if (!up) throw std::runtime_error("the pull sender did not answer:\n" + process_.log());
@@ -64,61 +65,37 @@ class PullSender {
                              body, "application/json");
     }
     std::string log() const { return process_.log(); }
+    int port() const { return port_; }
 
     // Sends `head` (a request's line and headers) on a connection of its own, and nothing more:
     // what the sender answers within `wait`, without the body its headers announce.
     std::string answer_to_head(const std::string& head, std::chrono::milliseconds wait) const {
-        const int fd = socket(AF_INET, SOCK_STREAM, 0);
-        sockaddr_in address{};
-        address.sin_family = AF_INET;
-        address.sin_port = htons(static_cast<uint16_t>(port_));
-        address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        std::string answer;
-        if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0 &&
-            send(fd, head.data(), head.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(head.size())) {
-            const auto deadline = std::chrono::steady_clock::now() + wait;
-            pollfd readable{fd, POLLIN, 0};
-            char buffer[4096];
-            while (std::chrono::steady_clock::now() < deadline) {
-                const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-                    deadline - std::chrono::steady_clock::now());
-                if (poll(&readable, 1, static_cast<int>(left.count())) <= 0) break;
-                const ssize_t n = recv(fd, buffer, sizeof buffer, 0);
-                if (n <= 0) break;
-                answer.append(buffer, static_cast<size_t>(n));
-                if (answered_whole(answer)) break;
-            }
-        }
-        close(fd);
-        return answer;
+        Raw connection(port_);
+        connection.write(head);
+        return connection.read_until_closed(wait);
     }
 
   private:
-    // Whether `answer` holds a whole response: its headers and the body they announce.
-    static bool answered_whole(const std::string& answer) {
-        const size_t end = answer.find("\r\n\r\n");
-        if (end == std::string::npos) return false;
-        const size_t length = answer.find("Content-Length: ");
-        if (length == std::string::npos || length > end) return true;
-        return answer.size() - end - 4 >= std::stoul(answer.substr(length + 16));
-    }
     static httplib::Headers auth(int device) {
         if (device == 0) return {};
         return {{"Authorization", "Bearer token-" + std::to_string(device)}};
     }
     std::vector<std::string> argv(const Outbox& outbox, const std::string& wait_seconds,
-                                  const std::string& conninfo) const {
-        return {sender_binary(),
-                "--db",
-                conninfo.empty() ? outbox.conninfo() : conninfo,
-                "--transport",
-                "pull",
-                "--listen",
-                "127.0.0.1:" + std::to_string(port_),
-                "--token-query",
-                kTokenQuery,
-                "--wait",
-                wait_seconds};
+                                  const std::string& conninfo,
+                                  const std::vector<std::string>& options) const {
+        std::vector<std::string> arguments{sender_binary(),
+                                           "--db",
+                                           conninfo.empty() ? outbox.conninfo() : conninfo,
+                                           "--transport",
+                                           "pull",
+                                           "--listen",
+                                           "127.0.0.1:" + std::to_string(port_),
+                                           "--token-query",
+                                           kTokenQuery,
+                                           "--wait",
+                                           wait_seconds};
+        arguments.insert(arguments.end(), options.begin(), options.end());
+        return arguments;
     }
 
     int port_;
@@ -317,9 +294,6 @@ TEST(PullSender, ARequestIsRefusedOnItsHeadersBeforeItsBodyIsRead) {
                " HTTP/1.1\r\nHost: gateway\r\nContent-Type: application/json\r\n" + headers +
                "\r\n";
     };
-    const auto status_line = [](const std::string& answer) {
-        return answer.substr(0, answer.find("\r\n"));
-    };
     const std::string big = "Content-Length: 60000000\r\n";
     EXPECT_EQ(status_line(sender.answer_to_head(head(1, "up", big), 3s)),
               "HTTP/1.1 401 Unauthorized");
@@ -338,6 +312,80 @@ TEST(PullSender, ARequestIsRefusedOnItsHeadersBeforeItsBodyIsRead) {
     ASSERT_TRUE(filed);
     EXPECT_EQ(filed->status, 500) << filed->body;  // its role is not sync_receiver here
     EXPECT_EQ(filed->body, "permission denied for function receive\n");
+}
+
+// Deadlines (issue 36): a head that comes too slowly, a body that does, and a kept-alive
+// connection without a request each end; a connection past --devices is answered 503 at once.
+// Before, a slow client held one of --devices threads for as long as it kept sending a byte.
+TEST(PullSender, SlowAndIdleClientsMeetDeadlinesAndDevicesBoundTheConnections) {
+    Outbox outbox("pull_deadlines", 1, 1);
+    TempDir dir;
+    PullSender sender(outbox, dir, "1", "",
+                      {"--header-timeout", "1", "--idle-timeout", "2", "--devices", "4"});
+    const std::string line = "GET /replicas/" + replica_id(1) + "/next HTTP/1.1\r\n";
+    const auto started = Clock::now();
+    Raw slow_head(sender.port());
+    ASSERT_TRUE(slow_head.write(line + "Host: gateway\r\n"));  // and then nothing more
+    Raw slow_body(sender.port());
+    ASSERT_TRUE(slow_body.write("POST /replicas/" + replica_id(1) +
+                                "/up HTTP/1.1\r\nAuthorization: Bearer token-1\r\n"
+                                "Content-Length: 1000\r\n\r\n{\"v\":1"));
+    Raw idle(sender.port());
+    {
+        Raw past(sender.port());  // four held: the next one is one too many
+        Raw one_more(sender.port());
+        EXPECT_EQ(status_line(one_more.read_until_closed(2s)), "HTTP/1.1 503 Service Unavailable");
+        EXPECT_TRUE(one_more.closed());
+    }
+    EXPECT_EQ(status_line(slow_head.read_until_closed(3s)), "HTTP/1.1 408 Request Timeout");
+    EXPECT_TRUE(slow_head.closed());
+    EXPECT_EQ(status_line(slow_body.read_until_closed(3s)), "HTTP/1.1 408 Request Timeout");
+    EXPECT_TRUE(slow_body.closed());
+    EXPECT_EQ(idle.read_until_closed(4s), "") << "an idle connection is closed, unanswered";
+    EXPECT_TRUE(idle.closed());
+    EXPECT_LT(Clock::now() - started, 6s);
+    // The gateway serves on.
+    auto served = sender.get_next(1, 1);
+    ASSERT_TRUE(served);
+    EXPECT_EQ(served->status, 200);
+}
+
+// What device writers and operators expect (issue 36 item 6): a POST without a body or a
+// Content-Length is an ack; a body's content type is not read (curl's default form type); a
+// chunked body is refused saying what to send; two requests in one write are both answered.
+TEST(PullSender, AnAckWithoutABodyAndABodyOfAnyContentTypeAreServed) {
+    Outbox outbox("pull_bodies", 1, 2);
+    TempDir dir;
+    PullSender sender(outbox, dir, "1");
+    const std::string auth = "Authorization: Bearer token-1\r\n";
+    const std::string next = "GET /replicas/" + replica_id(1) + "/next HTTP/1.1\r\n" + auth;
+    {
+        Raw device(sender.port());
+        ASSERT_TRUE(device.write(next + "\r\n" + "POST /replicas/" + replica_id(1) + "/ack/" +
+                                 message_id(1) + " HTTP/1.1\r\n" + auth +
+                                 "Connection: close\r\n\r\n"));
+        const std::string answers = device.read_until_closed(5s);
+        EXPECT_EQ(status_line(answers), "HTTP/1.1 200 OK") << answers;
+        EXPECT_NE(answers.find("message-id: " + message_id(1)), std::string::npos) << answers;
+        EXPECT_NE(answers.find("taken " + message_id(1)), std::string::npos) << answers;
+    }
+    EXPECT_EQ(unsent_of(outbox, 1), 1);
+    const std::string why(9000, 'x');
+    auto head = sender.get_next(1, 1);
+    ASSERT_TRUE(head);
+    EXPECT_EQ(head->get_header_value("message-id"), message_id(2));
+    auto refused =
+        sender.client().Post(("/replicas/" + replica_id(1) + "/refused/" + message_id(2)).c_str(),
+                             httplib::Headers{{"Authorization", "Bearer token-1"}},
+                             "{\"why\":\"" + why + "\"}", "application/x-www-form-urlencoded");
+    ASSERT_TRUE(refused);
+    EXPECT_EQ(refused->status, 200) << refused->body;
+    Raw chunked(sender.port());
+    ASSERT_TRUE(chunked.write("POST /replicas/" + replica_id(1) + "/up HTTP/1.1\r\n" + auth +
+                              "Transfer-Encoding: chunked\r\n\r\n"));
+    const std::string answer = chunked.read_until_closed(2s);
+    EXPECT_EQ(status_line(answer), "HTTP/1.1 411 Length Required");
+    EXPECT_NE(answer.find("send the body with a Content-Length, not chunked"), std::string::npos);
 }
 
 TEST(PullSender, RefusesATokenQueryThatDoesNotTakeTheToken) {

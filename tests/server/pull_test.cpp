@@ -7,7 +7,9 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -19,6 +21,7 @@
 #include "server/deployment.hpp"
 #include "server/holdings.hpp"
 #include "server/process.hpp"
+#include "support/raw_connection.hpp"
 
 namespace magic_sync::test {
 namespace {
@@ -80,13 +83,22 @@ class Pull : public ::testing::Test {
         for (int n = first; n <= last; ++n) replicas_[n] = deployment_->replica(replica_id(n));
     }
 
-    void start_sender() {
-        deployment_->sender() = std::make_unique<Process>(
-            std::vector<std::string>{deployment_->bin() + "/magic-sync-sender", "--db",
-                                     deployment_->conninfo(), "--transport", "pull", "--listen",
-                                     "127.0.0.1:" + std::to_string(port_), "--token-query",
-                                     kTokenQuery, "--wait", "5"},
-            deployment_->directory() + "/sender.log");
+    // The gateway, with `options` after the usual ones.
+    void start_sender(const std::vector<std::string>& options = {}) {
+        std::vector<std::string> arguments{deployment_->bin() + "/magic-sync-sender",
+                                           "--db",
+                                           deployment_->conninfo(),
+                                           "--transport",
+                                           "pull",
+                                           "--listen",
+                                           "127.0.0.1:" + std::to_string(port_),
+                                           "--token-query",
+                                           kTokenQuery,
+                                           "--wait",
+                                           "5"};
+        arguments.insert(arguments.end(), options.begin(), options.end());
+        deployment_->sender() =
+            std::make_unique<Process>(arguments, deployment_->directory() + "/sender.log");
     }
 
     // The replica's process pulling with its device's token; `options` after the usual ones.
@@ -105,13 +117,18 @@ class Pull : public ::testing::Test {
         return db().value(kExpectedHoldings, {replica.id});
     }
 
-    // Every replica holds exactly what the oracle says, and nothing is left unsent.
+    // Every replica holds exactly what the oracle says, and nothing is left unsent to any.
     void converge(const std::string& scenario, std::chrono::seconds limit = 120s) {
         std::cerr << "converging: " << scenario << std::endl;
+        std::string ids = "{";
+        for (const auto& [n, replica] : replicas_) ids += (ids.size() > 1 ? "," : "") + replica.id;
+        ids += "}";
         const bool converged = eventually(
             [&] {
                 if (db().value("SELECT count(*) FROM sync.note") != "0") return false;
-                if (db().value("SELECT count(*) FROM sync.outbox WHERE sent_at IS NULL") != "0")
+                if (db().value("SELECT count(*) FROM sync.outbox WHERE sent_at IS NULL AND "
+                               "replica = ANY ($1::uuid[])",
+                               {ids}) != "0")
                     return false;
                 for (auto& [n, replica] : replicas_)
                     if (deployment_->held(replica) != expected(replica)) return false;
@@ -235,6 +252,119 @@ TEST_F(Pull, AMessageTheDeviceCannotApplyIsRecordedAsRefused) {
     EXPECT_EQ(head_of(1), db().value("SELECT sync_internal.message_id(gen, $1::bigint) FROM "
                                      "sync.replica WHERE id = $2::uuid",
                                      {seq, replica_id(1)}));
+}
+
+// What a process holds, from /proc: "Threads", "VmHWM" (its peak memory, in kB), ...
+long proc_status(pid_t pid, const std::string& field) {
+    std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+    std::string line;
+    while (std::getline(status, line))
+        if (line.rfind(field + ":", 0) == 0) return std::stol(line.substr(field.size() + 1));
+    return -1;
+}
+
+// The gateway faces the internet (issue 36): while hostile clients do their worst, a real device
+// keeps converging. A thousand idle connections, slow heads and slow bodies (the old gateway gave
+// each a thread of --devices, and 256 of them stopped it), unauthenticated 60 MB uploads (refused
+// on their headers), garbage uploads past what a replica may keep (refused, nothing stored), and
+// one upload sent again and again (one answer). The gateway's threads stay few and its memory
+// small.
+TEST_F(Pull, HostileClientsDoNotStopADeviceFromConverging) {
+    db().query("ALTER DATABASE " + db().value("SELECT quote_ident(current_database())") +
+               " SET magic_sync.max_kept_items = 2");
+    add_registers(1, 1);
+    // Device 2 is the hostile one's own: a real token, no replica process.
+    db().query(
+        "INSERT INTO shop.registers (id, store_id, token_hash) VALUES ($1::uuid, 2, "
+        "encode(sha256(convert_to('device-2', 'UTF8')), 'hex'))",
+        {replica_id(2)});
+    start_sender({"--header-timeout", "2", "--idle-timeout", "4"});
+    start_replica(1);
+    converge("one device before the hostile clients");
+
+    const std::string up = "POST /replicas/" + replica_id(2) + "/up HTTP/1.1\r\n";
+    const std::string own = "Authorization: Bearer device-2\r\n";
+    std::vector<std::unique_ptr<Raw>> idle, slow_heads, slow_bodies, unauthenticated;
+    for (int i = 0; i < 1000; ++i) idle.push_back(std::make_unique<Raw>(port_));
+    for (int i = 0; i < 300; ++i) {
+        slow_heads.push_back(std::make_unique<Raw>(port_));
+        slow_heads.back()->write("GET /replicas/" + replica_id(2) + "/next HTTP/1.1\r\n");
+    }
+    for (int i = 0; i < 20; ++i) {
+        slow_bodies.push_back(std::make_unique<Raw>(port_));
+        slow_bodies.back()->write(up + own + "Content-Length: 100000\r\n\r\n{");
+    }
+    const std::string megabyte(1 << 20, 'x');
+    for (int i = 0; i < 8; ++i) {
+        unauthenticated.push_back(std::make_unique<Raw>(port_));
+        unauthenticated.back()->write(up + "Content-Length: 60000000\r\n\r\n");
+        unauthenticated.back()->write(megabyte);
+    }
+    // The slow ones go on sending, a line and a byte a second, until the gateway ends them.
+    struct Trickle {
+        std::atomic<bool> stop{false};
+        std::thread thread;
+        ~Trickle() {
+            stop = true;
+            thread.join();
+        }
+    } trickle;
+    trickle.thread = std::thread([&] {
+        while (!trickle.stop) {
+            for (auto& slow : slow_heads) slow->write("X-Slow: 1\r\n");
+            for (auto& slow : slow_bodies) slow->write("1");
+            std::this_thread::sleep_for(1s);
+        }
+    });
+
+    // The real device converges meanwhile.
+    db().query("UPDATE shop.products SET price = price + 1 WHERE id <= 60");
+    db().query("INSERT INTO shop.prices VALUES (1, 41, 4.10)");
+    converge("changes while hostile clients hold the gateway");
+
+    // Garbage past the bound: kept twice, then refused.
+    const auto post_up = [&](const std::string& body) {
+        Raw device(port_);
+        device.write(up + own + "Connection: close\r\nContent-Length: " +
+                     std::to_string(body.size()) + "\r\n\r\n" + body);
+        return status_line(device.read_until_closed(10s));
+    };
+    EXPECT_EQ(post_up("garbage 1"), "HTTP/1.1 200 OK");
+    EXPECT_EQ(post_up("garbage 2"), "HTTP/1.1 200 OK");
+    EXPECT_EQ(post_up("garbage 3"), "HTTP/1.1 507 Insufficient Storage");
+    EXPECT_EQ(
+        db().value("SELECT count(*) FROM sync.set_aside WHERE replica = $1::uuid", {replica_id(2)}),
+        "2");
+    // One upload sent again and again: one answer waits for the device.
+    const std::string upload =
+        R"({"v":1,"id":"20000000-0000-0000-0000-000000000001","rows":[)"
+        R"({"t":"shop.sales","r":{"id":"30000000-0000-0000-0000-000000000001",)"
+        R"("register_id":")" +
+        replica_id(2) + R"(","product_id":1,"qty":1}}]})";
+    for (int i = 0; i < 30; ++i) EXPECT_EQ(post_up(upload), "HTTP/1.1 200 OK") << i;
+    EXPECT_EQ(db().value("SELECT count(*) FROM shop.sales"), "1");
+    EXPECT_EQ(db().value("SELECT (SELECT count(*) FROM sync.outbox o WHERE o.replica = $1::uuid "
+                         "AND o.upload = $2::uuid) + (SELECT count(*) FROM sync.answer a WHERE "
+                         "a.replica = $1::uuid AND a.payload->>'upload' = $2::text)",
+                         {replica_id(2), "20000000-0000-0000-0000-000000000001"}),
+              "1");
+
+    // Every unauthenticated upload was refused on its headers; the slow and the idle were ended.
+    for (auto& refused : unauthenticated)
+        EXPECT_EQ(status_line(refused->read_until_closed(5s)), "HTTP/1.1 401 Unauthorized");
+    for (auto& slow : slow_heads)
+        EXPECT_EQ(status_line(slow->read_until_closed(5s)), "HTTP/1.1 408 Request Timeout");
+    for (auto& slow : slow_bodies)
+        EXPECT_EQ(status_line(slow->read_until_closed(5s)), "HTTP/1.1 408 Request Timeout");
+    for (auto& connection : idle) {
+        EXPECT_EQ(connection->read_until_closed(5s), "");
+        EXPECT_TRUE(connection->closed());
+    }
+    const pid_t gateway = deployment_->sender()->pid();
+    EXPECT_LE(proc_status(gateway, "Threads"), 12);
+    EXPECT_LT(proc_status(gateway, "VmHWM"), 100 * 1024) << "kB at its peak";
+    db().query("UPDATE shop.products SET price = price + 1 WHERE id <= 10");
+    converge("after the hostile clients");
 }
 
 // Two pull gateways behind one address (a proxy that sends each request to the next of them in
