@@ -1,27 +1,9 @@
 #include "log.hpp"
 
-#include <chrono>
-#include <cstdio>
-#include <ctime>
-#include <mutex>
+#include "program/log_line.hpp"
 
 namespace magic_sync::sender {
 
-void log_line(const std::string& text) {
-    static std::mutex mutex;
-    const auto now = std::chrono::system_clock::now();
-    const std::time_t seconds = std::chrono::system_clock::to_time_t(now);
-    const auto millis =
-        std::chrono::duration_cast<std::chrono::milliseconds>(now.time_since_epoch()).count() %
-        1000;
-    std::tm utc{};
-    gmtime_r(&seconds, &utc);
-    char stamp[32];
-    std::strftime(stamp, sizeof stamp, "%Y-%m-%d %H:%M:%S", &utc);
-    std::lock_guard<std::mutex> lock(mutex);
-    std::fprintf(stderr, "%s.%03lld magic-sync-sender: %s\n", stamp, static_cast<long long>(millis),
-                 text.c_str());
-    std::fflush(stderr);
-}
+void log_line(const std::string& text) { program::log_line("magic-sync-sender", text); }
 
 }  // namespace magic_sync::sender

@@ -82,7 +82,8 @@ Sender::Sender(const Options& options, std::unique_ptr<Transport> transport)
       metrics_(options.transport),
       metrics_server_(options.metrics.empty()
                           ? nullptr
-                          : std::make_unique<MetricsServer>(metrics_, options.metrics)),
+                          : std::make_unique<MetricsServer>([this] { return metrics_.text(); },
+                                                            options.metrics)),
       transport_(std::move(transport)) {}
 
 Sender::~Sender() { transport_.reset(); }

@@ -42,7 +42,8 @@ int main(int argc, char** argv) {
     try {
         options = parse_options(std::vector<std::string>(argv + 1, argv + argc));
     } catch (const UsageError& error) {
-        std::fprintf(stderr, "magic-sync-sender: %s\n\n%s", error.what(), kUsage);
+        std::fprintf(stderr, "magic-sync-sender: %s (see magic-sync-sender --help)\n",
+                     error.what());
         return 2;
     }
     if (options.help) {

@@ -123,12 +123,61 @@ std::string Metrics::text() const {
     return out;
 }
 
+void PullMetrics::answered(const std::string& route, int status) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++answered_[{route, status}];
+}
+
+void PullMetrics::moved(int64_t read, int64_t written) {
+    read_ += read;
+    written_ += written;
+}
+
+void PullMetrics::connections(int64_t connected, int64_t waiting) {
+    connected_ = connected;
+    waiting_ = waiting;
+}
+
+std::string PullMetrics::text() const {
+    std::string out =
+        "# HELP magic_sync_pull_requests_total Requests the pull gateway answered, by route and "
+        "status.\n"
+        "# TYPE magic_sync_pull_requests_total counter\n";
+    {
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (const auto& [answer, count] : answered_)
+            out += "magic_sync_pull_requests_total{route=\"" + answer.first + "\",status=\"" +
+                   std::to_string(answer.second) + "\"} " + std::to_string(count) + "\n";
+    }
+    out +=
+        "# HELP magic_sync_pull_read_bytes_total Bytes the gateway read from devices.\n"
+        "# TYPE magic_sync_pull_read_bytes_total counter\n"
+        "magic_sync_pull_read_bytes_total " +
+        std::to_string(read_.load()) + "\n";
+    out +=
+        "# HELP magic_sync_pull_written_bytes_total Bytes the gateway wrote to devices.\n"
+        "# TYPE magic_sync_pull_written_bytes_total counter\n"
+        "magic_sync_pull_written_bytes_total " +
+        std::to_string(written_.load()) + "\n";
+    out +=
+        "# HELP magic_sync_pull_connections Connections open now (devices connected).\n"
+        "# TYPE magic_sync_pull_connections gauge\n"
+        "magic_sync_pull_connections " +
+        std::to_string(connected_.load()) + "\n";
+    out +=
+        "# HELP magic_sync_pull_waiting Long polls waiting for a message now.\n"
+        "# TYPE magic_sync_pull_waiting gauge\n"
+        "magic_sync_pull_waiting " +
+        std::to_string(waiting_.load()) + "\n";
+    return out;
+}
+
 struct MetricsServer::Serving {
     httplib::Server server;
     std::thread thread;
 };
 
-MetricsServer::MetricsServer(const Metrics& metrics, const std::string& listen)
+MetricsServer::MetricsServer(std::function<std::string()> exposition, const std::string& listen)
     : serving_(std::make_unique<Serving>()) {
     const size_t colon = listen.rfind(':');
     if (colon == std::string::npos || colon == 0 || colon + 1 == listen.size())
@@ -146,8 +195,9 @@ MetricsServer::MetricsServer(const Metrics& metrics, const std::string& listen)
         int yes = 1;
         setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
     });
-    serving_->server.Get("/metrics", [&metrics](const httplib::Request&, httplib::Response& res) {
-        res.set_content(metrics.text(), "text/plain; version=0.0.4; charset=utf-8");
+    serving_->server.Get("/metrics", [exposition = std::move(exposition)](const httplib::Request&,
+                                                                          httplib::Response& res) {
+        res.set_content(exposition(), "text/plain; version=0.0.4; charset=utf-8");
     });
     if (!serving_->server.bind_to_port(host, port))
         throw std::runtime_error("--metrics " + listen +

@@ -9,8 +9,12 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <utility>
 
 namespace magic_sync::sender {
 
@@ -43,11 +47,28 @@ class Metrics {
     std::atomic<double> seconds_{0};
 };
 
-// Serves a Metrics' text at GET /metrics, on a thread of its own, until destroyed.
+// The pull gateway's (--transport pull): its requests answered, by route (next, ack, refused,
+// up; other for a path it does not serve) and status; the bytes it read and wrote; the devices
+// connected and the long polls waiting.
+class PullMetrics {
+  public:
+    void answered(const std::string& route, int status);
+    void moved(int64_t read, int64_t written);
+    void connections(int64_t connected, int64_t waiting);
+
+    std::string text() const;
+
+  private:
+    mutable std::mutex mutex_;
+    std::map<std::pair<std::string, int>, int64_t> answered_;
+    std::atomic<int64_t> read_{0}, written_{0}, connected_{0}, waiting_{0};
+};
+
+// Serves the text `exposition` makes at GET /metrics, on a thread of its own, until destroyed.
 class MetricsServer {
   public:
     // `listen` is HOST:PORT; throws std::runtime_error saying why when it cannot listen there.
-    MetricsServer(const Metrics& metrics, const std::string& listen);
+    MetricsServer(std::function<std::string()> exposition, const std::string& listen);
     ~MetricsServer();
     MetricsServer(const MetricsServer&) = delete;
     MetricsServer& operator=(const MetricsServer&) = delete;

@@ -29,7 +29,8 @@ replicas, one message at a time per replica, in order. Holds no state: kill it a
                          (default: the server's magic_sync.send_timeout)
   --metrics HOST:PORT    serve GET /metrics for Prometheus there: messages sent, failed and
                          refused, bytes, send times, sends in flight, and the backlog read
-                         with each progress line (--report)
+                         with each progress line (--report); pull: requests by route and
+                         status, bytes read and written, devices connected, long polls waiting
   --help                 this text
 http:
   --url TEMPLATE         POST target, {replica} replaced by the replica's id; header message-id
@@ -69,7 +70,7 @@ pull (devices behind NAT ask this sender over HTTP; put TLS in front with a reve
   another transport delivers; 503 when asking again may help, 500 when it would fail the
   same way. The --db role needs sync_sender,
   sync_receiver (for up) and what the token query reads. --concurrency, --run, --once,
-  --send-timeout, --report and --metrics are for push transports.
+  --send-timeout and --report are for push transports.
 )";
 
 namespace {

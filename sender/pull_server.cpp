@@ -33,6 +33,7 @@
 #include "http_head.hpp"
 #include "libpq/connection.hpp"
 #include "log.hpp"
+#include "metrics.hpp"
 
 namespace magic_sync::sender {
 
@@ -661,6 +662,7 @@ struct PullServer::Serving {
         connection.close_after = connection.close_after || !connection.head.keep_alive() ||
                                  status == 408 || status == 431 || status == 400;
         connection.out = response(status, body, content_type, message_id, connection.close_after);
+        metrics.answered(connection.route.empty() ? "other" : connection.route, status);
         connection.written = 0;
         connection.state = State::writing;
         connection.deadline = Clock::now() + kWriteTimeout;
@@ -689,6 +691,7 @@ struct PullServer::Serving {
                 return;
             }
             connection.written += static_cast<size_t>(n);
+            metrics.moved(0, n);
         }
         if (connection.close_after) {
             drop(id);
@@ -713,6 +716,7 @@ struct PullServer::Serving {
                 if (connection.state == State::head && connection.in.empty())
                     connection.deadline = Clock::now() + header_timeout;
                 connection.in.append(buffer, static_cast<size_t>(n));
+                metrics.moved(n, 0);
                 // Never more than the step needs: a head past its limit is refused below.
                 if (connection.state == State::head && connection.in.size() > kMaxHeadBytes) break;
                 continue;
@@ -907,6 +911,10 @@ struct PullServer::Serving {
     }
 
     void sweep(Clock::time_point now) {
+        size_t waiting_now = 0;
+        for (const auto& [replica, ids] : waiting) waiting_now += ids.size();
+        metrics.connections(static_cast<int64_t>(connections.size()),
+                            static_cast<int64_t>(waiting_now));
         std::vector<uint64_t> due;
         for (const auto& [id, connection] : connections)
             if (now >= connection.deadline && connection.state != State::authorizing &&
@@ -1020,6 +1028,8 @@ struct PullServer::Serving {
     bool check_again = false;  // and a NOTIFY came since
     Workers workers;
     std::optional<Wakeups> wakeups;
+    PullMetrics metrics;
+    std::unique_ptr<MetricsServer> metrics_server;
 };
 
 PullServer::PullServer(const Options& options) {
@@ -1046,6 +1056,9 @@ PullServer::PullServer(const Options& options) {
     }
     make_room_for(options.devices);
     serving_ = std::make_unique<Serving>(options);
+    if (!options.metrics.empty())
+        serving_->metrics_server = std::make_unique<MetricsServer>(
+            [&metrics = serving_->metrics] { return metrics.text(); }, options.metrics);
     if (!is_loopback(options.listen))
         log_line("--listen " + options.listen +
                  " is not a loopback address: devices' tokens and data cross the network in "

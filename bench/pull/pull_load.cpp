@@ -70,11 +70,12 @@ window, and commit -> device answered latency (p50, p90, p99, max) of --commits 
   --spacing MS         between two commits (default 200)
   --wait SECONDS       the gateway's --wait (default 25)
   --gateway-devices N  the gateway's --devices (default: devices + 64)
-  --batch N            devices connecting at once (not answered yet) while they connect
-                       (default 100)
+  --batch N            connections being made at once, at most (default 100)
   --rate N             devices that start connecting per second at most (default 500)
   --quiet SECONDS      the quiet window the gateway's CPU is measured over (default 10)
-  --rounds R           measure all, few, all, few, ... R times each (default 1)
+  --rounds R           measure all, few, all, few, ... R times each (default 1); a round
+                       after the first waits about --wait more (a device that connects
+                       again counts as waiting once it was answered: its 204)
   --deadline SECONDS   the whole run ends by then, reporting what it saw (default 300)
   --bin DIRECTORY      where magic-sync-sender is (default build/bin)
   --keep               keep the work directory (the gateway's log, the server's log)
@@ -323,7 +324,8 @@ class Fleet {
         change(tally_);
     }
 
-    // Makes devices active, at most --rate a second and --batch not answered yet at once, or
+    // Makes devices active, at most --rate a second and --batch connections being made at once
+    // (a burst overflows the gateway's listen queue: cpp-httplib listens with a backlog of 5), or
     // hangs up the ones over the target.
     void reach_target() {
         const int target = target_;
@@ -332,25 +334,23 @@ class Fleet {
             hang_up(device);
             device.phase = Phase::Off;
         }
-        // A connection the gateway's accept queue dropped looks made from here (the handshake
-        // ends in the kernel): a device counts as connecting until its first answer.
         // --rate a second, in bursts of at most 10 ms' worth.
         const Clock::time_point now = Clock::now();
         const double seconds = std::chrono::duration<double>(now - refilled_).count();
         refilled_ = now;
         tokens_ = std::min(tokens_ + rate_ * seconds, std::max(1.0, rate_ / 100.0));
-        while (tokens_ >= 1 && active_ < target && unserved_ < batch_) {
+        while (tokens_ >= 1 && active_ < target && connecting_ < batch_) {
             tokens_ -= 1;
             Device& device = devices_[active_];
             device.served = false;
             device.want = Want::Next;
             connect_device(active_++);
-            ++unserved_;
         }
     }
 
     void hang_up(Device& device) {
         if (device.fd >= 0) close(device.fd);
+        if (device.phase == Phase::Connecting) --connecting_;
         device.fd = -1;
         device.events = 0;
         device.in.clear();
@@ -383,6 +383,7 @@ class Fleet {
         if (errno != EINPROGRESS)
             return fail(index, std::string("connect: ") + std::strerror(errno));
         device.phase = Phase::Connecting;
+        ++connecting_;
         watch(index, EPOLLOUT);
     }
 
@@ -418,6 +419,7 @@ class Fleet {
             int error = 0;
             socklen_t length = sizeof error;
             getsockopt(device.fd, SOL_SOCKET, SO_ERROR, &error, &length);
+            --connecting_;
             device.phase = Phase::Off;
             if (error != 0) return fail(index, std::string("connect: ") + std::strerror(error));
             return request(index);
@@ -563,7 +565,6 @@ class Fleet {
             standing.polling += polling;
             standing.waiting += polling && device.phase == Phase::Reading;
         }
-        unserved_ = standing.active - standing.served;
         std::lock_guard<std::mutex> lock(mutex_);
         standing.most_waiting = std::max(standing_.most_waiting, standing.waiting);
         standing_ = standing;
@@ -578,8 +579,8 @@ class Fleet {
     Probes& probes_;
     std::vector<Device> devices_;
     int epoll_ = -1;
-    int active_ = 0;    // devices_[0, active_) are active
-    int unserved_ = 0;  // active devices not answered yet (sampled every 100 ms)
+    int active_ = 0;      // devices_[0, active_) are active
+    int connecting_ = 0;  // connections being made
     std::priority_queue<std::pair<Clock::time_point, int>,
                         std::vector<std::pair<Clock::time_point, int>>, std::greater<>>
         retries_;
@@ -1169,9 +1170,11 @@ class Bench {
             std::printf(
                 "\nwhole run: %ld messages taken (%ld acks), %ld 204s, %ld failures, %ld "
                 "reconnects after failures, %ld at the gateway's keep-alive limit; at most %d "
-                "devices waiting at once\n",
+                "devices waiting at once (request sent, no answer); at the end %d devices "
+                "connected, %d of them answered since they connected\n",
                 tally.answered_200, tally.acks, tally.answered_204, tally.failures,
-                tally.failure_reconnects, tally.planned_reconnects, standing.most_waiting);
+                tally.failure_reconnects, tally.planned_reconnects, standing.most_waiting,
+                standing.active, standing.served);
             std::printf(
                 "the gateway's listen backlog: %s; listen queue overflows during the run (the "
                 "kernel's count, whole machine): %ld\n",

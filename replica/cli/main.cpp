@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cli/http_server.hpp"
+#include "cli/log.hpp"
 #include "cli/nats_consumer.hpp"
 #include "cli/pull_client.hpp"
 #include "cli/uploader.hpp"
@@ -49,8 +50,6 @@ void install_stop_handlers() {
     sigaction(SIGTERM, &action, nullptr);
     sigaction(SIGINT, &action, nullptr);
 }
-
-void log(const std::string& line) { std::cerr << "magic-sync-replica: " << line << std::endl; }
 
 struct UsageError : std::runtime_error {
     using std::runtime_error::runtime_error;

@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "cli/log.hpp"
+
 namespace magic_sync::replica {
 
 namespace {
@@ -21,8 +23,6 @@ constexpr int64_t kAckWaitMillis = 5000;
 // A message this build cannot read yet comes back later: after an upgrade it is applied.
 constexpr int64_t kUnknownVersionDelayMillis = 30000;
 constexpr int64_t kStorageRetryMillis = 1000;
-
-void log(const std::string& line) { std::cerr << "magic-sync-replica: " << line << std::endl; }
 
 std::string status_text(natsStatus status) {
     const char* detail = nats_GetLastError(nullptr);

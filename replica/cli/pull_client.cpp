@@ -10,6 +10,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "cli/log.hpp"
+
 namespace magic_sync::replica {
 
 namespace {
@@ -18,8 +20,6 @@ constexpr std::chrono::milliseconds kFirstBackoff{500};
 constexpr std::chrono::milliseconds kLongestBackoff{30000};
 // Longer than any --wait a sender would use: the sender answers a long poll first.
 constexpr long kRequestTimeoutSeconds = 120;
-
-void log(const std::string& line) { std::cerr << "magic-sync-replica: " << line << std::endl; }
 
 struct Answer {
     long status = 0;

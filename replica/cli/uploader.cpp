@@ -1,7 +1,8 @@
 #include "cli/uploader.hpp"
 
 #include <algorithm>
-#include <iostream>
+
+#include "cli/log.hpp"
 
 namespace magic_sync::replica {
 
@@ -43,16 +44,15 @@ void Uploader::loop() {
         }
         try {
             for (const std::string& id : send_uploads(replica_, *route_)) {
-                std::cerr << "magic-sync-replica: sent upload " << id << std::endl;
+                log("sent upload " + id);
             }
-            if (failing) std::cerr << "magic-sync-replica: up route works again" << std::endl;
+            if (failing) log("up route works again");
             failing = false;
             wait = every_;
         } catch (const std::exception& error) {
             // One line when it starts failing, not one per try.
             if (!failing) {
-                std::cerr << "magic-sync-replica: cannot upload, will retry: " << error.what()
-                          << std::endl;
+                log(std::string("cannot upload, will retry: ") + error.what());
             }
             wait = failing ? std::min(wait * 2, kLongestBackoff) : every_;
             failing = true;

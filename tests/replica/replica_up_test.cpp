@@ -4,6 +4,7 @@
 // and can be made to fail (the real one is exercised end to end in tests/server/e2e_test.cpp).
 #include <gtest/gtest.h>
 
+#include <regex>
 #include <sstream>
 
 #include "lib/replica.hpp"
@@ -128,6 +129,11 @@ TEST(UpRouteTest, UploadsReachSyncReceiveAndFailuresAreRetriedUnderTheSameId) {
     ASSERT_TRUE(eventually([&] {
         return serve.log().find("cannot upload, will retry") != std::string::npos;
     })) << serve.log();
+    // Every line of its log says when.
+    EXPECT_TRUE(std::regex_search(
+        serve.log(),
+        std::regex(R"(^\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}\.\d{3} magic-sync-replica: )")))
+        << serve.log();
     cluster.sql("shop", "DELETE FROM public.receive_fails");
     ASSERT_TRUE(eventually([&] { return received_count() == "2"; })) << serve.log();
     protocol::Upload resent = protocol::decode_upload(

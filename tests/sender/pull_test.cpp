@@ -388,6 +388,61 @@ TEST(PullSender, AnAckWithoutABodyAndABodyOfAnyContentTypeAreServed) {
     EXPECT_NE(answer.find("send the body with a Content-Length, not chunked"), std::string::npos);
 }
 
+// --metrics works for pull (it was ignored): requests by route and status, bytes, devices
+// connected and long polls waiting.
+TEST(PullSender, MetricsCountRequestsByRouteAndStatus) {
+    Outbox outbox("pull_metrics", 1, 1);
+    TempDir dir;
+    const int metrics_port = free_port();
+    PullSender sender(outbox, dir, "3", "",
+                      {"--metrics", "127.0.0.1:" + std::to_string(metrics_port)});
+    EXPECT_EQ(sender.get_next(1, 0)->status, 401);
+    EXPECT_EQ(sender.get_next(1, 1)->status, 200);
+    EXPECT_EQ(sender.ack(1, message_id(1), 1)->status, 200);
+    EXPECT_EQ(sender.ack(1, message_id(1), 1)->status, 409);
+    EXPECT_EQ(sender.client().Get("/nowhere")->status, 404);
+    auto waiting = std::async(std::launch::async, [&] { return sender.get_next(1, 1); });
+    httplib::Client scrape("127.0.0.1", metrics_port);
+    std::string text;
+    ASSERT_TRUE(eventually([&] {
+        auto answer = scrape.Get("/metrics");
+        text = answer ? answer->body : "";
+        return text.find("magic_sync_pull_waiting 1\n") != std::string::npos;
+    })) << text;
+    // The fixture's probe asked once before, unauthenticated.
+    for (const char* line : {"magic_sync_pull_requests_total{route=\"next\",status=\"401\"} 2\n",
+                             "magic_sync_pull_requests_total{route=\"next\",status=\"200\"} 1\n",
+                             "magic_sync_pull_requests_total{route=\"ack\",status=\"200\"} 1\n",
+                             "magic_sync_pull_requests_total{route=\"ack\",status=\"409\"} 1\n",
+                             "magic_sync_pull_requests_total{route=\"other\",status=\"404\"} 1\n",
+                             "magic_sync_pull_connections 1\n"})
+        EXPECT_NE(text.find(line), std::string::npos) << line << " in\n" << text;
+    EXPECT_EQ(text.find("magic_sync_pull_read_bytes_total 0\n"), std::string::npos) << text;
+    EXPECT_EQ(text.find("magic_sync_pull_written_bytes_total 0\n"), std::string::npos) << text;
+    EXPECT_EQ(waiting.get()->status, 204);
+}
+
+// A gateway that listens beyond loopback says once that tokens and data cross in plain HTTP.
+TEST(PullSender, SaysOnceThatListeningBeyondLoopbackIsPlainHttp) {
+    Outbox outbox("pull_plain", 1, 0);
+    outbox.sql(
+        "CREATE TABLE IF NOT EXISTS public.device_token (token text PRIMARY KEY, replica uuid);"
+        "GRANT SELECT ON public.device_token TO PUBLIC");
+    TempDir dir;
+    Process gateway({sender_binary(), "--db", outbox.conninfo(), "--transport", "pull", "--listen",
+                     "0.0.0.0:" + std::to_string(free_port()), "--token-query", kTokenQuery},
+                    dir.path() + "/gateway.log");
+    ASSERT_TRUE(eventually([&] {
+        return gateway.log().find("pull: serving devices") != std::string::npos;
+    })) << gateway.log();
+    const std::string log = gateway.log();
+    const std::string said =
+        "is not a loopback address: devices' tokens and data cross the "
+        "network in plain HTTP; put a reverse proxy with TLS in front";
+    EXPECT_NE(log.find(said), std::string::npos) << log;
+    EXPECT_EQ(log.find(said), log.rfind(said)) << log;
+}
+
 TEST(PullSender, RefusesATokenQueryThatDoesNotTakeTheToken) {
     Outbox outbox("pull_bad_query", 1, 0);
     std::string output;

@@ -58,7 +58,6 @@ class Raw {
     bool closed_ = false;
 };
 
-
 // The status line of an answer.
 inline std::string status_line(const std::string& answer) {
     return answer.substr(0, answer.find("\r\n"));
