@@ -10,8 +10,9 @@
 // Each device sends its own bearer token; --token-query maps it to the replica ids it may act for
 // (401 without a token, 403 for another replica's). A statement that failed is answered 503 when
 // asking again may help, 500 when it would fail the same way.
-// Every request runs on a thread of cpp-httplib's pool with a database connection of a small pool;
-// one more connection LISTENs and wakes the long polls.
+// One thread moves every connection's bytes (an epoll loop with deadlines for each step); a few
+// worker threads, each with a database connection, run the statements; one more connection
+// LISTENs and wakes the long polls. A waiting device costs a socket, not a thread.
 #pragma once
 
 #include <memory>
