@@ -221,7 +221,7 @@ EXTRA_CLEAN = build
 # Commit-to-outbox latency with the relay worker idle (issue 5); figures in bench/README.md.
 build/bench/latency: bench/latency/latency.cpp $(TEST_SUPPORT_SRCS) $(LIBPQ_HELPER)
 	@mkdir -p $(dir $@)
-	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) $(PROTOCOL_INCLUDES) -Itests -o $@ \
+	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) $(PROTOCOL_INCLUDES) -Ireplica -Itests -o $@ \
 		bench/latency/latency.cpp $(TEST_SUPPORT_SRCS) build/protocol/conninfo.o -lpq
 
 .PHONY: bench-latency
@@ -336,7 +336,7 @@ test-asan: setup
 build/bench/e2e: bench/e2e/e2e_bench.cpp $(TEST_SUPPORT_SRCS) $(wildcard tests/server/*.hpp) \
 		$(LIBPQ_HELPER)
 	@mkdir -p $(dir $@)
-	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) $(PROTOCOL_INCLUDES) -Itests -o $@ \
+	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) $(PROTOCOL_INCLUDES) -Ireplica -Itests -o $@ \
 		bench/e2e/e2e_bench.cpp $(TEST_SUPPORT_SRCS) build/protocol/conninfo.o -lpq $(HTTPLIB) -lpthread
 
 .PHONY: bench-e2e
@@ -348,12 +348,13 @@ bench-e2e: build/bench/e2e build/bin/magic-sync-sender build/bin/magic-sync-repl
 build/bench/pull_bench: bench/pull/pull_bench.cpp $(TEST_SUPPORT_SRCS) $(wildcard tests/server/*.hpp) \
 		$(LIBPQ_HELPER)
 	@mkdir -p $(dir $@)
-	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) $(PROTOCOL_INCLUDES) -Itests -o $@ \
+	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) $(PROTOCOL_INCLUDES) -Ireplica -Itests -o $@ \
 		bench/pull/pull_bench.cpp $(TEST_SUPPORT_SRCS) build/protocol/conninfo.o -lpq $(HTTPLIB) -lpthread
 
-# The pull gateway under load (issue 26): N devices long-polling at once, one epoll thread of the
-# benchmark; the gateway's threads, memory, CPU and commit-to-answer latency with all N waiting and
-# with 100, side by side (build/bench/pull_load --help).
+# The pull gateway under load: N devices long-polling at once, one epoll thread of the benchmark;
+# the gateway's threads, memory, CPU and commit-to-answer latency with all N waiting and with 100,
+# side by side (build/bench/pull_load --help). Both include tests/server/ (-Ireplica: its
+# holdings.hpp includes the replica library's header).
 build/bench/pull_load: bench/pull/pull_load.cpp $(TEST_SUPPORT_SRCS) $(wildcard tests/server/*.hpp) \
 		$(LIBPQ_HELPER)
 	@mkdir -p $(dir $@)
@@ -373,7 +374,7 @@ LONGTX_SECONDS ?= 180
 build/bench/longtx: bench/longtx/longtx_bench.cpp $(TEST_SUPPORT_SRCS) $(wildcard tests/server/*.hpp) \
 		$(LIBPQ_HELPER)
 	@mkdir -p $(dir $@)
-	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) $(PROTOCOL_INCLUDES) -Itests -o $@ \
+	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) $(PROTOCOL_INCLUDES) -Ireplica -Itests -o $@ \
 		bench/longtx/longtx_bench.cpp $(TEST_SUPPORT_SRCS) build/protocol/conninfo.o -lpq $(HTTPLIB) -lpthread
 
 .PHONY: bench-longtx soak
@@ -396,7 +397,7 @@ soak: build/tests/server_tests build/bench/longtx build/bin/magic-sync-sender bu
 build/bench/repair: bench/repair/repair_bench.cpp $(TEST_SUPPORT_SRCS) $(wildcard tests/server/*.hpp) \
 		$(LIBPQ_HELPER)
 	@mkdir -p $(dir $@)
-	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) $(PROTOCOL_INCLUDES) -Itests -o $@ \
+	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) $(PROTOCOL_INCLUDES) -Ireplica -Itests -o $@ \
 		bench/repair/repair_bench.cpp $(TEST_SUPPORT_SRCS) build/protocol/conninfo.o -lpq
 
 .PHONY: bench-repair
@@ -410,7 +411,7 @@ bench-repair: build/bench/repair build/bin/magic-sync-replica
 build/bench/retry: bench/retry/retry_bench.cpp $(TEST_SUPPORT_SRCS) tests/server/pq.hpp \
 		$(LIBPQ_HELPER)
 	@mkdir -p $(dir $@)
-	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) $(PROTOCOL_INCLUDES) -Itests -o $@ \
+	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) $(PROTOCOL_INCLUDES) -Ireplica -Itests -o $@ \
 		bench/retry/retry_bench.cpp $(TEST_SUPPORT_SRCS) build/protocol/conninfo.o -lpq
 
 .PHONY: bench-retry

@@ -19,17 +19,16 @@ TEST(ExecSender, DeliversOnStdinAndClassifiesByExitStatus) {
                           << "case \"$REPLICA\" in\n"
                           << "  *2) echo 'busy, try later' >&2; exit 75 ;;\n"
                           << "  *3) echo 'some noise' >&2; echo 'no such register' >&2; exit 3 ;;\n"
-                          << "  *4) echo $$ > " << dir.path() << "/hung.pid; sleep 30 & echo $! > "
+                          << "  *4) echo $$ > " << dir.path() << "/hung.pid; sleep 300 & echo $! > "
                           << dir.path() << "/sleep.pid; wait; exit 0 ;;\n"
                           << "esac\n"
                           << "{ echo \"$MESSAGE_ID\"; cat; echo; } >> " << dir.path()
                           << "/\"$REPLICA\".out\n";
-    const auto started = Clock::now();
     SenderProcess sender(outbox, dir,
                          {"--transport", "exec", "--exec", "sh " + script, "--send-timeout", "2",
                           "--lease", "5", "--concurrency", "4", "--once"});
+    // Within a fifth of the hanging command's 300 s: it was killed at the timeout, not waited for.
     ASSERT_EQ(sender.wait(60s), 0) << sender.log();
-    EXPECT_LT(Clock::now() - started, 10s) << "the hanging command was not killed at the timeout";
 
     std::string expected;
     for (int seq = 1; seq <= 3; ++seq)
