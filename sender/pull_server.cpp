@@ -618,7 +618,18 @@ struct PullServer::Serving {
     void accept_all() {
         while (true) {
             const int fd = accept4(listener, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-            if (fd < 0) return;
+            if (fd < 0) {
+                // Out of descriptors: new devices wait in the listen queue until one closes,
+                // instead of the loop spinning on a listener it cannot accept from.
+                if (errno == EMFILE || errno == ENFILE) {
+                    log_line("out of open files at " + std::to_string(connections.size()) +
+                             " connections: new ones wait until one closes (raise the limit, or "
+                             "lower --devices)");
+                    epoll_ctl(epoll_fd, EPOLL_CTL_DEL, listener, nullptr);
+                    accepting = false;
+                }
+                return;
+            }
             if (connections.size() >= devices) {
                 // Past --devices: answered at once, and not kept.
                 const std::string busy = response(
@@ -645,6 +656,10 @@ struct PullServer::Serving {
         if (found->second.state == State::waiting) stop_waiting(id, found->second);
         close(found->second.fd);
         connections.erase(found);
+        if (!accepting && !stopping) {
+            watch(listener, kListener, EPOLLIN);
+            accepting = true;
+        }
     }
 
     void stop_waiting(uint64_t id, const Connection& connection) {
@@ -701,6 +716,7 @@ struct PullServer::Serving {
         connection.state = State::head;
         connection.out.clear();
         connection.head = HttpHead{};
+        connection.route.clear();
         connection.deadline =
             Clock::now() + (connection.in.empty() ? idle_timeout : header_timeout);
         interest(id, connection);
@@ -717,8 +733,12 @@ struct PullServer::Serving {
                     connection.deadline = Clock::now() + header_timeout;
                 connection.in.append(buffer, static_cast<size_t>(n));
                 metrics.moved(n, 0);
-                // Never more than the step needs: a head past its limit is refused below.
-                if (connection.state == State::head && connection.in.size() > kMaxHeadBytes) break;
+                // Never more than the step needs: a head past its limit is refused below, a body
+                // is read to its end and no further (what follows waits in the socket).
+                if (connection.state == State::head
+                        ? connection.in.size() > kMaxHeadBytes
+                        : connection.in.size() >= connection.body_length)
+                    break;
                 continue;
             }
             if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) {
@@ -971,7 +991,8 @@ struct PullServer::Serving {
                     if (!stop_by) {
                         log_line("stopping: answering the waiting devices");
                         stop_by = Clock::now() + std::chrono::seconds(2);
-                        epoll_ctl(epoll_fd, EPOLL_CTL_DEL, listener, nullptr);
+                        stopping = true;
+                        if (accepting) epoll_ctl(epoll_fd, EPOLL_CTL_DEL, listener, nullptr);
                         std::vector<uint64_t> ids;
                         for (const auto& [replica, waiting_ids] : waiting)
                             ids.insert(ids.end(), waiting_ids.begin(), waiting_ids.end());
@@ -1024,6 +1045,8 @@ struct PullServer::Serving {
     std::unordered_map<std::string, std::set<uint64_t>> waiting;  // by replica
     uint64_t next_id = kFirstConnection;
     uint64_t wakes = 0;
+    bool accepting = true;     // the listener is watched (not while out of descriptors)
+    bool stopping = false;     // a stop signal came
     bool checking = false;     // a `waiting` task is out
     bool check_again = false;  // and a NOTIFY came since
     Workers workers;

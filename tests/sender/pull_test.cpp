@@ -443,6 +443,38 @@ TEST(PullSender, SaysOnceThatListeningBeyondLoopbackIsPlainHttp) {
     EXPECT_EQ(log.find(said), log.rfind(said)) << log;
 }
 
+// Out of open files, the gateway leaves new devices in the listen queue (it used to be able to
+// spin on a listener it could not accept from) and takes them once a connection closes.
+TEST(PullSender, OutOfOpenFilesNewDevicesWaitUntilOneCloses) {
+    Outbox outbox("pull_files", 1, 1);
+    outbox.sql(
+        "CREATE TABLE IF NOT EXISTS public.device_token (token text PRIMARY KEY, replica uuid);"
+        "INSERT INTO public.device_token VALUES ('token-1', '" +
+        replica_id(1) + "') ON CONFLICT DO NOTHING; GRANT SELECT ON public.device_token TO PUBLIC");
+    TempDir dir;
+    const int port = free_port();
+    Process gateway(
+        {"/usr/bin/prlimit", "--nofile=40:40", "--", sender_binary(), "--db", outbox.conninfo(),
+         "--transport", "pull", "--listen", "127.0.0.1:" + std::to_string(port), "--token-query",
+         kTokenQuery, "--wait", "1"},
+        dir.path() + "/gateway.log");
+    ASSERT_TRUE(eventually([&] {
+        return gateway.log().find("pull: serving devices") != std::string::npos;
+    })) << gateway.log();
+    std::vector<std::unique_ptr<Raw>> idle;
+    for (int i = 0; i < 45; ++i) idle.push_back(std::make_unique<Raw>(port));
+    ASSERT_TRUE(eventually([&] {
+        return gateway.log().find("out of open files at ") != std::string::npos;
+    })) << gateway.log();
+    Raw device(port);  // waits in the listen queue
+    ASSERT_TRUE(device.write("GET /replicas/" + replica_id(1) +
+                             "/next HTTP/1.1\r\nAuthorization: Bearer token-1\r\n"
+                             "Connection: close\r\n\r\n"));
+    idle.clear();
+    const std::string answer = device.read_until_closed(10s);
+    EXPECT_EQ(status_line(answer), "HTTP/1.1 200 OK") << answer << gateway.log();
+}
+
 TEST(PullSender, RefusesATokenQueryThatDoesNotTakeTheToken) {
     Outbox outbox("pull_bad_query", 1, 0);
     std::string output;
