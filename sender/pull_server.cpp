@@ -34,6 +34,7 @@
 #include "libpq/connection.hpp"
 #include "log.hpp"
 #include "metrics.hpp"
+#include "program/http_status.hpp"
 
 namespace magic_sync::sender {
 
@@ -102,51 +103,11 @@ struct Refusal {
     std::string why;
 };
 
-const char* reason_phrase(int status) {
-    switch (status) {
-        case 100:
-            return "Continue";
-        case 200:
-            return "OK";
-        case 204:
-            return "No Content";
-        case 400:
-            return "Bad Request";
-        case 401:
-            return "Unauthorized";
-        case 403:
-            return "Forbidden";
-        case 404:
-            return "Not Found";
-        case 405:
-            return "Method Not Allowed";
-        case 408:
-            return "Request Timeout";
-        case 409:
-            return "Conflict";
-        case 411:
-            return "Length Required";
-        case 413:
-            return "Payload Too Large";
-        case 431:
-            return "Request Header Fields Too Large";
-        case 500:
-            return "Internal Server Error";
-        case 503:
-            return "Service Unavailable";
-        case 505:
-            return "HTTP Version Not Supported";
-        case 507:
-            return "Insufficient Storage";
-        default:
-            return "Unknown";
-    }
-}
-
 // An answer as it goes on the wire.
 std::string response(int status, const std::string& body, const std::string& content_type,
                      const std::string& message_id, bool close) {
-    std::string out = "HTTP/1.1 " + std::to_string(status) + " " + reason_phrase(status) + "\r\n";
+    std::string out =
+        "HTTP/1.1 " + std::to_string(status) + " " + program::reason_phrase(status) + "\r\n";
     if (status != 204) {
         out += "Content-Type: " + content_type + "\r\n";
         out += "Content-Length: " + std::to_string(body.size()) + "\r\n";

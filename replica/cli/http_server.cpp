@@ -17,6 +17,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "program/http_status.hpp"
+
 namespace magic_sync::replica {
 
 namespace {
@@ -33,35 +35,6 @@ struct BadRequest {
     int status;
     std::string why;
 };
-
-const char* reason_phrase(int status) {
-    switch (status) {
-        case 100:
-            return "Continue";
-        case 200:
-            return "OK";
-        case 400:
-            return "Bad Request";
-        case 404:
-            return "Not Found";
-        case 405:
-            return "Method Not Allowed";
-        case 411:
-            return "Length Required";
-        case 413:
-            return "Payload Too Large";
-        case 422:
-            return "Unprocessable Entity";
-        case 431:
-            return "Request Header Fields Too Large";
-        case 500:
-            return "Internal Server Error";
-        case 503:
-            return "Service Unavailable";
-        default:
-            return "Status";
-    }
-}
 
 std::string lowercase(std::string text) {
     std::transform(text.begin(), text.end(), text.begin(),
@@ -135,7 +108,8 @@ class Connection {
 };
 
 std::string response_text(const HttpResponse& response, bool keep_alive) {
-    return "HTTP/1.1 " + std::to_string(response.status) + " " + reason_phrase(response.status) +
+    return "HTTP/1.1 " + std::to_string(response.status) + " " +
+           program::reason_phrase(response.status) +
            "\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Length: " +
            std::to_string(response.body.size()) +
            "\r\nConnection: " + (keep_alive ? "keep-alive" : "close") + "\r\n\r\n" + response.body;
