@@ -105,7 +105,9 @@ Outcome run_seed(uint64_t seed, const Options& options, std::map<std::string, in
     if (failed_at == scenario.steps.size()) return outcome;
 
     outcome.passed = false;
+    // The verdict last: a failed job's log is shown by its end (scripts/run-tests.sh).
     std::ostringstream report;
+    report << "server log (last 40 lines):\n" << tail(world.cluster().log(), 40) << "\n";
     report << "seed " << seed << " FAILED at step " << failed_at << " ("
            << scenario.steps[failed_at].kind << ")\n"
            << "replay: " << replay_command(seed, options, Options{}) << "\n"
@@ -114,7 +116,7 @@ Outcome run_seed(uint64_t seed, const Options& options, std::map<std::string, in
     for (size_t i = 0; i <= failed_at; ++i)
         report << "  [" << i << "] " << scenario.steps[i].text()
                << (i == failed_at ? "   <-- failed here" : "") << "\n";
-    report << what << "server log (last 40 lines):\n" << tail(world.cluster().log(), 40);
+    report << what;
     if (options.keep) {
         world.keep_directory();
         report << "work directory kept: " << world.directory() << "\n";
