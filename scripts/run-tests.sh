@@ -22,6 +22,11 @@ esac
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 bindir=$(pg_config --bindir)
+# The server's own programs first: Debian's /usr/bin/psql is pg_wrapper, a Perl script that
+# picks a version and then runs this same $bindir/psql; it cost ~45-60 ms of CPU per call, and
+# the shell tests and the demo make ~135 calls (the same psql runs, so nothing they test
+# changes).
+export PATH="$bindir:$PATH"
 pgxs_dir=$(dirname "$(pg_config --pgxs)")/..
 pg_regress="$pgxs_dir/test/regress/pg_regress"
 pg_isolation_regress="$pgxs_dir/test/isolation/pg_isolation_regress"
