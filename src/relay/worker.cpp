@@ -63,6 +63,8 @@ namespace {
 constexpr int kRestartSeconds = 5;
 // How long to wait before looking again when this database cannot relay.
 constexpr long kBlockedWaitMs = 5000;
+// The longest wait before trying again a pass that keeps failing.
+constexpr long kLongestBackoffMs = 10000;
 
 struct RelayState {
     bool holding;
@@ -74,6 +76,8 @@ struct RelayState {
     TimestampTz last_prune;
     TimestampTz last_report;
     char waiting_for[512];  // what the loop last said it waits for; said again only when it changes
+    int failures;           // passes failed in a row
+    char last_error[256];   // the last one's message
 };
 
 // Says once why the loop waits; silent while the reason stays the same.
@@ -281,9 +285,12 @@ long idle_timeout(const RelayState* state) {
 
 using Step = bool (*)(RelayState*);
 
-// Runs `step` in a transaction of its own with SPI connected. An error is reported and rolled
-// back, and the step found no more work to do.
-bool in_transaction(Step step, RelayState* state, MemoryContext loop_context) {
+// Runs `step` in a transaction of its own with SPI connected. An error is rolled back, and the
+// step found no more work to do; it is reported, unless `failures` counts the failures in a row
+// of a step that failed before (the first of them was reported): then it is counted, and its
+// message kept in `state`.
+bool in_transaction(Step step, RelayState* state, MemoryContext loop_context,
+                    int* failures = nullptr) {
     volatile bool more = false;
     MemoryContextSwitchTo(loop_context);
     SetCurrentStatementStartTimestamp();
@@ -301,13 +308,37 @@ bool in_transaction(Step step, RelayState* state, MemoryContext loop_context) {
     {
         // Report, roll back, and go on: the next iteration starts over.
         MemoryContextSwitchTo(loop_context);
-        EmitErrorReport();
+        if (failures != nullptr) {
+            ErrorData* error = CopyErrorData();
+            strlcpy(state->last_error, error->message, sizeof state->last_error);
+            FreeErrorData(error);
+        }
+        if (failures == nullptr || *failures == 0) EmitErrorReport();
         FlushErrorState();
         AbortCurrentTransaction();
+        if (failures != nullptr) ++*failures;
         more = false;
     }
     PG_END_TRY();
     return more;
+}
+
+// After a pass failed: one line with the count, and a wait that doubles from `idle` up to
+// kLongestBackoffMs, not cut short by wake-ups (an error that persists would otherwise be tried
+// at every commit); interrupts and the postmaster's death are still seen.
+void back_off(const RelayState* state) {
+    const long wait_ms =
+        Min(settings::idle_ms * (1L << Min(state->failures - 1, 16)), kLongestBackoffMs);
+    ereport(LOG,
+            (errmsg("magic_sync relay: the pass failed %d time%s in a row (the last: %s); "
+                    "next try in %ld ms",
+                    state->failures, state->failures == 1 ? "" : "s", state->last_error, wait_ms)));
+    const TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), wait_ms);
+    for (long left = wait_ms; left > 0;
+         left = TimestampDifferenceMilliseconds(GetCurrentTimestamp(), until)) {
+        wait_latch(left);
+        CHECK_FOR_INTERRUPTS();
+    }
 }
 
 // The background worker's loop: a transaction per iteration, and one per slice of a retry.
@@ -321,7 +352,19 @@ bool in_transaction(Step step, RelayState* state, MemoryContext loop_context) {
             ConfigReloadPending = false;
             ProcessConfigFile(PGC_SIGHUP);
         }
-        bool more = in_transaction(relay_step, &state, loop_context);
+        const int failed_before = state.failures;
+        bool more = in_transaction(relay_step, &state, loop_context, &state.failures);
+        if (state.failures > failed_before) {
+            pgstat_report_stat(false);
+            MemoryContextReset(loop_context);
+            back_off(&state);
+            continue;
+        }
+        if (failed_before > 0) {
+            ereport(LOG, (errmsg("magic_sync relay: relaying again after %d failed passes",
+                                 failed_before)));
+            state.failures = 0;
+        }
         if (state.retrying && state.holding && !in_transaction(retry_slice, &state, loop_context) &&
             state.retrying)
             end_retry(&state);  // the slice failed: the next retry starts over

@@ -422,6 +422,47 @@ TEST(Worker, AKeptUploadWhoseRetryFailsDoesNotStopTheRelay) {
     EXPECT_TRUE(eventually([&] { return deliveries(db) == "2:1"; })) << shop.cluster.log();
 }
 
+// A pass that fails again and again (a trigger refuses every message the relay writes) is tried
+// again backed off, doubling from magic_sync.idle, not at every idle tick, and said once per try
+// with a count; the error itself is reported once. Once a pass succeeds the back-off ends and the
+// log says so (issue 37: it used to try and log five times a second).
+TEST(Worker, APersistentErrorIsTriedAgainBackedOff) {
+    Shop shop({"magic_sync.idle = 100"});
+    Connection db(shop.cluster.conninfo("shop"));
+    ASSERT_TRUE(eventually([&] { return db.value("SELECT count(*) FROM sync.replica") == "1"; }))
+        << shop.cluster.log();
+    db.query(
+        "CREATE FUNCTION public.refuse() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE "
+        "EXCEPTION 'injected: no message may be written'; END $$");
+    db.query(
+        "CREATE TRIGGER refuse BEFORE INSERT ON sync.outbox FOR EACH STATEMENT EXECUTE FUNCTION "
+        "public.refuse()");
+    db.query("INSERT INTO products VALUES (1, 'tea')");
+    ASSERT_TRUE(eventually([&] {
+        return shop.cluster.log().find("failed 4 times in a row") != std::string::npos;
+    })) << shop.cluster.log();
+    std::this_thread::sleep_for(1s);
+    const std::string log = shop.cluster.log();
+    const auto count = [&](const std::string& what) {
+        size_t n = 0;
+        for (size_t at = log.find(what); at != std::string::npos; at = log.find(what, at + 1)) ++n;
+        return n;
+    };
+    // Four tries take at least 0.1 + 0.2 + 0.4 s; a second more holds at most two more (0.8, 1.6).
+    EXPECT_EQ(count("ERROR:  injected: no message may be written"), 1u) << log;
+    EXPECT_LE(count("times in a row"), 6u) << log;
+    EXPECT_NE(log.find("magic_sync relay: the pass failed 2 times in a row (the last: injected: no "
+                       "message may be written); next try in 200 ms"),
+              std::string::npos)
+        << log;
+    db.query("DROP TRIGGER refuse ON sync.outbox");
+    EXPECT_TRUE(eventually([&] { return deliveries(db) == "1:1"; })) << shop.cluster.log();
+    EXPECT_TRUE(eventually([&] {
+        return shop.cluster.log().find("magic_sync relay: relaying again after ") !=
+               std::string::npos;
+    })) << shop.cluster.log();
+}
+
 TEST(Relay, CallSyncRelayRelaysUntilCancelled) {
     Cluster cluster({"magic_sync.database = ''"});
     cluster.create_database("shop");
