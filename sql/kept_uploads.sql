@@ -69,6 +69,9 @@ RESET DateStyle;
 RESET IntervalStyle;
 SELECT * FROM kept;
 SELECT * FROM answers;
+-- The relay's report tells what waits for data (the sale a line references) from what needs a
+-- fix (a type, a table not declared).
+SELECT level, line FROM sync_internal.report() WHERE line LIKE 'set aside:%';
 
 -- A retry with nothing changed: the rows the data may cure are tried again and kept again, the
 -- others are not tried; nothing is answered again, no upload is added.

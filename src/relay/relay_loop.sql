@@ -57,17 +57,28 @@ BEGIN
                        'confirm in their next upload', stuck, every);
         RETURN NEXT;
     END IF;
+    -- Kept uploads that may be filed as they are (next_try_at set: a row they reference has not
+    -- come, a duplicate may go, a limit may be raised) wait, backed off; only what a change must
+    -- cure asks for a fix.
     FOR level, line IN
-        SELECT 'WARNING', format('set aside: %s %s (the first because %s): deploy a fix (a bug); '
-                                 'they are tried again %s', count(*),
-                                 CASE kind WHEN 'note' THEN 'changes that could not be planned'
-                                           WHEN 'row' THEN 'rows that could not be sent'
-                                           WHEN 'upload' THEN 'uploads that could not be filed'
-                                           ELSE 'rows their replica could not take' END,
-                                 min(reason),
-                                 CASE kind WHEN 'upload' THEN 'backed off, or once the fix is deployed'
-                                           ELSE 'every magic_sync.retry_every' END)
-        FROM sync.set_aside GROUP BY kind ORDER BY kind
+        SELECT CASE WHEN waits_for_data THEN 'LOG' ELSE 'WARNING' END,
+               CASE WHEN waits_for_data
+                    THEN format('set aside: %s uploads that wait (the first because %s): they may '
+                                'be filed as they are once what they need comes, a row they '
+                                'reference or a limit raised; tried again backed off', count(*),
+                                min(reason))
+                    ELSE format('set aside: %s %s (the first because %s): deploy a fix (a bug); '
+                                'they are tried again %s', count(*),
+                                CASE kind WHEN 'note' THEN 'changes that could not be planned'
+                                          WHEN 'row' THEN 'rows that could not be sent'
+                                          WHEN 'upload' THEN 'uploads that could not be filed'
+                                          ELSE 'rows their replica could not take' END,
+                                min(reason),
+                                CASE kind WHEN 'upload' THEN 'once the fix is deployed'
+                                          ELSE 'every magic_sync.retry_every' END) END
+        FROM (SELECT s.kind, s.reason, s.kind = 'upload' AND s.next_try_at IS NOT NULL AS waits_for_data
+              FROM sync.set_aside s) a
+        GROUP BY kind, waits_for_data ORDER BY kind, waits_for_data
     LOOP
         RETURN NEXT;
     END LOOP;
