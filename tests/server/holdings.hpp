@@ -46,15 +46,14 @@ struct ReplicaProcess {
     std::unique_ptr<Process> process;
 };
 
-// What the replica's file holds, in the form of kExpectedHoldings: read in this process through
-// the replica library, as the replica program's `show` reads it, without writing and parsing its
-// JSON (at 100,000 rows that cost about a second of CPU per look, and a converge looks often).
-inline std::string held_by(const std::string& id, const std::string& db) {
+// The lines `read` takes from the replica's file, opened in this process through the replica
+// library as the replica program opens it, sorted and joined; or why the file cannot be read.
+template <typename Read>
+std::string replica_lines(const std::string& id, const std::string& db, Read read) {
     std::vector<std::string> lines;
     try {
         replica::Replica replica(db, id);
-        for (const replica::HeldRow& row : replica.held_rows())
-            lines.push_back(row.table + " " + row.key + " " + protocol::to_hex(row.hash));
+        read(replica, lines);
     } catch (const std::exception& e) {
         return std::string("(unreadable: ") + e.what() + ")";
     }
@@ -62,6 +61,27 @@ inline std::string held_by(const std::string& id, const std::string& db) {
     std::string joined;
     for (size_t i = 0; i < lines.size(); ++i) joined += (i ? "\n" : "") + lines[i];
     return joined;
+}
+
+// What the replica's file holds, in the form of kExpectedHoldings, without writing and parsing
+// the program's JSON (at 100,000 rows that cost about a second of CPU per look, and a converge
+// looks often).
+inline std::string held_by(const std::string& id, const std::string& db) {
+    return replica_lines(id, db, [](replica::Replica& replica, std::vector<std::string>& lines) {
+        for (const replica::HeldRow& row : replica.held_rows())
+            lines.push_back(row.table + " " + row.key + " " + protocol::to_hex(row.hash));
+    });
+}
+
+// The replica's running fingerprints of its non-empty scopes, "scope n fp" lines, read without
+// a row.
+inline std::string fingerprints_held_by(const std::string& id, const std::string& db) {
+    return replica_lines(id, db, [](replica::Replica& replica, std::vector<std::string>& lines) {
+        for (const replica::ScopeHolding& h : replica.holdings())
+            if (h.fingerprint.count > 0)
+                lines.push_back(h.scope + " " + std::to_string(h.fingerprint.count) + " " +
+                                h.fingerprint.hex());
+    });
 }
 
 }  // namespace magic_sync::test

@@ -113,22 +113,7 @@ class Repair : public ::testing::Test {
 
     // The register's running fingerprints, from its file without reading a row, and the server's
     // of the scopes it is a member of: "scope n fp" lines.
-    std::string running(const Register& r) {
-        std::vector<std::string> lines;
-        try {
-            replica::Replica replica(r.db, r.id);
-            for (const replica::ScopeHolding& h : replica.holdings())
-                if (h.fingerprint.count > 0)
-                    lines.push_back(h.scope + " " + std::to_string(h.fingerprint.count) + " " +
-                                    h.fingerprint.hex());
-        } catch (const std::exception& e) {
-            return std::string("(unreadable: ") + e.what() + ")";
-        }
-        std::sort(lines.begin(), lines.end());
-        std::string joined;
-        for (size_t i = 0; i < lines.size(); ++i) joined += (i ? "\n" : "") + lines[i];
-        return joined;
-    }
+    std::string running(const Register& r) { return fingerprints_held_by(r.id, r.db); }
     std::string scope_fingerprints(const Register& r) {
         return db().value(
             "SELECT coalesce(string_agg(x.line, E'\\n' ORDER BY x.line), '') FROM ("
