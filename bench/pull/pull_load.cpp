@@ -49,6 +49,7 @@
 
 #include "server/deployment.hpp"
 #include "server/holdings.hpp"
+#include "support/pull_gateway.hpp"
 
 namespace {
 
@@ -872,19 +873,10 @@ class Bench {
 
     void start_gateway() {
         port_ = free_port();
-        gateway_command_ = {options_.bin + "/magic-sync-sender",
-                            "--db",
-                            deployment_->conninfo(),
-                            "--transport",
-                            "pull",
-                            "--listen",
-                            "127.0.0.1:" + std::to_string(port_),
-                            "--token-query",
-                            kTokenQuery,
-                            "--wait",
-                            std::to_string(options_.wait_seconds),
-                            "--devices",
-                            std::to_string(options_.gateway_devices)};
+        gateway_command_ =
+            pull_gateway_command(options_.bin + "/magic-sync-sender", deployment_->conninfo(),
+                                 port_, kTokenQuery, std::to_string(options_.wait_seconds),
+                                 {"--devices", std::to_string(options_.gateway_devices)});
         deployment_->sender() = std::make_unique<Process>(gateway_command_, gateway_log());
         const auto until = Clock::now() + 30s;
         for (;;) {

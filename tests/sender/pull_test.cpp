@@ -14,6 +14,7 @@
 
 #include "pull_server.hpp"
 #include "sender/harness.hpp"
+#include "support/pull_gateway.hpp"
 #include "support/raw_connection.hpp"
 
 namespace magic_sync::test::sender {
@@ -83,19 +84,9 @@ class PullSender {
     std::vector<std::string> argv(const Outbox& outbox, const std::string& wait_seconds,
                                   const std::string& conninfo,
                                   const std::vector<std::string>& options) const {
-        std::vector<std::string> arguments{sender_binary(),
-                                           "--db",
-                                           conninfo.empty() ? outbox.conninfo() : conninfo,
-                                           "--transport",
-                                           "pull",
-                                           "--listen",
-                                           "127.0.0.1:" + std::to_string(port_),
-                                           "--token-query",
-                                           kTokenQuery,
-                                           "--wait",
-                                           wait_seconds};
-        arguments.insert(arguments.end(), options.begin(), options.end());
-        return arguments;
+        return pull_gateway_command(sender_binary(),
+                                    conninfo.empty() ? outbox.conninfo() : conninfo, port_,
+                                    kTokenQuery, wait_seconds, options);
     }
 
     int port_;

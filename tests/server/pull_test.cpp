@@ -21,6 +21,7 @@
 #include "server/deployment.hpp"
 #include "server/holdings.hpp"
 #include "server/process.hpp"
+#include "support/pull_gateway.hpp"
 #include "support/raw_connection.hpp"
 
 namespace magic_sync::test {
@@ -85,20 +86,10 @@ class Pull : public ::testing::Test {
 
     // The gateway, with `options` after the usual ones.
     void start_sender(const std::vector<std::string>& options = {}) {
-        std::vector<std::string> arguments{deployment_->bin() + "/magic-sync-sender",
-                                           "--db",
-                                           deployment_->conninfo(),
-                                           "--transport",
-                                           "pull",
-                                           "--listen",
-                                           "127.0.0.1:" + std::to_string(port_),
-                                           "--token-query",
-                                           kTokenQuery,
-                                           "--wait",
-                                           "5"};
-        arguments.insert(arguments.end(), options.begin(), options.end());
-        deployment_->sender() =
-            std::make_unique<Process>(arguments, deployment_->directory() + "/sender.log");
+        deployment_->sender() = std::make_unique<Process>(
+            pull_gateway_command(deployment_->bin() + "/magic-sync-sender", deployment_->conninfo(),
+                                 port_, kTokenQuery, "5", options),
+            deployment_->directory() + "/sender.log");
     }
 
     // The replica's process pulling with its device's token; `options` after the usual ones.
@@ -453,10 +444,8 @@ TEST_F(Pull, PushAndPullShareADatabaseAndTwoGatewaysServeEachHeadOnce) {
     for (const char* name : {"/gateway_1.log", "/gateway_2.log"}) {
         ports.push_back(free_port());
         gateways.push_back(std::make_unique<Process>(
-            std::vector<std::string>{deployment_->bin() + "/magic-sync-sender", "--db",
-                                     deployment_->conninfo(), "--transport", "pull", "--listen",
-                                     "127.0.0.1:" + std::to_string(ports.back()), "--token-query",
-                                     kTokenQuery, "--wait", "5"},
+            pull_gateway_command(deployment_->bin() + "/magic-sync-sender", deployment_->conninfo(),
+                                 ports.back(), kTokenQuery, "5"),
             deployment_->directory() + name));
     }
     RoundRobin proxy(ports);
