@@ -193,8 +193,10 @@ CREATE FUNCTION state() RETURNS TABLE (what text, digest text) LANGUAGE sql AS $
     UNION ALL SELECT 'shop.drawers', md5(coalesce(string_agg(t::text, ',' ORDER BY t.register_id), '')) FROM shop.drawers t
     UNION ALL SELECT 'shop.registers', md5(coalesce(string_agg(t::text, ',' ORDER BY t.id), '')) FROM shop.registers t
     UNION ALL SELECT 'sync.codec', md5(coalesce(string_agg(t::text, ',' ORDER BY t.id), '')) FROM sync.codec t
-    UNION ALL SELECT 'sync.replica', md5(coalesce(string_agg(format('%s %s %s %s %s %s', t.id, t.gen, t.live,
-                     t.next_seq, t.applied, t.refusals), ',' ORDER BY t.id), '')) FROM sync.replica t
+    UNION ALL SELECT 'sync.replica', md5(coalesce(string_agg(format('%s %s %s %s %s', t.id, t.gen, t.live,
+                     t.next_seq, t.applied), ',' ORDER BY t.id), '')) FROM sync.replica t
+    UNION ALL SELECT 'sync.delivery', md5(coalesce(string_agg(format('%s %s %s', t.replica, t.gen,
+                     t.refusals), ',' ORDER BY t.replica), '')) FROM sync.delivery t
     UNION ALL SELECT 'sync.member', md5(coalesce(string_agg(format('%s %s %s %s', t.replica, t.scope, t.sent,
                      t.confirmed), ',' ORDER BY t.replica, t.scope), '')) FROM sync.member t
     UNION ALL SELECT 'sync.outbox', md5(coalesce(string_agg(format('%s %s', t.replica, t.seq), ','

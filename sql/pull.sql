@@ -38,14 +38,14 @@ SELECT sync.pull_ack('00000000-0000-0000-0000-0000000000e1', '4.2') AS not_the_h
 SELECT replica, seq FROM sync.outbox WHERE sent_at IS NOT NULL;
 
 -- The head's ack takes it (sent, unleased, the backoff over); the next message is the head.
-UPDATE sync.replica SET backoff = '1 minute', backoff_until = now() + interval '1 minute',
-                        last_error = 'HTTP 503'
+INSERT INTO sync.delivery (replica, gen, backoff, backoff_until, last_error)
+SELECT id, gen, '1 minute', now() + interval '1 minute', 'HTTP 503' FROM sync.replica
 WHERE id = '00000000-0000-0000-0000-0000000000e1';
 SELECT sync.pull_ack('00000000-0000-0000-0000-0000000000e1', '4.1') AS taken;
 SELECT seq, sent_at IS NOT NULL AS sent, lease_until IS NULL AS unleased
 FROM sync.outbox WHERE replica = '00000000-0000-0000-0000-0000000000e1' ORDER BY seq;
-SELECT backoff, backoff_until, last_error FROM sync.replica
-WHERE id = '00000000-0000-0000-0000-0000000000e1';
+SELECT backoff, backoff_until, last_error FROM sync.delivery
+WHERE replica = '00000000-0000-0000-0000-0000000000e1';
 -- Twice: the second takes nothing, not the new head either.
 SELECT sync.pull_ack('00000000-0000-0000-0000-0000000000e1', '4.1') AS again;
 SELECT count(*) AS sent FROM sync.outbox
@@ -57,8 +57,8 @@ SELECT seq, message_id FROM sync.pull_head('00000000-0000-0000-0000-0000000000e1
 -- else records nothing.
 SELECT sync.pull_refused('00000000-0000-0000-0000-0000000000e1', '4.3', 'malformed: not a message') AS refused_behind;
 SELECT sync.pull_refused('00000000-0000-0000-0000-0000000000e1', '4.2', 'unknown version: protocol 9') AS refused;
-SELECT refusals, last_error, backoff IS NOT NULL AS backing_off FROM sync.replica
-WHERE id = '00000000-0000-0000-0000-0000000000e1';
+SELECT refusals, last_error, backoff IS NOT NULL AS backing_off FROM sync.delivery
+WHERE replica = '00000000-0000-0000-0000-0000000000e1';
 SELECT seq, sent_at IS NOT NULL AS sent, lease_until IS NULL AS unleased
 FROM sync.outbox WHERE replica = '00000000-0000-0000-0000-0000000000e1' ORDER BY seq;
 SELECT seq, message_id FROM sync.pull_head('00000000-0000-0000-0000-0000000000e1', '1 minute');
@@ -78,8 +78,8 @@ SELECT sync.pull_ack('00000000-0000-0000-0000-0000000000e2', '1.1') AS ack_of_a_
 SELECT seq, sent_at IS NOT NULL AS sent, lease_pid = pg_backend_pid() AS still_pushed, tries
 FROM sync.outbox WHERE replica = '00000000-0000-0000-0000-0000000000e2' AND seq = 1;
 SELECT sync.failed('00000000-0000-0000-0000-0000000000e2', 1, true, 'line down');
-UPDATE sync.replica SET backoff = NULL, backoff_until = NULL, last_error = NULL
-WHERE id = '00000000-0000-0000-0000-0000000000e2';
+UPDATE sync.delivery SET backoff = NULL, backoff_until = NULL, last_error = NULL
+WHERE replica = '00000000-0000-0000-0000-0000000000e2';
 
 -- Each replica is delivered by the transport its row names (sync.replica.transport): the pull
 -- gateway serves only replicas it delivers (or any sender does), and a push sender leases only its

@@ -64,26 +64,26 @@ SELECT sync_internal.session_lives(pg_backend_pid(), (SELECT backend_start FROM 
 -- Failed, transient: the lease ends, the replica backs off for magic_sync.backoff and the error is
 -- kept; the first failure starts the backoff (true), the next ones do not.
 SELECT sync.failed('00000000-0000-0000-0000-00000000000b', 1, true, 'HTTP 503') AS started;
-SELECT backoff, backoff_until > now() AS waiting, last_error, refusals FROM sync.replica
-WHERE id = '00000000-0000-0000-0000-00000000000b';
+SELECT backoff, backoff_until > now() AS waiting, last_error, refusals FROM sync.delivery
+WHERE replica = '00000000-0000-0000-0000-00000000000b';
 SELECT count(*) AS during_backoff FROM sync.next(10, '1 minute')
 WHERE replica = '00000000-0000-0000-0000-00000000000b';
 
 -- Refused: the same backoff, doubled, and counted; it never exceeds magic_sync.backoff_max.
 SELECT sync.failed('00000000-0000-0000-0000-00000000000b', 1, false, 'HTTP 400: bad message') AS started;
-SELECT backoff, last_error, refusals FROM sync.replica WHERE id = '00000000-0000-0000-0000-00000000000b';
+SELECT backoff, last_error, refusals FROM sync.delivery WHERE replica = '00000000-0000-0000-0000-00000000000b';
 SELECT sync.failed('00000000-0000-0000-0000-00000000000b', 1, true, 'timeout') AS started;
 SELECT sync.failed('00000000-0000-0000-0000-00000000000b', 1, true, 'timeout') AS started;
-SELECT backoff, last_error, refusals FROM sync.replica WHERE id = '00000000-0000-0000-0000-00000000000b';
+SELECT backoff, last_error, refusals FROM sync.delivery WHERE replica = '00000000-0000-0000-0000-00000000000b';
 
 -- After the backoff the replica's head goes again, under the same id; once it is taken the
 -- backoff, the error and the run of refusals are cleared (sent returns true: it recovered).
-UPDATE sync.replica SET backoff_until = now() - interval '1 second'
-WHERE id = '00000000-0000-0000-0000-00000000000b';
+UPDATE sync.delivery SET backoff_until = now() - interval '1 second'
+WHERE replica = '00000000-0000-0000-0000-00000000000b';
 SELECT replica, seq, message_id FROM sync.next(10, '1 minute');
 SELECT sync.sent('00000000-0000-0000-0000-00000000000b', 1) AS recovered;
-SELECT backoff, backoff_until, last_error, refusals FROM sync.replica
-WHERE id = '00000000-0000-0000-0000-00000000000b';
+SELECT backoff, backoff_until, last_error, refusals FROM sync.delivery
+WHERE replica = '00000000-0000-0000-0000-00000000000b';
 
 -- Sent twice (a late answer) changes nothing; a forgotten replica's outcome is ignored.
 SELECT sync.sent('00000000-0000-0000-0000-00000000000b', 1) AS recovered;
@@ -93,15 +93,15 @@ SELECT sync.failed('00000000-0000-0000-0000-0000000000ff', 1, true, 'gone') AS s
 -- sync.sent with arrays records many messages at once and returns the replicas that recovered.
 SELECT replica, seq, message_id FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000b']::uuid[], 1);
 SELECT sync.failed('00000000-0000-0000-0000-00000000000b', 2, true, 'HTTP 503') AS started;
-UPDATE sync.replica SET backoff_until = now() - interval '1 second'
-WHERE id = '00000000-0000-0000-0000-00000000000b';
+UPDATE sync.delivery SET backoff_until = now() - interval '1 second'
+WHERE replica = '00000000-0000-0000-0000-00000000000b';
 SELECT replica, seq, message_id FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000b', '00000000-0000-0000-0000-00000000000b']::uuid[], 1);
 SELECT recovered FROM sync.sent(ARRAY['00000000-0000-0000-0000-00000000000a', '00000000-0000-0000-0000-00000000000b']::uuid[], ARRAY[2, 2]) AS recovered;
 SELECT replica, seq, sent_at IS NOT NULL AS sent,
        num_nonnulls(lease_until, lease_pid, lease_backend_start) = 0 AS unleased FROM sync.outbox
 WHERE seq = 2 AND replica IN ('00000000-0000-0000-0000-00000000000a', '00000000-0000-0000-0000-00000000000b')
 ORDER BY replica;
-SELECT backoff, last_error FROM sync.replica WHERE id = '00000000-0000-0000-0000-00000000000b';
+SELECT backoff, last_error FROM sync.delivery WHERE replica = '00000000-0000-0000-0000-00000000000b';
 SELECT * FROM sync.sent(ARRAY['00000000-0000-0000-0000-00000000000a']::uuid[], ARRAY[3, 4]);
 SELECT count(*) AS among_nobody FROM sync.next(10, '1 minute', '{}', 1);
 
@@ -127,8 +127,8 @@ SELECT replica, seq, message_id FROM sync.next(10, '1 minute', ARRAY['00000000-0
 SELECT * FROM sync.sent(ARRAY['00000000-0000-0000-0000-00000000000d']::uuid[], ARRAY[4]);
 SELECT sync.failed('00000000-0000-0000-0000-00000000000d', 5, true, 'HTTP 503') AS started;
 SELECT count(*) AS during_backoff FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000d']::uuid[], 3);
-UPDATE sync.replica SET backoff_until = now() - interval '1 second'
-WHERE id = '00000000-0000-0000-0000-00000000000d';
+UPDATE sync.delivery SET backoff_until = now() - interval '1 second'
+WHERE replica = '00000000-0000-0000-0000-00000000000d';
 SELECT replica, seq, message_id FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000d']::uuid[], 3);
 SELECT * FROM sync.sent(ARRAY['00000000-0000-0000-0000-00000000000d']::uuid[], ARRAY[5]);
 
@@ -152,7 +152,7 @@ SELECT sync.failed('00000000-0000-0000-0000-00000000000e', 1, false, 'refused: a
                    '1/1/00000000-0000-0000-0000-000000000000') AS started;
 SELECT sent_at IS NULL AS unsent, lease_until IS NOT NULL AS still_leased FROM sync.outbox
 WHERE replica = '00000000-0000-0000-0000-00000000000e';
-SELECT backoff, refusals FROM sync.replica WHERE id = '00000000-0000-0000-0000-00000000000e';
+SELECT backoff, refusals FROM sync.delivery WHERE replica = '00000000-0000-0000-0000-00000000000e';
 SELECT count(*) AS recovered FROM sync.sent(ARRAY['00000000-0000-0000-0000-00000000000e']::uuid[],
                                            ARRAY[1], ARRAY[sync_internal.origin()]);
 SELECT sent_at IS NOT NULL AS sent FROM sync.outbox WHERE replica = '00000000-0000-0000-0000-00000000000e';

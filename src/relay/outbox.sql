@@ -149,12 +149,13 @@ BEGIN
         SELECT r.id AS replica, head.seq, head.created_at
         FROM candidates
         JOIN sync.replica r ON r.id = candidates.id
+        LEFT JOIN sync.delivery d ON d.replica = r.id AND d.gen = r.gen
         CROSS JOIN LATERAL (
             SELECT h.seq, h.created_at FROM sync.outbox h
             WHERE h.replica = r.id AND h.sent_at IS NULL
             ORDER BY h.seq LIMIT 1
         ) head
-        WHERE r.live AND (r.backoff_until IS NULL OR r.backoff_until <= now())
+        WHERE r.live AND (d.backoff_until IS NULL OR d.backoff_until <= now())
           AND (r.transport IS NULL OR r.transport = next.transport)
     ),
     chosen AS (
@@ -206,6 +207,11 @@ AS $$ SELECT * FROM sync.next(n, lease, NULL, 1, NULL) $$;
 -- recovered), for the sender's log. One statement for a whole batch of deliveries. A generic plan,
 -- for the reason sync.next has one: a custom plan for a batch of a thousand deliveries cost more
 -- than recording them, and chose to read the whole outbox.
+-- It waits for no message (SKIP LOCKED): one that another transaction holds is being deleted by
+-- the relay (its replica confirmed it, or its generation ended) or recorded by another sender
+-- that took it over when this one's lease ran out; left unsent, it goes again under the same id,
+-- which the replica ignores. Waiting there, holding the batch's other messages, is how a sender
+-- and a pass that deletes two of them would wait for each other (docs/DESIGN.md §5).
 CREATE FUNCTION sync.sent(replicas uuid[], seqs bigint[], origins text[] DEFAULT NULL)
 RETURNS SETOF uuid
 LANGUAGE plpgsql
@@ -224,28 +230,36 @@ BEGIN
     END IF;
     -- A message delivered from another history (`origins`, as sync.next returned them: the
     -- sender reconnected after a restore or a failover) is not the one of that seq here.
+    WITH taken AS (
+        SELECT o.replica, o.seq
+        FROM sync.outbox o
+        JOIN unnest(replicas, seqs,
+                    coalesce(origins, array_fill(NULL::text, ARRAY[cardinality(replicas)])))
+             AS delivered(replica, seq, origin)
+          ON o.replica = delivered.replica AND o.seq = delivered.seq
+        WHERE o.sent_at IS NULL AND (delivered.origin IS NULL OR delivered.origin = here)
+        FOR UPDATE OF o SKIP LOCKED)
     UPDATE sync.outbox o SET sent_at = now(), lease_until = NULL, lease_pid = NULL,
                              lease_backend_start = NULL
-    FROM unnest(replicas, seqs, coalesce(origins, array_fill(NULL::text, ARRAY[cardinality(replicas)])))
-         AS delivered(replica, seq, origin)
-    WHERE o.replica = delivered.replica AND o.seq = delivered.seq AND o.sent_at IS NULL
-      AND (delivered.origin IS NULL OR delivered.origin = here);
-    -- A delivery ends a run of refusals too: the alarm counts refusals in a row.
+    FROM taken
+    WHERE o.replica = taken.replica AND o.seq = taken.seq;
+    -- A delivery ends a run of refusals too: the alarm counts refusals in a row. The replicas'
+    -- delivery rows in one order, as every sender takes them.
     RETURN QUERY
     WITH ending AS (
-        SELECT r.id, r.backoff IS NOT NULL AS was_backing_off
-        FROM sync.replica r
-        WHERE r.id = ANY (replicas) AND (r.backoff IS NOT NULL OR r.refusals > 0)
-        ORDER BY r.id
+        SELECT d.replica, d.backoff IS NOT NULL AS was_backing_off
+        FROM sync.delivery d
+        WHERE d.replica = ANY (replicas) AND (d.backoff IS NOT NULL OR d.refusals > 0)
+        ORDER BY d.replica
         FOR UPDATE
     ),
     ended AS (
-        UPDATE sync.replica r SET backoff = NULL, backoff_until = NULL, last_error = NULL,
-                                  refusals = 0
+        UPDATE sync.delivery d SET backoff = NULL, backoff_until = NULL, last_error = NULL,
+                                   refusals = 0
         FROM ending
-        WHERE r.id = ending.id
+        WHERE d.replica = ending.replica
     )
-    SELECT ending.id FROM ending WHERE ending.was_backing_off;
+    SELECT ending.replica FROM ending WHERE ending.was_backing_off;
     -- The relay refills the windows as soon as this commits.
     PERFORM sync_internal.wake();
 END
@@ -271,30 +285,32 @@ AS $$
 DECLARE
     first_wait interval := sync.setting('backoff')::interval;
     longest_wait interval := sync.setting('backoff_max')::interval;
-    previous interval;
+    generation int;
+    previous sync.delivery;
     wait interval;
 BEGIN
     PERFORM sync_internal.relay_guard();
     UPDATE sync.outbox o SET lease_until = NULL, lease_pid = NULL, lease_backend_start = NULL
     WHERE o.replica = failed.replica AND o.seq = failed.seq AND o.sent_at IS NULL
-      AND (failed.origin IS NULL OR failed.origin = sync_internal.origin());
+      AND (failed.origin IS NULL OR failed.origin = sync_internal.origin())
+    RETURNING o.gen INTO generation;
     IF NOT FOUND THEN
         -- Recorded sent already (another sender took it after this one's lease ended and
         -- delivered it), or gone: a late failure of a delivered message backs nothing off.
         RETURN false;
     END IF;
-    SELECT r.backoff INTO previous FROM sync.replica r WHERE r.id = failed.replica FOR UPDATE;
-    IF NOT FOUND THEN
-        RETURN false;  -- forgotten while the message was out
-    END IF;
-    wait := least(coalesce(previous * 2, first_wait), longest_wait);
-    UPDATE sync.replica r
-    SET backoff = wait,
-        backoff_until = now() + wait,
-        last_error = left(coalesce(failed.error, 'unknown error'), 1000),
-        refusals = r.refusals + CASE WHEN failed.retry THEN 0 ELSE 1 END
-    WHERE r.id = failed.replica;
-    RETURN previous IS NULL;
+    SELECT d.* INTO previous FROM sync.delivery d
+    WHERE d.replica = failed.replica AND d.gen = generation
+    FOR UPDATE;
+    wait := least(coalesce(previous.backoff * 2, first_wait), longest_wait);
+    INSERT INTO sync.delivery AS d (replica, gen, backoff, backoff_until, last_error, refusals)
+    VALUES (failed.replica, generation, wait, now() + wait,
+            left(coalesce(failed.error, 'unknown error'), 1000),
+            coalesce(previous.refusals, 0) + CASE WHEN failed.retry THEN 0 ELSE 1 END)
+    ON CONFLICT ON CONSTRAINT delivery_pkey DO UPDATE
+    SET gen = excluded.gen, backoff = excluded.backoff, backoff_until = excluded.backoff_until,
+        last_error = excluded.last_error, refusals = excluded.refusals;
+    RETURN previous.backoff IS NULL;
 END
 $$;
 
@@ -307,7 +323,9 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT (SELECT count(*) FROM sync.outbox o JOIN sync.replica r ON r.id = o.replica
             WHERE r.live AND o.sent_at IS NULL),
-           (SELECT count(*) FROM sync.replica r WHERE r.live AND r.backoff_until > now()),
+           (SELECT count(*) FROM sync.replica r
+            JOIN sync.delivery d ON d.replica = r.id AND d.gen = r.gen
+            WHERE r.live AND d.backoff_until > now()),
            (SELECT now() - min(o.created_at) FROM sync.outbox o JOIN sync.replica r ON r.id = o.replica
             WHERE r.live AND o.sent_at IS NULL)
 $$;

@@ -498,8 +498,7 @@ BEGIN
                    ON CONFLICT (id) DO UPDATE SET gen = r.gen + 1, live = true,
                    partition = excluded.partition, provisioned_at = now(), reset_pending = true,
                    proving = false,
-                   pending_drops = '{}', pending_table_drops = '{}', backoff_until = NULL,
-                   backoff = NULL, last_error = NULL, refusals = 0
+                   pending_drops = '{}', pending_table_drops = '{}'
                    RETURNING r.id)
     SELECT array_agg(id) INTO provisioned FROM fresh;
     IF provisioned IS NULL THEN

@@ -38,9 +38,10 @@ BEGIN
                        'errors above)', backlog, date_trunc('second', oldest));
         RETURN NEXT;
     END IF;
-    SELECT count(*), string_agg(DISTINCT coalesce(r.last_error, 'no error yet'), '; ')
+    SELECT count(*), string_agg(DISTINCT coalesce(d.last_error, 'no error yet'), '; ')
     INTO stuck, sample
     FROM sync.replica r
+    LEFT JOIN sync.delivery d ON d.replica = r.id AND d.gen = r.gen
     WHERE r.live AND EXISTS (SELECT FROM sync.outbox o WHERE o.replica = r.id AND o.sent_at IS NULL
                              AND o.created_at < now() - every);
     IF stuck > 0 THEN
@@ -100,12 +101,13 @@ DECLARE
 BEGIN
     PERFORM sync_internal.relay_lock();
     SELECT array_agg(r.id),
-           array_agg(CASE WHEN r.refusals >= max_refusals
-                          THEN format('its messages were refused %s times (last: %s)', r.refusals, r.last_error)
+           array_agg(CASE WHEN d.refusals >= max_refusals
+                          THEN format('its messages were refused %s times (last: %s)', d.refusals, d.last_error)
                           ELSE format('it left messages unconfirmed for more than %s', unconfirmed) END)
     INTO alarmed, reasons
     FROM sync.replica r
-    WHERE r.live AND (r.refusals >= max_refusals
+    LEFT JOIN sync.delivery d ON d.replica = r.id AND d.gen = r.gen
+    WHERE r.live AND (d.refusals >= max_refusals
                       OR EXISTS (SELECT FROM sync.outbox o WHERE o.replica = r.id
                                  AND o.sent_at < now() - unconfirmed));
     IF alarmed IS NULL THEN

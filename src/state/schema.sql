@@ -177,10 +177,6 @@ CREATE TABLE sync.replica (
     -- Tables whose rows the next rows message drops (sync.dropped_codec).
     pending_table_drops text[] NOT NULL DEFAULT '{}',
     applied bigint NOT NULL DEFAULT 0,
-    backoff_until timestamptz,
-    backoff interval,
-    last_error text,
-    refusals int NOT NULL DEFAULT 0,
     -- Provisioned by a relay state that a restore made: the device may hold what was dumped, so
     -- it is sent no rows but where it stands, once that state planned its tables, and proves
     -- what it holds (sync_internal.pass_prove_holdings).
@@ -254,6 +250,19 @@ CREATE TABLE sync.outbox (
     lease_pid int,
     lease_backend_start timestamptz,
     PRIMARY KEY (replica, seq)
+);
+
+-- How delivering to a replica goes, as its senders record it (sync.failed, sync.sent): its
+-- backoff, its last error, its refusals in a row. Of generation `gen` only: a replica provisioned
+-- again starts with none. The senders' alone, apart from sync.replica, which the relay's pass
+-- locks: a sender never waits for a pass (docs/DESIGN.md §5, the order of locks).
+CREATE TABLE sync.delivery (
+    replica uuid PRIMARY KEY REFERENCES sync.replica ON DELETE CASCADE,
+    gen int NOT NULL,
+    backoff interval,
+    backoff_until timestamptz,
+    last_error text,
+    refusals int NOT NULL DEFAULT 0
 );
 
 -- What could not be planned, sent or filed: kept, and tried again.

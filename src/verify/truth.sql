@@ -335,9 +335,9 @@ SELECT r.id AS replica,
        extract(epoch FROM now() - min(o.created_at) FILTER (WHERE o.sent_at IS NULL))
            AS oldest_unsent_seconds,
        extract(epoch FROM now() - min(o.sent_at)) AS unconfirmed_seconds,
-       CASE WHEN r.backoff_until > now() THEN extract(epoch FROM r.backoff_until - now()) END
+       CASE WHEN d.backoff_until > now() THEN extract(epoch FROM d.backoff_until - now()) END
            AS backoff_seconds,
-       r.last_error,
+       d.last_error,
        (SELECT count(*) FROM sync.set_aside s WHERE s.replica = r.id) AS set_aside,
        l.n AS lacks,
        l.why AS lacks_why,
@@ -353,9 +353,10 @@ SELECT r.id AS replica,
        coalesce(f.refused, 0) AS uploads_refused
 FROM sync.replica r
 JOIN lacks l ON l.replica = r.id
+LEFT JOIN sync.delivery d ON d.replica = r.id AND d.gen = r.gen
 LEFT JOIN sync.upload_refusal f ON f.replica = r.id
 LEFT JOIN sync.outbox o ON o.replica = r.id
-GROUP BY r.id, l.n, l.why, f.refused;
+GROUP BY r.id, l.n, l.why, f.refused, d.replica;
 
 -- For monitoring (packaging/postgres_exporter_queries.yaml, for prometheus-postgres-exporter):
 -- the replicas counted by what sync.status says of them, and the relay's health, which the

@@ -26,7 +26,9 @@ std::vector<std::string> without_repeats(std::vector<std::string> ids) {
 }
 
 std::string column(const Outbox& outbox, const std::string& expression, int replica) {
-    return outbox.sql("SELECT " + expression + " FROM sync.replica WHERE id = '" +
+    return outbox.sql("SELECT " + expression +
+                      " FROM sync.replica r LEFT JOIN sync.delivery d "
+                      "ON d.replica = r.id AND d.gen = r.gen WHERE r.id = '" +
                       replica_id(replica) + "'");
 }
 
@@ -139,10 +141,10 @@ TEST(HttpSender, NetworkErrorsAreTransient) {
     SenderProcess sender(outbox, dir, {"--transport", "http", "--url", nobody, "--once"});
     ASSERT_EQ(sender.wait(60s), 0) << sender.log();
     EXPECT_EQ(outbox.unsent(), 6);
-    EXPECT_EQ(outbox.number("SELECT count(*) FROM sync.replica WHERE last_error LIKE 'network: %' "
+    EXPECT_EQ(outbox.number("SELECT count(*) FROM sync.delivery WHERE last_error LIKE 'network: %' "
                             "AND refusals = 0 AND backoff IS NOT NULL"),
               3)
-        << outbox.sql("SELECT last_error FROM sync.replica");
+        << outbox.sql("SELECT last_error FROM sync.delivery");
 }
 
 TEST(HttpSender, ASendLongerThanTheTimeoutIsTransient) {
@@ -444,7 +446,7 @@ TEST(Sender, SigtermFinishesWhatIsInFlightAndExitsZero) {
     EXPECT_LT(Clock::now() - signalled, 5s);
     // The sends ended by their timeout and were recorded; nothing else was taken on.
     EXPECT_EQ(sink.received().size(), 3u);
-    EXPECT_EQ(outbox.number("SELECT count(*) FROM sync.replica WHERE last_error LIKE 'timeout%'"),
+    EXPECT_EQ(outbox.number("SELECT count(*) FROM sync.delivery WHERE last_error LIKE 'timeout%'"),
               3);
     EXPECT_EQ(outbox.number("SELECT count(*) FROM sync.outbox WHERE lease_until IS NOT NULL"), 0);
 }

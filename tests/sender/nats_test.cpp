@@ -155,10 +155,11 @@ TEST(NatsSender, NoStreamForTheSubjectIsTransient) {
                           "nobody", "--send-timeout", "1", "--once"});
     ASSERT_EQ(sender.wait(60s), 0) << sender.log();
     EXPECT_EQ(outbox.unsent(), 4);
-    EXPECT_EQ(outbox.number("SELECT count(*) FROM sync.replica WHERE last_error LIKE 'nats: %' AND "
-                            "refusals = 0 AND backoff IS NOT NULL"),
-              2)
-        << outbox.sql("SELECT last_error FROM sync.replica");
+    EXPECT_EQ(
+        outbox.number("SELECT count(*) FROM sync.delivery WHERE last_error LIKE 'nats: %' AND "
+                      "refusals = 0 AND backoff IS NOT NULL"),
+        2)
+        << outbox.sql("SELECT last_error FROM sync.delivery");
 }
 
 TEST(NatsSender, ExitsWhenNatsIsAway) {

@@ -158,7 +158,9 @@ TEST(PullSender, ARefusalIsRecordedAndTheHeadStays) {
     TempDir dir;
     PullSender sender(outbox, dir, "1");
     const auto refusals = [&] {
-        return outbox.sql("SELECT refusals || ' ' || coalesce(last_error, '-') FROM sync.replica");
+        return outbox.sql(
+            "SELECT coalesce(d.refusals, 0) || ' ' || coalesce(d.last_error, '-') "
+            "FROM sync.replica r LEFT JOIN sync.delivery d ON d.replica = r.id AND d.gen = r.gen");
     };
 
     ASSERT_EQ(sender.get_next(1, 1)->status, 200) << sender.log();

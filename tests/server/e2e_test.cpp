@@ -313,8 +313,9 @@ TEST_F(EndToEnd, OverHttpThroughChangesMovesUploadsCutsAndKills) {
     db().query("UPDATE shop.products SET price = price + 1 WHERE id BETWEEN 11 AND 20");
     converge("changes while register 4's line is cut", 4);
     EXPECT_TRUE(eventually([&] {
-        return db().value("SELECT last_error IS NOT NULL FROM sync.replica WHERE id = $1::uuid",
-                          {replica_id(4)}) == "t";
+        return db().value(
+                   "SELECT last_error IS NOT NULL FROM sync.delivery WHERE replica = $1::uuid",
+                   {replica_id(4)}) == "t";
     }));
     deployment_->router().cut(replica_id(4), false);
     converge("the line healed");

@@ -652,8 +652,8 @@ TEST_F(Fault, EveryReplicaConvergesAfterEachFaultUnderLoad) {
             converge("the others while 5 lines are cut", cut);
             long others = others_taken_since(before, cut);
             for (int n : cut)
-                EXPECT_EQ(value("SELECT last_error IS NOT NULL FROM sync.replica"
-                                " WHERE id = $1::uuid",
+                EXPECT_EQ(value("SELECT last_error IS NOT NULL FROM sync.delivery"
+                                " WHERE replica = $1::uuid",
                                 {replica_id(n)}),
                           "t");
             for (int n : cut) deployment_->router().cut(replica_id(n), false);

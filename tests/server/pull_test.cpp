@@ -231,14 +231,15 @@ TEST_F(Pull, AMessageTheDeviceCannotApplyIsRecordedAsRefused) {
     db().query("NOTIFY magic_sync");
     ASSERT_TRUE(eventually(
         [&] {
-            return db().value("SELECT refusals > 0 FROM sync.replica WHERE id = $1::uuid",
+            return db().value("SELECT refusals > 0 FROM sync.delivery WHERE replica = $1::uuid",
                               {replica_id(1)}) == "t";
         },
         30s))
         << replicas_[1].process->log();
     EXPECT_EQ(
-        db().value("SELECT split_part(last_error, ':', 1) FROM sync.replica WHERE id = $1::uuid",
-                   {replica_id(1)}),
+        db().value(
+            "SELECT split_part(last_error, ':', 1) FROM sync.delivery WHERE replica = $1::uuid",
+            {replica_id(1)}),
         "malformed");
     EXPECT_EQ(head_of(1), db().value("SELECT sync_internal.message_id(gen, $1::bigint) FROM "
                                      "sync.replica WHERE id = $2::uuid",
@@ -465,7 +466,7 @@ TEST_F(Pull, PushAndPullShareADatabaseAndTwoGatewaysServeEachHeadOnce) {
     EXPECT_EQ(proxy.served_twice(), std::vector<std::string>{});
     const std::map<int, int> served = proxy.by_gateway();
     for (int port : ports) EXPECT_GT(served.count(port) ? served.at(port) : 0, 0) << port;
-    EXPECT_EQ(db().value("SELECT count(*) FROM sync.replica WHERE last_error IS NOT NULL"), "0");
+    EXPECT_EQ(db().value("SELECT count(*) FROM sync.delivery WHERE last_error IS NOT NULL"), "0");
 }
 
 }  // namespace

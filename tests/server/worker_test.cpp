@@ -351,7 +351,9 @@ TEST(Worker, ReprovisionsAReplicaThatRefusesOrDoesNotConfirm) {
     Connection db(shop.cluster.conninfo("shop"));
     db.query("INSERT INTO products VALUES (1, 'tea')");
     ASSERT_TRUE(eventually([&] { return deliveries(db) == "1:1"; }));
-    db.query("UPDATE sync.replica SET refusals = 3, last_error = 'HTTP 400: bad request'");
+    db.query(
+        "INSERT INTO sync.delivery (replica, gen, refusals, last_error) "
+        "SELECT id, gen, 3, 'HTTP 400: bad request' FROM sync.replica");
     ASSERT_TRUE(eventually([&] { return db.value("SELECT gen FROM sync.replica") == "2"; }))
         << shop.cluster.log();
     EXPECT_EQ(
