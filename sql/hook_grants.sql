@@ -81,6 +81,11 @@ SELECT fix FROM sync.check() \gexec
 SELECT * FROM sync.check();
 SELECT upload(3);
 SELECT (SELECT count(*) FROM app.visits) AS visits, (SELECT visits FROM app.sites) AS site_visits;
+-- In a read-only transaction (a standby) the hooks cannot be run: that is said, not taken for
+-- nothing to fix.
+BEGIN TRANSACTION READ ONLY;
+SELECT * FROM sync.check();
+ROLLBACK;
 
 -- A SECURITY DEFINER known() runs as its owner: the route needs only EXECUTE on it and USAGE on
 -- its schema, not what it reads (here app.sites, taken back from the route).

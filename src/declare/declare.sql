@@ -813,8 +813,9 @@ $$;
 -- granted, up to the next error. The messages are read as PostgreSQL writes them in English
 -- (run_hooks_as runs with lc_messages C). An error no grant cures, or an object the message does
 -- not name unambiguously, is said as it is, and what the hooks need past it is not known: they
--- are not run further. Only a superuser may become any role and grant anything, so for anyone else the
--- hooks are not run, and that is said.
+-- are not run further. Only a superuser may become any role and grant anything, and a read-only
+-- transaction (a standby) can grant nothing and file nothing: there the hooks are not run, and
+-- that is said.
 CREATE FUNCTION sync_internal.hook_grant_needs(role name, grants text[], replica uuid)
 RETURNS TABLE (hook text, problem text, fix text)
 LANGUAGE plpgsql VOLATILE
@@ -833,12 +834,14 @@ BEGIN
                    WHERE NOT p.prosecdef) THEN
         RETURN;  -- nothing runs as the role but EXECUTE
     END IF;
-    IF NOT coalesce((SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = current_user), false) THEN
+    IF NOT coalesce((SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = current_user), false)
+       OR current_setting('transaction_read_only')::boolean THEN
         hook := (SELECT CASE WHEN known.prosecdef IS NOT DISTINCT FROM false THEN 'known' ELSE 'filing' END
                  FROM sync.sender_rule s LEFT JOIN pg_proc known ON known.oid = s.known);
         problem := format('what role %s needs to run known() and filing() is not known: sync.check() '
-                          'finds it by running them as that role, which only a superuser''s call does', role);
-        fix := 'Call sync.check() as a superuser.';
+                          'finds it by running them as that role, which only a superuser''s call in a '
+                          'read-write transaction does', role);
+        fix := 'Call sync.check() as a superuser, in a read-write transaction.';
         RETURN NEXT;
         RETURN;
     END IF;
