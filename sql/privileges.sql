@@ -227,7 +227,8 @@ SELECT * FROM sync.check();
 GRANT INSERT, SELECT (id) ON shop.sales TO priv_receiver;
 SELECT * FROM sync.check();
 -- Filing reaches a table through its schema: without USAGE on it every row is kept ("permission
--- denied for schema shop"), so sync.check() names that grant too.
+-- denied for schema shop"), so sync.check() names that grant too; and known(), in that schema
+-- too, cannot be called: every upload fails.
 REVOKE USAGE ON SCHEMA shop FROM PUBLIC;
 SELECT * FROM sync.check();
 GRANT USAGE ON SCHEMA shop TO priv_receiver;

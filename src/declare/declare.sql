@@ -731,16 +731,230 @@ BEGIN
 END
 $$;
 
--- One row per problem with the declarations, saying what is wrong and how to fix it: tables
--- dropped or renamed, columns dropped, triggers gone.
--- The privileges filing needs that a role which files uploads lacks, per table: the route's roles
--- (members of sync_receiver), or magic_sync.role when it is set. A record row is inserted if
+-- Runs the senders' hooks as `role` the way sync.receive does (known(replica), then filing() with
+-- what known() returned), after running `grants`, in a subtransaction that is always rolled
+-- back: nothing the hooks or the grants did stays (but for what no rollback undoes, such as a
+-- sequence's nextval). filing() runs with '{}' when known() returns NULL, where receive would
+-- drop the upload, so that what it needs is still found. `hook`: where it stopped ('grant',
+-- 'role', 'known' or 'filing') with the error's SQLSTATE and message, or NULL when the hooks ran
+-- to their end. The caller's own role comes back with the rollback. The hooks run in the
+-- caller's session under SET ROLE, as the relay's retry runs them.
+CREATE FUNCTION sync_internal.run_hooks_as(role name, grants text[], replica uuid,
+                                           OUT hook text, OUT state text, OUT message text)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    known_call text;
+    filing_call text;
+    grant_statement text;
+    known_value jsonb := '{}';
+    ran boolean := false;
+BEGIN
+    -- The hooks named as sync_internal.receive_setup names them for sync.receive.
+    SELECT (SELECT format('%I.%I', n.nspname, p.proname) FROM pg_proc p
+            JOIN pg_namespace n ON n.oid = p.pronamespace WHERE p.oid = s.known),
+           (SELECT format('%I.%I', n.nspname, p.proname) FROM pg_proc p
+            JOIN pg_namespace n ON n.oid = p.pronamespace WHERE p.oid = s.filing)
+    INTO known_call, filing_call
+    FROM sync.sender_rule s;
+    BEGIN
+        hook := 'grant';
+        FOREACH grant_statement IN ARRAY grants LOOP
+            EXECUTE grant_statement;
+        END LOOP;
+        hook := 'role';
+        -- the messages as sync_internal.hook_grant_needs reads them
+        PERFORM set_config('lc_messages', 'C', true);
+        PERFORM set_config('role', run_hooks_as.role, true);
+        IF known_call IS NOT NULL THEN
+            hook := 'known';
+            EXECUTE format('SELECT %s($1::uuid)', known_call) INTO known_value USING replica;
+        END IF;
+        IF filing_call IS NOT NULL THEN
+            hook := 'filing';
+            EXECUTE format('SELECT %s($1::jsonb)', filing_call) USING coalesce(known_value, '{}');
+        END IF;
+        ran := true;
+        RAISE EXCEPTION 'rolled back';
+    EXCEPTION WHEN OTHERS THEN
+        IF ran THEN
+            hook := NULL;
+        ELSE
+            state := SQLSTATE;
+            message := SQLERRM;
+        END IF;
+    END;
+END
+$$;
+
+-- Whether granting `privileges` on `target` (as a GRANT names it: "app.sites", "SEQUENCE
+-- app.ids", "SCHEMA app", "FUNCTION app.f(int)") to `role`, besides `grants`, gets the hooks past
+-- the error they stopped at (`hook`, `message`): they run to their end or stop somewhere else.
+CREATE FUNCTION sync_internal.hook_grant_cures(role name, grants text[], replica uuid, target text,
+                                               privileges text[], hook text, message text)
+RETURNS boolean
+LANGUAGE sql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT (r.hook, r.message) IS DISTINCT FROM (hook_grant_cures.hook, hook_grant_cures.message)
+    FROM sync_internal.run_hooks_as(hook_grant_cures.role,
+             hook_grant_cures.grants || format('GRANT %s ON %s TO %I', array_to_string(privileges, ', '),
+                                               target, hook_grant_cures.role),
+             hook_grant_cures.replica) r
+$$;
+
+-- What `role` lacks to run the senders' hooks that are not SECURITY DEFINER, found by running them
+-- as the role (sync_internal.run_hooks_as) for `replica`, after `grants` (what it is known to lack
+-- already: USAGE on a hook's schema, EXECUTE on a hook). Each "permission denied for <object>"
+-- they stop at names the object; the privileges on it that cure it are found by running them
+-- again with privileges granted (rolled back too): the first one that cures it alone, else those
+-- of all its privileges that, left out, bring the error back. Then the hooks run again with it
+-- granted, up to the next error. The messages are read as PostgreSQL writes them in English
+-- (run_hooks_as runs with lc_messages C). An error no grant cures, or an object the message does
+-- not name unambiguously, is said as it is, and what the hooks need past it is not known: they
+-- are not run further. Only a superuser may become any role and grant anything, and a read-only
+-- transaction (a standby) can grant nothing and file nothing: there the hooks are not run, and
+-- that is said.
+CREATE FUNCTION sync_internal.hook_grant_needs(role name, grants text[], replica uuid)
+RETURNS TABLE (hook text, problem text, fix text)
+LANGUAGE plpgsql VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    run record;
+    object_kind text;
+    object_name text;
+    target text;
+    privileges text[];
+    needed text[];
+    privilege text;
+BEGIN
+    IF NOT EXISTS (SELECT FROM sync.sender_rule s JOIN pg_proc p ON p.oid IN (s.known, s.filing)
+                   WHERE NOT p.prosecdef) THEN
+        RETURN;  -- nothing runs as the role but EXECUTE
+    END IF;
+    IF NOT coalesce((SELECT r.rolsuper FROM pg_roles r WHERE r.rolname = current_user), false)
+       OR current_setting('transaction_read_only')::boolean THEN
+        hook := (SELECT CASE WHEN known.prosecdef IS NOT DISTINCT FROM false THEN 'known' ELSE 'filing' END
+                 FROM sync.sender_rule s LEFT JOIN pg_proc known ON known.oid = s.known);
+        problem := format('what role %s needs to run known() and filing() is not known: sync.check() '
+                          'finds it by running them as that role, which only a superuser''s call in a '
+                          'read-write transaction does', role);
+        fix := 'Call sync.check() as a superuser, in a read-write transaction.';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    FOR attempt IN 1..50 LOOP
+        SELECT * INTO run FROM sync_internal.run_hooks_as(role, grants, replica);
+        EXIT WHEN run.hook IS NULL;
+        hook := run.hook;
+        IF run.hook IN ('grant', 'role') THEN
+            hook := (SELECT CASE WHEN s.known IS NOT NULL THEN 'known' ELSE 'filing' END
+                     FROM sync.sender_rule s);
+            problem := format('what role %s needs to run known() and filing() is not known: running them as '
+                              'that role failed (%s)', role, run.message);
+            fix := 'Call sync.check() as a superuser, outside a SECURITY DEFINER function and a '
+                   'read-only transaction.';
+            RETURN NEXT;
+            RETURN;
+        END IF;
+        object_kind := NULL;
+        object_name := NULL;
+        target := NULL;
+        IF run.state = '42501' THEN
+            object_kind := substring(run.message FROM '^permission denied for (table|view|materialized view'
+                                                      '|foreign table|sequence|schema|function|procedure) ');
+            object_name := substring(run.message FROM '^permission denied for (?:table|view|materialized view'
+                                                      '|foreign table|sequence|schema|function|procedure) (.*)$');
+        END IF;
+        privileges := CASE object_kind
+                          WHEN 'sequence' THEN ARRAY['USAGE', 'SELECT', 'UPDATE']
+                          WHEN 'schema' THEN ARRAY['USAGE']
+                          WHEN 'function' THEN ARRAY['EXECUTE']
+                          WHEN 'procedure' THEN ARRAY['EXECUTE']
+                          ELSE ARRAY['SELECT', 'INSERT', 'UPDATE', 'DELETE', 'TRUNCATE', 'REFERENCES',
+                                     'TRIGGER'] END;
+        -- The message names the object without its schema: the one of that name the role lacks
+        -- something on, when there is one.
+        IF object_kind = 'schema' THEN
+            target := (SELECT format('SCHEMA %I', n.nspname) FROM pg_namespace n WHERE n.nspname = object_name);
+        ELSIF object_kind IN ('function', 'procedure') THEN
+            target := (SELECT CASE WHEN count(*) = 1
+                                   THEN min(format('%s %s', upper(object_kind), p.oid::regprocedure)) END
+                       FROM pg_proc p
+                       WHERE p.proname = object_name AND NOT has_function_privilege(role, p.oid, 'EXECUTE'));
+        ELSIF object_kind IS NOT NULL THEN
+            target := (SELECT CASE WHEN count(*) = 1
+                                   THEN min(CASE WHEN c.relkind = 'S' THEN 'SEQUENCE ' ELSE '' END
+                                            || c.oid::regclass::text) END
+                       FROM pg_class c
+                       WHERE c.relname = object_name
+                         AND c.relkind = ANY (CASE object_kind WHEN 'table' THEN ARRAY['r', 'p']
+                                                               WHEN 'view' THEN ARRAY['v']
+                                                               WHEN 'materialized view' THEN ARRAY['m']
+                                                               WHEN 'foreign table' THEN ARRAY['f']
+                                                               ELSE ARRAY['S'] END::"char"[])
+                         AND EXISTS (SELECT FROM unnest(privileges) q
+                                     WHERE NOT CASE WHEN c.relkind = 'S' THEN has_sequence_privilege(role, c.oid, q)
+                                                    ELSE has_table_privilege(role, c.oid, q) END));
+        END IF;
+        needed := NULL;
+        IF target IS NOT NULL THEN
+            FOREACH privilege IN ARRAY privileges LOOP
+                IF sync_internal.hook_grant_cures(role, grants, replica, target, ARRAY[privilege],
+                                                  run.hook, run.message) THEN
+                    needed := ARRAY[privilege];
+                    EXIT;
+                END IF;
+            END LOOP;
+            IF needed IS NULL AND cardinality(privileges) > 1
+               AND sync_internal.hook_grant_cures(role, grants, replica, target, privileges, run.hook,
+                                                  run.message) THEN
+                needed := ARRAY(SELECT q FROM unnest(privileges) WITH ORDINALITY AS u(q, o)
+                                WHERE NOT sync_internal.hook_grant_cures(role, grants, replica, target,
+                                                                         array_remove(privileges, q),
+                                                                         run.hook, run.message)
+                                ORDER BY o);
+                IF NOT sync_internal.hook_grant_cures(role, grants, replica, target, needed, run.hook,
+                                                      run.message) THEN
+                    needed := privileges;
+                END IF;
+            END IF;
+        END IF;
+        IF needed IS NULL THEN
+            problem := format('running %s() as role %s for replica %s fails (%s)%s: what it needs past that '
+                              'is not known', run.hook, role, replica, run.message,
+                              CASE WHEN run.state = '42501'
+                                   THEN ', and no grant on an object it names cures it' ELSE '' END);
+            fix := CASE WHEN run.state = '42501'
+                        THEN format('Give role %s what that needs, then check again.', role)
+                        ELSE format('Make %s() run for that replica as that role, then check again.', run.hook) END;
+            RETURN NEXT;
+            RETURN;
+        END IF;
+        problem := format('role %s, which files uploads, lacks %s on %s, which running %s() as that role '
+                          'needs: every upload it files fails (%s)', role, array_to_string(needed, ', '),
+                          regexp_replace(target, '^(SEQUENCE|FUNCTION|PROCEDURE) ', ''), run.hook, run.message);
+        fix := format('GRANT %s ON %s TO %I;', array_to_string(needed, ', '), target, role);
+        RETURN NEXT;
+        grants := grants || fix;
+    END LOOP;
+END
+$$;
+
+-- The privileges filing needs that a role which files uploads lacks: the route's roles (members
+-- of sync_receiver), or magic_sync.role when it is set. Per table: a record row is inserted if
 -- absent (INSERT ... ON CONFLICT (key) DO NOTHING: INSERT, and SELECT on the key); a both row is
 -- inserted or its replica_columns changed (also UPDATE on those, and SELECT on them and on the
--- columns that say whose it is: its "to" column and the partition column).
+-- columns that say whose it is: its "to" column and the partition column). Per hook of
+-- sync.senders (sync.receive calls it by its qualified name, as the role): USAGE on its schema,
+-- EXECUTE on it, and, unless it is SECURITY DEFINER, what its body needs as the role, found by
+-- running the hooks (sync_internal.hook_grant_needs, for the first live replica). VOLATILE: it
+-- runs the hooks, and grants while it does, all rolled back.
 CREATE FUNCTION sync_internal.filing_grant_problems()
 RETURNS TABLE (declaration text, problem text, fix text)
-LANGUAGE sql STABLE
+LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
     WITH filers AS (
@@ -774,7 +988,31 @@ AS $$
         FROM needs n CROSS JOIN filers f
         WHERE CASE WHEN n.columns IS NULL THEN NOT has_table_privilege(f.oid, n.relation, n.privilege)
                    ELSE EXISTS (SELECT FROM unnest(n.columns) col
-                                WHERE NOT has_column_privilege(f.oid, n.relation, col, n.privilege)) END)
+                                WHERE NOT has_column_privilege(f.oid, n.relation, col, n.privilege)) END),
+    -- the senders' hooks
+    hooks AS (
+        SELECT h.ord, h.hook, p.oid, n.oid AS schema, n.nspname,
+               format('%s %s', h.hook, p.oid::regprocedure) AS declaration
+        FROM sync.sender_rule s
+        CROSS JOIN LATERAL (VALUES (1, 'known', s.known), (2, 'filing', s.filing)) AS h(ord, hook, proc)
+        JOIN pg_proc p ON p.oid = h.proc
+        JOIN pg_namespace n ON n.oid = p.pronamespace),
+    hook_missing AS (
+        -- a schema the two hooks share is named once, for the first
+        (SELECT DISTINCT ON (f.rolname, h.schema) h.ord, h.declaration, f.rolname, 0 AS step,
+                format('role %s, which files uploads, lacks USAGE on schema %s: every upload it files fails',
+                       f.rolname, h.nspname) AS problem,
+                format('GRANT USAGE ON SCHEMA %I TO %I;', h.nspname, f.rolname) AS fix
+         FROM hooks h CROSS JOIN filers f
+         WHERE NOT has_schema_privilege(f.oid, h.schema, 'USAGE')
+         ORDER BY f.rolname, h.schema, h.ord)
+        UNION ALL
+        SELECT h.ord, h.declaration, f.rolname, 1,
+               format('role %s, which files uploads, lacks EXECUTE on it: every upload it files fails',
+                      f.rolname),
+               format('GRANT EXECUTE ON FUNCTION %s TO %I;', h.oid::regprocedure, f.rolname)
+        FROM hooks h CROSS JOIN filers f
+        WHERE NOT has_function_privilege(f.oid, h.oid, 'EXECUTE'))
     SELECT declaration, problem, fix FROM (
         SELECT format('%s %s', m.kind, m.table_name) AS declaration,
                format('role %s, which files uploads, lacks %s%s on it: every row it files there is kept',
@@ -783,7 +1021,7 @@ AS $$
                format('GRANT %s%s ON %s TO %I;', m.privilege,
                       coalesce(' (' || (SELECT string_agg(quote_ident(col), ', ') FROM unnest(m.columns) col) || ')', ''),
                       m.table_name, m.rolname) AS fix,
-               m.table_name, m.rolname, 1 AS step, m.privilege
+               m.table_name, m.rolname, 1 AS step, m.privilege, 0 AS part, 0 AS hook
         FROM missing m
         UNION ALL
         -- the table is reached through its schema
@@ -791,18 +1029,32 @@ AS $$
                format('role %s, which files uploads, lacks USAGE on schema %s: every row it files there is kept',
                       f.rolname, n.nspname),
                format('GRANT USAGE ON SCHEMA %I TO %I;', n.nspname, f.rolname),
-               c.table_name, f.rolname, 0, 'USAGE'
+               c.table_name, f.rolname, 0, 'USAGE', 0, 0
         FROM sync.codec c
         JOIN pg_class t ON t.oid = c.relation
         JOIN pg_namespace n ON n.oid = t.relnamespace
         CROSS JOIN filers f
-        WHERE c.kind IN ('record', 'both') AND NOT has_schema_privilege(f.oid, n.oid, 'USAGE')) p
-    ORDER BY table_name, rolname, step, privilege
+        WHERE c.kind IN ('record', 'both') AND NOT has_schema_privilege(f.oid, n.oid, 'USAGE')
+        UNION ALL
+        SELECT h.declaration, h.problem, h.fix, NULL, h.rolname, h.step, NULL, 1, h.ord
+        FROM hook_missing h
+        UNION ALL
+        SELECT h.declaration, n.problem, n.fix, NULL, f.rolname, 1 + n.found, NULL, 1, h.ord
+        FROM filers f
+        CROSS JOIN LATERAL sync_internal.hook_grant_needs(
+            f.rolname, ARRAY(SELECT m.fix FROM hook_missing m WHERE m.rolname = f.rolname ORDER BY m.ord, m.step),
+            coalesce((SELECT r.id FROM sync.replica r WHERE r.live ORDER BY r.id LIMIT 1),
+                     '00000000-0000-0000-0000-000000000000')) WITH ORDINALITY AS n(hook, problem, fix, found)
+        JOIN hooks h ON h.hook = n.hook) p
+    ORDER BY part, table_name, hook, rolname, step, privilege
 $$;
 
+-- One row per problem with the declarations, saying what is wrong and how to fix it: tables
+-- dropped or renamed, columns dropped, triggers gone, grants filing lacks. VOLATILE: see
+-- sync_internal.filing_grant_problems.
 CREATE FUNCTION sync.check()
 RETURNS TABLE (declaration text, problem text, fix text)
-LANGUAGE sql STABLE
+LANGUAGE sql VOLATILE
 SET search_path = pg_catalog, pg_temp
 AS $$
     SELECT format('replicas %s (%s)', r.name, r.relation_name), p.problem, p.fix

@@ -37,7 +37,8 @@ COMMENT ON FUNCTION sync.end_codec(integer) IS
 'rows.';
 COMMENT ON FUNCTION sync."check"() IS
 'One row per problem with the declarations now (a schema change that broke one, a grant filing '
-'lacks), with the fix to run. No rows: nothing to fix.';
+'or the senders'' known() and filing() lack, found by running them as each role that files, '
+'rolled back), with the fix to run. No rows: nothing to fix.';
 COMMENT ON VIEW sync.declarations IS
 'What is declared, for reading: the replicas relation, then per synced table its kind, its rule as '
 'declared and in words, the columns that travel, the ones a replica may write, the stamps and the '
