@@ -33,6 +33,8 @@ BEGIN
         change := setval('sync.filing_change', logged + 1);
     END IF;
     INSERT INTO sync.filing_change_log VALUES (change) ON CONFLICT DO NOTHING;
+    -- The relay tries again what waited for it as soon as this commits.
+    PERFORM sync_internal.wake();
     RETURN change;
 END
 $$;
@@ -84,7 +86,8 @@ RETURN (SELECT jsonb_object_agg(name, current_setting(name))
                           'array_nulls']) AS name);
 
 -- How long a kept upload whose failure the data may cure waits after its `tries`-th try: no
--- time after the first (the next retry), then 1, 3, 7, ... up to 63 times magic_sync.retry_every.
+-- time after the first (the next retry), then 1, 3, 7, ... up to 63 times magic_sync.retry_every;
+-- sooner when a table its table references is written (sync_internal.kept_uploads_due).
 CREATE FUNCTION sync_internal.backoff(tries int) RETURNS interval
 LANGUAGE sql STABLE
 SET search_path = pg_catalog, pg_temp
@@ -143,13 +146,14 @@ LANGUAGE sql
 SET search_path = pg_catalog, pg_temp
 AS $$
     INSERT INTO sync.set_aside (kind, replica, upload, table_name, codec, key, body, reason,
-                                filed_as, settings, next_try_at, change_seen)
+                                filed_as, settings, next_try_at, change_seen, data_seen)
     SELECT 'upload', keep_upload.replica, keep_upload.upload, e->>'t', c.id, e->'k',
            coalesce(keep_upload.message, convert_to(e->>'body', 'UTF8')),
            coalesce(e->>'reason', keep_upload.reason),
            keep_upload.filed_as, sync_internal.filing_settings(),
            CASE WHEN coalesce((e->'waits')::boolean, keep_upload.waits) THEN NULL ELSE now() END,
-           coalesce(keep_upload.change_seen, sync_internal.filing_change_committed())
+           coalesce(keep_upload.change_seen, sync_internal.filing_change_committed()),
+           sync_internal.writes_referenced(c.relation)
     FROM (SELECT e, i FROM jsonb_array_elements(keep_upload.kept) WITH ORDINALITY AS x(e, i)
           WHERE e ? 'body'
           UNION ALL SELECT NULL, 1 WHERE keep_upload.kept IS NULL) AS x
@@ -184,6 +188,43 @@ SET search_path = pg_catalog, pg_temp
 AS $$
     INSERT INTO sync.upload_refusal AS f (replica, why) VALUES (upload_refused.replica, upload_refused.why)
     ON CONFLICT (replica) DO UPDATE SET refused = f.refused + 1, last_at = now(), why = excluded.why
+$$;
+
+-- The writes PostgreSQL's statistics count to the tables `relation` references by foreign key
+-- (not itself), their partitions included, and this transaction's own not reported yet: a failed
+-- filing's insert counts too (an aborted row is counted inserted), and is in the figure its item
+-- is kept with, so that it does not wake the item again. NULL: it references none.
+CREATE FUNCTION sync_internal.writes_referenced(relation regclass) RETURNS bigint
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+RETURN (SELECT sum(pg_stat_get_tuples_inserted(t.relid) + pg_stat_get_tuples_updated(t.relid)
+                   + pg_stat_get_xact_tuples_inserted(t.relid) + pg_stat_get_xact_tuples_updated(t.relid))
+        FROM (SELECT f.confrelid AS relid FROM pg_constraint f
+              WHERE f.conrelid = relation AND f.contype = 'f' AND f.confrelid <> f.conrelid
+              UNION
+              SELECT p.relid FROM pg_constraint f CROSS JOIN LATERAL pg_partition_tree(f.confrelid) p
+              WHERE f.conrelid = relation AND f.contype = 'f' AND f.confrelid <> f.conrelid) t);
+
+-- Whether kept uploads are due now, for the relay, which starts a retry when they are. First, a
+-- kept upload that data may cure (a row its foreign key references has not come) is made due as
+-- soon as the tables its table references were written since its last try: within seconds
+-- (statistics reach other sessions within a second of a commit, or ten for a session left idle
+-- in a transaction), not after its backoff. At most every 2^(tries - 1) seconds up to 10: two
+-- tables that reference each other would otherwise wake each other's kept rows at every try.
+CREATE FUNCTION sync_internal.kept_uploads_due() RETURNS boolean
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+BEGIN
+    UPDATE sync.set_aside s SET next_try_at = now()
+    FROM sync.codec c
+    WHERE s.kind = 'upload' AND s.next_try_at > now() AND c.table_name = s.table_name
+      AND s.last_try_at <= now() - interval '1 second' * least(2 ^ least(s.tries - 1, 4), 10)
+      AND s.data_seen IS DISTINCT FROM sync_internal.writes_referenced(c.relation);
+    RETURN EXISTS (SELECT FROM sync.set_aside s WHERE s.kind = 'upload' AND s.next_try_at <= now())
+           OR EXISTS (SELECT FROM sync.set_aside s WHERE s.kind = 'upload'
+                      AND s.change_seen < sync_internal.filing_change_committed());
+END
 $$;
 
 -- Releasing -------------------------------------------------------------------------------------
@@ -318,7 +359,9 @@ BEGIN
             SET reason = o.reason, key = coalesce(o.key, s.key),
                 codec = (SELECT c.id FROM sync.codec c WHERE c.table_name = s.table_name),
                 tries = s.tries + 1, last_try_at = now(), change_seen = change,
-                next_try_at = CASE WHEN o.waits THEN NULL ELSE now() + sync_internal.backoff(s.tries + 1) END
+                next_try_at = CASE WHEN o.waits THEN NULL ELSE now() + sync_internal.backoff(s.tries + 1) END,
+                data_seen = sync_internal.writes_referenced(
+                    (SELECT c.relation FROM sync.codec c WHERE c.table_name = s.table_name))
             FROM outcome o
             WHERE s.id = o.id AND NOT o.filed)
         SELECT count(*) FILTER (WHERE o.filed), count(*) FILTER (WHERE NOT o.filed)
@@ -353,16 +396,27 @@ END
 $$;
 
 -- Everything that is due, tried again in this transaction: what the relay could not plan or
--- send, and every slice of the kept uploads. Returns what it did, as log lines.
+-- send, and every slice of the kept uploads. Returns what it did, as log lines. While a relay
+-- runs (the worker holds the relay lock), the relay is asked instead: it tries everything again,
+-- every kept upload included, as soon as this commits, and says what came of it in its log.
 CREATE FUNCTION sync.retry_set_aside() RETURNS TABLE (level text, line text)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    relay int := sync_internal.relay_lock_holder();
     slice record;
     filed bigint := 0;
     kept bigint := 0;
 BEGIN
+    IF relay IS NOT NULL AND relay <> pg_backend_pid() THEN
+        PERFORM sync_internal.filing_changed();
+        level := 'LOG';
+        line := format('the relay (pid %s) tries again what was set aside and every kept upload as '
+                       'soon as this commits; its log says what came of it', relay);
+        RETURN NEXT;
+        RETURN;
+    END IF;
     RETURN QUERY SELECT * FROM sync_internal.retry_notes_and_rows();
     LOOP
         slice := sync.retry_uploads();

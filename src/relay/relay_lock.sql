@@ -4,6 +4,13 @@
 CREATE FUNCTION sync.setting(name text) RETURNS text
 AS 'MODULE_PATHNAME', 'magic_sync_setting' LANGUAGE C STABLE STRICT PARALLEL SAFE;
 
+-- The relay runs as soon as the current transaction commits (defined first: the DDL of the
+-- rest of this script wakes it, src/filing/set_aside.sql).
+CREATE FUNCTION sync_internal.wake() RETURNS void
+AS 'MODULE_PATHNAME', 'magic_sync_wake'
+LANGUAGE C VOLATILE
+SET search_path = pg_catalog, pg_temp;
+
 -- The pid of the session holding the relay's session advisory lock in this database, if any.
 CREATE FUNCTION sync_internal.relay_lock_holder() RETURNS int
 LANGUAGE sql STABLE

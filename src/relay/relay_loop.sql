@@ -12,12 +12,6 @@ AS 'MODULE_PATHNAME', 'magic_sync_start_relay'
 LANGUAGE C VOLATILE
 SET search_path = pg_catalog, pg_temp;
 
--- The relay runs as soon as the current transaction commits.
-CREATE FUNCTION sync_internal.wake() RETURNS void
-AS 'MODULE_PATHNAME', 'magic_sync_wake'
-LANGUAGE C VOLATILE
-SET search_path = pg_catalog, pg_temp;
-
 -- What needs someone, one line each, saying whether to wait (the network) or deploy a fix (a bug).
 CREATE FUNCTION sync_internal.report() RETURNS TABLE (level text, line text)
 LANGUAGE plpgsql

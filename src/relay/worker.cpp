@@ -72,6 +72,7 @@ struct RelayState {
     int64 refiled;     // what its slices filed so far
     int64 kept_again;  // and kept again
     TimestampTz last_retry;
+    int64 change_retried;  // sync.filing_change when the last retry began
     TimestampTz last_audit;
     TimestampTz last_prune;
     TimestampTz last_report;
@@ -238,9 +239,22 @@ bool relay_step(RelayState* state) {
         wait_for(state, reason);
     }
     become_relay_role();
-    if (!state->retrying && due(state->last_retry, settings::retry_every_s)) {
-        log_lines("SELECT level, line FROM sync_internal.retry_notes_and_rows()");
-        state->retrying = true;
+    // What was set aside is tried again on the retry_every timer, and within seconds of what may
+    // cure it: a change of what filing depends on (DDL, a GRANT, a declaration, a retry asked
+    // for by hand), or a write to a table a kept upload's table references.
+    if (!state->retrying) {
+        const int64 change = atoll(
+            single_value("SELECT sync_internal.filing_change_committed()", 0, nullptr, nullptr));
+        const bool changed = change != state->change_retried;
+        if (changed || due(state->last_retry, settings::retry_every_s)) {
+            log_lines("SELECT level, line FROM sync_internal.retry_notes_and_rows()");
+            state->change_retried = change;
+            state->retrying = true;
+        } else {
+            state->retrying = strcmp(single_value("SELECT sync_internal.kept_uploads_due()::text",
+                                                  0, nullptr, nullptr),
+                                     "true") == 0;
+        }
         state->refiled = 0;
         state->kept_again = 0;
     }

@@ -127,7 +127,8 @@ COMMENT ON FUNCTION sync.receive(uuid, bytea) IS
 'bytes again later.';
 COMMENT ON FUNCTION sync.retry_set_aside() IS
 'Tries again, in this transaction, everything set aside that is due: what the relay could not plan '
-'or send, and every slice of the kept uploads. Returns what it did, as log lines.';
+'or send, and every slice of the kept uploads. Returns what it did, as log lines. While the relay '
+'worker runs, asks it instead: it tries everything again once this commits.';
 COMMENT ON FUNCTION sync.retry_uploads(integer, interval) IS
 'Tries again one slice of the kept uploads that are due (at most slice items or budget of time), '
 'each item in its own subtransaction, as the role and under the settings it was kept under. The '

@@ -290,7 +290,11 @@ CREATE TABLE sync.set_aside (
     -- that data may cure, backed off), or, when it is NULL, only once something filing depends on
     -- has changed since the change it was last tried under (sync.filing_change).
     next_try_at timestamptz,
-    change_seen bigint
+    change_seen bigint,
+    -- An upload that data may cure: the writes counted to the tables its table references when it
+    -- was last tried (sync_internal.writes_referenced). Once they move it is due within seconds,
+    -- whatever its backoff: the row it waits for may have come.
+    data_seen bigint
 );
 -- A note or row set aside again is counted, not repeated.
 CREATE UNIQUE INDEX set_aside_once ON sync.set_aside (kind, codec, key) WHERE kind IN ('note', 'row');
