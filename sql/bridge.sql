@@ -22,6 +22,8 @@ CREATE FUNCTION selftest.error_objects(statement text) RETURNS text
     AS 'magic_sync', 'magic_sync_selftest_error_objects' LANGUAGE C STRICT;
 CREATE FUNCTION selftest.run(statement text) RETURNS void
     AS 'magic_sync', 'magic_sync_selftest_run' LANGUAGE C STRICT;
+CREATE FUNCTION selftest.is_transient(sqlstate text) RETURNS boolean
+    AS 'magic_sync', 'magic_sync_selftest_is_transient' LANGUAGE C STRICT;
 
 -- A magic_sync::Error becomes an ERROR with its message, SQLSTATE, detail and hint...
 SELECT selftest.throw('the C++ side says no');
@@ -121,6 +123,19 @@ EXCEPTION WHEN foreign_key_violation THEN
                             constraint_name = CONSTRAINT_NAME;
     RAISE NOTICE 'schema %, table %, constraint %', schema_name, table_name, constraint_name;
 END $$;
+
+-- Which errors are of the moment (pg::is_transient): the pass, filing and the retry end at them,
+-- to be tried again whole, and set nothing aside; any other is the row's reason.
+SELECT code, name, selftest.is_transient(code) AS transient FROM (VALUES
+    ('40001', 'serialization_failure'), ('40P01', 'deadlock_detected'),
+    ('53200', 'out_of_memory'), ('53100', 'disk_full'), ('57014', 'query_canceled'),
+    ('57P01', 'admin_shutdown'), ('57P02', 'crash_shutdown'), ('57P04', 'database_dropped'),
+    ('58030', 'io_error'), ('55P03', 'lock_not_available'),
+    ('58P01', 'undefined_file'), ('58P02', 'duplicate_file'), ('55000', 'object_not_in_prerequisite_state'),
+    ('XX000', 'internal_error'), ('XX001', 'data_corrupted'), ('08006', 'connection_failure'),
+    ('22P02', 'invalid_text_representation'), ('23503', 'foreign_key_violation'),
+    ('23514', 'check_violation'), ('42501', 'insufficient_privilege'), ('P0001', 'raise_exception'))
+    AS e(code, name);
 
 DROP SCHEMA selftest CASCADE;
 

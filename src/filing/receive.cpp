@@ -39,19 +39,9 @@ using pg::Value;
 // the upgrade; not 40001, which drivers retry at once, in vain.
 constexpr int kNotYet = ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE;
 
-// Errors that say nothing about the row being filed: the whole receive fails, the app sends again.
-bool is_transient(int sqlstate) {
-    switch (ERRCODE_TO_CATEGORY(sqlstate)) {
-        case ERRCODE_TRANSACTION_ROLLBACK:    // 40: serialization failure, deadlock
-        case ERRCODE_INSUFFICIENT_RESOURCES:  // 53: out of memory, disk full
-        case ERRCODE_OPERATOR_INTERVENTION:   // 57: query canceled, shutting down
-        case ERRCODE_SYSTEM_ERROR:            // 58: I/O
-        case ERRCODE_INTERNAL_ERROR:          // XX
-            return true;
-        default:
-            return sqlstate == ERRCODE_LOCK_NOT_AVAILABLE;
-    }
-}
+// Errors that say nothing about the row being filed (pg::is_transient) fail the whole receive,
+// and the app sends again; they end a retry of kept uploads too, whose items keep their reasons.
+using pg::is_transient;
 
 using protocol::json_string;
 using protocol::Member;
@@ -234,7 +224,7 @@ bool data_may_cure(int sqlstate) {
         case ERRCODE_RAISE_EXCEPTION:
             return true;
         default:
-            return is_transient(sqlstate);
+            return false;
     }
 }
 
@@ -734,11 +724,6 @@ Refiled kept_again(const std::string& id, const std::string& reason, bool waits,
     return refiled;
 }
 
-// A cancel or a shutdown ends the retry; any other error is the item's reason.
-bool ends_the_retry(int sqlstate) {
-    return ERRCODE_TO_CATEGORY(sqlstate) == ERRCODE_OPERATOR_INTERVENTION;
-}
-
 // A message kept whole is decoded again under today's limits and, when it decodes, filed under its
 // own id and answered: the answer replaces "kept whole". What it said of the replica then (applied,
 // untaken, holds) is out of date and not taken.
@@ -759,7 +744,7 @@ Refiled refile_message(Spi& spi, const KeptItem& item, const Known& known) {
                           known.change);
         });
     } catch (const Error& e) {
-        if (ends_the_retry(e.sqlstate())) throw;
+        if (is_transient(e.sqlstate())) throw;
         return kept_again(item.id, reason_of(e), !data_may_cure(e.sqlstate()));
     }
     return filed_now(item.id, true);
@@ -789,7 +774,7 @@ void refile_rows(Spi& spi, const std::vector<const KeptItem*>& items, const Know
             kept = file_rows(spi, rows, known, echoes);
         });
     } catch (const Error& e) {
-        if (ends_the_retry(e.sqlstate())) throw;
+        if (is_transient(e.sqlstate())) throw;
         for (const KeptItem* item : filed_items)
             out.push_back(kept_again(item->id, reason_of(e), !data_may_cure(e.sqlstate())));
         return;
@@ -835,7 +820,7 @@ void refile_group(Spi& spi, const std::vector<KeptItem>& items, size_t begin, si
         });
     } catch (const Error& e) {
         pg::undo_settings(level);
-        if (ends_the_retry(e.sqlstate())) throw;
+        if (is_transient(e.sqlstate())) throw;
         keep_all(reason_of(e), !data_may_cure(e.sqlstate()));
         return;
     }

@@ -80,6 +80,36 @@ class PgError : public Error {
     ErrorObjects objects_;
 };
 
+// Whether an error is of the moment, not of the row or the upload being handled: the whole
+// transaction fails and is tried again (the relay's next pass, the next retry, the device sending
+// again); nothing is set aside for it. Every catch that keeps, sets aside or skips what failed
+// rethrows such an error first. Catching a cancel and carrying on is wrong besides: the cancel is
+// spent, and a statement_timeout is not armed again until the next statement from the client.
+//   40  transaction rollback: serialization failure, deadlock (the standard says: try again).
+//   53  insufficient resources: out of memory, disk full, too many connections.
+//   57  operator intervention: query_canceled (statement_timeout, pg_cancel_backend),
+//       admin and crash shutdown, cannot connect now, database dropped: the session ends or the
+//       server is going away; none of it says anything about the row.
+//   58  system error: I/O errors (58000, 58030), of the machine.
+//   55P03 lock_not_available: lock_timeout, NOWAIT.
+// Not transient, so set aside with the reason while the rest goes on: XX (internal error, data
+// corrupted: a bug or a broken page, which a retry meets again); 58P01 and 58P02 (a file missing
+// or in the way: a type's library not deployed, a relation's segment lost), which name what one
+// table or type needs, not the moment; class 08, as the backend has no connection of its own and
+// a trigger's (dblink, postgres_fdw) is the row's reason.
+inline bool is_transient(int sqlstate) {
+    switch (ERRCODE_TO_CATEGORY(sqlstate)) {
+        case ERRCODE_TRANSACTION_ROLLBACK:
+        case ERRCODE_INSUFFICIENT_RESOURCES:
+        case ERRCODE_OPERATOR_INTERVENTION:
+            return true;
+        case ERRCODE_SYSTEM_ERROR:
+            return sqlstate != ERRCODE_UNDEFINED_FILE && sqlstate != ERRCODE_DUPLICATE_FILE;
+        default:
+            return sqlstate == ERRCODE_LOCK_NOT_AVAILABLE;
+    }
+}
+
 // Throws the PostgreSQL error that is being handled in a PG_CATCH block as a PgError, after
 // switching back to `caller_context` and flushing the error state.
 [[noreturn]] void throw_caught_error(MemoryContext caller_context);

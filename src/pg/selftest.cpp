@@ -160,3 +160,11 @@ MAGIC_SYNC_FUNCTION(magic_sync_selftest_run) {
     spi.finish();
     PG_RETURN_VOID();
 }
+
+// selftest.is_transient(sqlstate text) → boolean: pg::is_transient of a five-character SQLSTATE.
+MAGIC_SYNC_FUNCTION(magic_sync_selftest_is_transient) {
+    const std::string code = magic_sync::pg::text_arg(fcinfo, 0);
+    if (code.size() != 5) throw magic_sync::Error("a SQLSTATE has five characters");
+    return BoolGetDatum(
+        magic_sync::pg::is_transient(MAKE_SQLSTATE(code[0], code[1], code[2], code[3], code[4])));
+}

@@ -184,7 +184,9 @@ std::string encode_statement(const Codec& codec, const ReplicaSet& replicas,
 }
 
 // 4. Re-read the noted rows of one codec, encode them and find their scope. A codec whose rows
-// fail to encode as a set is planned note by note; a note that fails alone is set aside.
+// fail to encode as a set is planned note by note; a note that fails alone is set aside. An error
+// of the moment (pg::is_transient: a cancel, a timeout, a deadlock, out of memory) ends the pass
+// instead, which is rolled back and tried again: it says nothing about the rows.
 int64_t encode_codec(Spi& spi, const Codec& codec, const ReplicaSet& replicas) {
     int64_t set_aside = 0;
     try {
@@ -192,7 +194,8 @@ int64_t encode_codec(Spi& spi, const Codec& codec, const ReplicaSet& replicas) {
             spi.execute(encode_statement(codec, replicas, ""),
                         {codec.id, codec.table_name, Param::text_array(codec.hidden())});
         });
-    } catch (const pg::PgError&) {
+    } catch (const pg::PgError& e) {
+        if (pg::is_transient(e.sqlstate())) throw;
         auto keys = spi.query("SELECT sync_internal.pass_noted_keys($1::int)", {codec.id});
         const std::string statement = encode_statement(codec, replicas, " AND x.key = $4::jsonb");
         for (const auto& key : keys) {
@@ -202,6 +205,7 @@ int64_t encode_codec(Spi& spi, const Codec& codec, const ReplicaSet& replicas) {
                                             Param::text_array(codec.hidden()), key[0]});
                 });
             } catch (const pg::PgError& e) {
+                if (pg::is_transient(e.sqlstate())) throw;
                 spi.execute(
                     "SELECT sync_internal.keep('note', ARRAY[$1::int], ARRAY[$2::jsonb], "
                     "ARRAY[$3])",

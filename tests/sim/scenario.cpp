@@ -70,6 +70,14 @@ const std::vector<StepKind>& step_kinds() {
         {"restart_postgres", "faults", "pg_ctl stop -m immediate, then start"},
         {"cut_line", "faults", "the router cuts a replica's line"},
         {"heal_line", "faults", "the router heals it"},
+        {"cancel_pass", "faults",
+         "pg_cancel_backend of the relay while its pass waits on a synced table's lock"},
+        {"timeout_pass", "faults",
+         "lock_timeout ends the relay's passes while they wait on a synced table's lock"},
+        {"cancel_filing", "faults",
+         "pg_cancel_backend of the route while its sync.receive waits on a table's lock"},
+        {"timeout_filing", "faults",
+         "statement_timeout ends the route's sync.receive while it waits on a table's lock"},
         {"dump_restore", "history", "pg_dump -Fc, DROP DATABASE and pg_restore"},
         {"recreate_extension", "history",
          "DROP EXTENSION magic_sync CASCADE, CREATE EXTENSION and every declaration again"},
@@ -95,6 +103,13 @@ std::string Step::text() const {
         case Action::Write:
             out += ": write " + table + " " + json +
                    (key_columns.empty() ? "" : " --key " + key_columns);
+            break;
+        case Action::PassFault:
+            out += ": " + how + " while " + table + " is locked, after " + sql;
+            break;
+        case Action::FilingFault:
+            out += ": " + how + " while " + table + " is locked, of sync.receive " + json + " → " +
+                   answer;
             break;
         case Action::Receive:
             out += ": sync.receive " +
@@ -822,6 +837,10 @@ class Generator {
             {"restart_postgres", 1},
             {"cut_line", 1},
             {"heal_line", 2},
+            {"cancel_pass", 1},
+            {"timeout_pass", 1},
+            {"cancel_filing", 1},
+            {"timeout_filing", 1},
             {"dump_restore", 1},
             {"recreate_extension", 1},
             {"base_backup", 1},
@@ -1627,6 +1646,40 @@ class Generator {
         } else if (kind == "heal_line") {
             if (cut_.empty()) return false;
             heal(rng_.pick(std::vector<int>(cut_.begin(), cut_.end())));
+        } else if (kind == "cancel_pass" || kind == "timeout_pass") {
+            // A change the pass must plan, of a row whose table is locked when it reads it.
+            std::vector<Table*> tables = with_rows(server_tables());
+            if (tables.empty()) return false;
+            Table& t = *rng_.pick(tables);
+            Step& step =
+                add(kind, Action::PassFault,
+                    "UPDATE " + t.qualified() + " SET label = coalesce(label, '') || ' !'" +
+                        " WHERE n = " + std::to_string(pick_row(t)));
+            step.table = t.qualified();
+            step.how = kind == "cancel_pass" ? "cancel" : "timeout";
+            unwatch_table(t.qualified());
+        } else if (kind == "cancel_filing" || kind == "timeout_filing") {
+            // A device's upload of a record row into a locked table: not filed, nothing kept, then
+            // filed once when it is sent again.
+            std::vector<int> live_ids = live();
+            std::vector<Table*> tables = tables_where([](const Table& t) {
+                return t.kind == Kind::Record && t.declared && t.late_blocker == 0;
+            });
+            if (live_ids.empty() || tables.empty()) return false;
+            int n = rng_.pick(live_ids);
+            Table& t = *rng_.pick(tables);
+            int id = next_record();
+            const std::string row = record_row(t, n, id).dump();
+            char upload_id[40];
+            snprintf(upload_id, sizeof upload_id, "eeeeeeee-0000-4000-8000-%012d", id);
+            Step& step = upload(kind, n, t.qualified(), row, {{"id", record_uuid(id)}}, 0,
+                                Action::FilingFault);
+            step.json = std::string("{\"v\":1,\"id\":\"") + upload_id + "\",\"rows\":[{\"t\":\"" +
+                        t.qualified() + "\",\"r\":" + row + "}]}";
+            step.answer = "filed";
+            step.how = kind == "cancel_filing" ? "cancel" : "timeout";
+            scenario_.uploads[step.upload].crafted = true;
+            records_.insert(step.upload);
         } else {
             return false;
         }

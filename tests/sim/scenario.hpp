@@ -34,6 +34,15 @@ enum class Action {
                         // place (a new timeline): the database goes back to that point
     SettingChange,  // run `sql` (ALTER DATABASE ... SET), then kill -9 of the relay's backend so
                     // the relay connects again under the database's new settings
+    // Errors of the moment (`how`: "cancel" or "timeout"), each while another session holds an
+    // ACCESS EXCLUSIVE lock on `table`; nothing may be set aside for them:
+    PassFault,    // `sql` changes a row of `table`; the pass that plans it waits on the lock and is
+                  // cancelled (pg_cancel_backend, which must end the pass) or times out
+                  // (lock_timeout, set for the cluster while the lock is held)
+    FilingFault,  // `json`, an upload of a row of `table` as from replica `replica`, goes through
+                  // sync.receive, which waits on the lock and is cancelled or times out
+                  // (statement_timeout on the route's session); then it is sent again until it is
+                  // answered `answer`
 };
 
 // An upload the simulation made, and what it must come to.
@@ -62,7 +71,8 @@ struct Step {
     std::string json;            // Write
     std::string key_columns;     // Write: --key
     int upload = -1;             // Write, Receive: its index in Scenario::uploads
-    std::string answer;          // Receive: what sync.receive must answer
+    std::string answer;          // Receive, FilingFault: what sync.receive must answer
+    std::string how;             // PassFault, FilingFault: "cancel" or "timeout"
     int unblocks = 0;            // the blocker this step fixes
     std::vector<int> live;       // Checkpoint: the replicas that are live now
     std::vector<Verify> verify;  // Checkpoint: uploads to check

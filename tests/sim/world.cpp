@@ -204,25 +204,15 @@ void World::run(const Step& step) {
                           {replica_id(step.replica), last_upload_[step.replica]});
             return;
         }
-        case Action::Receive: {
-            // As a device would: sent again until it is answered (a replica the relay has not
-            // taken as live yet is dropped, unanswered).
-            std::string answer;
-            auto deadline = std::chrono::steady_clock::now() + 60s;
-            while (std::chrono::steady_clock::now() < deadline) {
-                try {
-                    answer = route().value("SELECT sync.receive($1::uuid, convert_to($2, 'UTF8'))",
-                                           {replica_id(step.replica), step.json});
-                    if (answer == step.answer || answer == "answered again") return;
-                } catch (const std::exception& e) {
-                    answer = e.what();
-                    route_.reset();
-                }
-                std::this_thread::sleep_for(200ms);
-            }
-            throw std::runtime_error("sync.receive did not answer " + step.answer +
-                                     " within 60 s: " + answer);
-        }
+        case Action::Receive:
+            receive_until_answered(step);
+            return;
+        case Action::PassFault:
+            pass_fault(step);
+            return;
+        case Action::FilingFault:
+            filing_fault(step);
+            return;
         case Action::KillSender:
             deployment_.sender()->stop(SIGKILL);
             start_sender();
@@ -276,6 +266,190 @@ void World::run(const Step& step) {
             kill_relay();
             return;
     }
+}
+
+// As a device would: sent again until it is answered (a replica the relay has not taken as live
+// yet is dropped, unanswered).
+void World::receive_until_answered(const Step& step) {
+    std::string answer;
+    auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (std::chrono::steady_clock::now() < deadline) {
+        try {
+            answer = route().value("SELECT sync.receive($1::uuid, convert_to($2, 'UTF8'))",
+                                   {replica_id(step.replica), step.json});
+            if (answer == step.answer || answer == "answered again") return;
+        } catch (const std::exception& e) {
+            answer = e.what();
+            route_.reset();
+        }
+        std::this_thread::sleep_for(200ms);
+    }
+    throw std::runtime_error("sync.receive did not answer " + step.answer +
+                             " within 60 s: " + answer);
+}
+
+namespace {
+
+// A connection of its own, for a session that holds a lock or runs a statement that waits.
+std::unique_ptr<test::Connection> session(const std::string& conninfo) {
+    return std::make_unique<test::Connection>(conninfo);
+}
+
+// Sends `sql` (one statement) without waiting for its result.
+void send(test::Connection& connection, const std::string& sql,
+          const std::vector<std::string>& params = {}) {
+    std::vector<const char*> values;
+    for (const auto& p : params) values.push_back(p.c_str());
+    if (!PQsendQueryParams(connection.raw(), sql.c_str(), static_cast<int>(values.size()), nullptr,
+                           values.data(), nullptr, nullptr, 0))
+        throw std::runtime_error(std::string("cannot send: ") + PQerrorMessage(connection.raw()));
+}
+
+// Waits for the results of what was sent; returns the error of the first that failed ("" when
+// none did), and fills `value` with the first value returned.
+std::string finish(test::Connection& connection, std::string* value = nullptr) {
+    std::string error;
+    while (PGresult* result = PQgetResult(connection.raw())) {
+        auto status = PQresultStatus(result);
+        if (error.empty() && status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK)
+            error = PQresultErrorMessage(result);
+        if (value && status == PGRES_TUPLES_OK && PQntuples(result) > 0 && PQnfields(result) > 0)
+            *value = PQgetvalue(result, 0, 0);
+        PQclear(result);
+    }
+    return error.empty() ? "" : error.substr(0, error.find('\n'));
+}
+
+// What no error of the moment may leave in sync.set_aside (pg::is_transient's messages).
+const char* const kOfTheMoment =
+    "SELECT kind || ': ' || reason FROM sync.set_aside WHERE reason ~ "
+    "'canceling statement|lock timeout|deadlock detected|could not serialize|out of memory|"
+    "terminating connection'";
+
+}  // namespace
+
+bool World::waits_on_lock(const std::string& pid) {
+    return db().value("SELECT count(*) FROM pg_locks WHERE NOT granted AND pid = $1::int", {pid}) !=
+           "0";
+}
+
+void World::wait_until_it_waits_on_lock(const std::string& pid, const std::string& who) {
+    auto deadline = std::chrono::steady_clock::now() + 60s;
+    while (!waits_on_lock(pid)) {
+        if (std::chrono::steady_clock::now() > deadline)
+            throw std::runtime_error(who + " (pid " + pid +
+                                     ") did not wait on the lock within 60 s");
+        std::this_thread::sleep_for(20ms);
+    }
+}
+
+void World::require_nothing_set_aside_of_the_moment(const std::string& after) {
+    std::string found;
+    for (const auto& row : db().query(kOfTheMoment)) found += "\n  " + row[0].value_or("");
+    if (!found.empty())
+        throw std::runtime_error("set aside for an error of the moment, " + after + ":" + found);
+}
+
+// A change committed while another session waits to lock its table: the lock is granted as the
+// change commits, before the relay's pass has read the row, so the pass waits on it while it
+// encodes the row. A cancel must end that pass (the worker tries again, backed off: a new
+// transaction); a lock timeout ends each pass that waits. Nothing is set aside for either, and the
+// row arrives once the lock goes (the checkpoint's oracle).
+void World::pass_fault(const Step& step) {
+    const std::string conninfo = deployment_.conninfo();
+    auto writer = session(conninfo);
+    auto holder = session(conninfo);
+    const std::string holder_pid = holder->value("SELECT pg_backend_pid()");
+    // Not under the lock_timeout the relay is given: the holder waits for the writer's commit.
+    writer->query("SET lock_timeout = 0");
+    holder->query("SET lock_timeout = 0");
+    const bool timeout = step.how == "timeout";
+    if (timeout) {
+        db().query("ALTER SYSTEM SET lock_timeout = '100ms'");
+        db().value("SELECT pg_reload_conf()");
+        std::this_thread::sleep_for(200ms);  // the worker reads its configuration again
+    }
+    try {
+        writer->query("BEGIN");
+        writer->query(step.sql);
+        holder->query("BEGIN");
+        send(*holder, "LOCK TABLE " + step.table + " IN ACCESS EXCLUSIVE MODE");
+        wait_until_it_waits_on_lock(holder_pid, "the session that locks " + step.table);
+        writer->query("COMMIT");
+        if (std::string error = finish(*holder); !error.empty())
+            throw std::runtime_error("cannot lock " + step.table + ": " + error);
+        const std::string relay = relay_pid();
+        if (timeout) {
+            // Passes wait, time out and are tried again, backed off, while the lock is held.
+            std::this_thread::sleep_for(800ms);
+        } else {
+            for (int i = 0; i < 2; ++i) {
+                wait_until_it_waits_on_lock(relay, "the relay");
+                const std::string began = db().value(
+                    "SELECT xact_start FROM pg_stat_activity WHERE pid = $1::int", {relay});
+                db().value("SELECT pg_cancel_backend($1::int)", {relay});
+                auto deadline = std::chrono::steady_clock::now() + 60s;
+                while (db().value("SELECT xact_start FROM pg_stat_activity WHERE pid = $1::int",
+                                  {relay}) == began) {
+                    if (std::chrono::steady_clock::now() > deadline)
+                        throw std::runtime_error(
+                            "the relay's pass went on after pg_cancel_backend (60 s in the same "
+                            "transaction)");
+                    std::this_thread::sleep_for(20ms);
+                }
+            }
+        }
+        require_nothing_set_aside_of_the_moment("while " + step.table + " was locked");
+        holder->query("ROLLBACK");
+    } catch (...) {
+        if (timeout) {
+            db().query("ALTER SYSTEM RESET lock_timeout");
+            db().value("SELECT pg_reload_conf()");
+        }
+        throw;
+    }
+    if (timeout) {
+        db().query("ALTER SYSTEM RESET lock_timeout");
+        db().value("SELECT pg_reload_conf()");
+    }
+}
+
+// sync.receive of a new upload while its table is locked: cancelled as it waits, or ended by the
+// route's statement_timeout. It fails whole (nothing filed, nothing kept); sent again once the
+// lock goes, it is filed (the checkpoint checks it is filed once).
+void World::filing_fault(const Step& step) {
+    auto holder = session(deployment_.conninfo());
+    holder->query("BEGIN");
+    holder->query("LOCK TABLE " + step.table + " IN ACCESS EXCLUSIVE MODE");
+    auto route = session(deployment_.conninfo() + " user=" + kRouteRole);
+    const std::string route_pid = route->value("SELECT pg_backend_pid()");
+    const std::string receive = "SELECT sync.receive($1::uuid, convert_to($2, 'UTF8'))";
+    const std::vector<std::string> params = {replica_id(step.replica), step.json};
+    std::string error, answer;
+    if (step.how == "timeout") {
+        route->query("SET statement_timeout = '200ms'");
+        send(*route, receive, params);
+        error = finish(*route, &answer);
+    } else {
+        send(*route, receive, params);
+        // A replica that is not known yet is dropped at once, before any table is written.
+        auto deadline = std::chrono::steady_clock::now() + 60s;
+        while (!waits_on_lock(route_pid) && PQisBusy(route->raw())) {
+            if (std::chrono::steady_clock::now() > deadline)
+                throw std::runtime_error("sync.receive neither waited on the lock nor answered");
+            PQconsumeInput(route->raw());
+            std::this_thread::sleep_for(20ms);
+        }
+        if (PQisBusy(route->raw())) db().value("SELECT pg_cancel_backend($1::int)", {route_pid});
+        error = finish(*route, &answer);
+    }
+    if (error.empty() && answer != "dropped")
+        throw std::runtime_error("sync.receive answered " + answer + " while " + step.table +
+                                 " was locked and it was " +
+                                 (step.how == "timeout" ? "timed out" : "cancelled"));
+    require_nothing_set_aside_of_the_moment("after sync.receive failed with \"" + error + "\"");
+    holder->query("ROLLBACK");
+    receive_until_answered(step);
 }
 
 // kill -9 of the relay's backend (the postmaster restarts every backend), until another holds the

@@ -64,6 +64,12 @@ class World {
     void kill_relay();
     void dump_and_restore();
     void roll_back();
+    void pass_fault(const Step& step);
+    void filing_fault(const Step& step);
+    void receive_until_answered(const Step& step);
+    bool waits_on_lock(const std::string& pid);
+    void wait_until_it_waits_on_lock(const std::string& pid, const std::string& who);
+    void require_nothing_set_aside_of_the_moment(const std::string& after);
 
     std::string relay_pid();
     void await_relay_other_than(const std::string& pid);
