@@ -4,6 +4,7 @@
 extern "C" {
 #include "postgres.h"
 
+#include "catalog/namespace.h"
 #include "fmgr.h"
 #include "miscadmin.h"
 #include "utils/guc.h"
@@ -37,6 +38,14 @@ void _PG_init(void) {
 MAGIC_SYNC_FUNCTION(magic_sync_wake) {
     magic_sync::pg::wake_relay_at_commit();
     return Datum(0);
+}
+
+// sync_internal.temp_schema_orphaned(schema oid) → boolean: a pg_temp_N schema that no session
+// uses (the session that made its tables ended without dropping them: killed, or a crash).
+MAGIC_SYNC_FUNCTION(magic_sync_temp_schema_orphaned) {
+    const Oid schema = PG_GETARG_OID(0);
+    return BoolGetDatum(magic_sync::pg::guard(
+        [&]() noexcept { return checkTempNamespaceStatus(schema) == TEMP_NAMESPACE_IDLE; }));
 }
 
 // sync.setting(name) → text: the setting magic_sync.<name> with its unit, as SHOW gives it. Being

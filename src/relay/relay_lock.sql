@@ -49,6 +49,38 @@ $$;
 CREATE EVENT TRIGGER magic_sync_before_drop_extension ON ddl_command_start
     WHEN TAG IN ('DROP EXTENSION') EXECUTE FUNCTION sync_internal.before_drop_extension();
 
+-- Whether no session uses temporary schema `schema` (src/pg/init.cpp).
+CREATE FUNCTION sync_internal.temp_schema_orphaned(schema oid) RETURNS boolean
+AS 'MODULE_PATHNAME', 'magic_sync_temp_schema_orphaned'
+LANGUAGE C VOLATILE STRICT
+SET search_path = pg_catalog, pg_temp;
+
+-- The working tables (pg_temp.magic_sync_*) a relay left when its session ended without dropping
+-- them (it was killed and the server restarted), dropped by the relay that takes the lock next;
+-- otherwise autovacuum would drop them one by one, with a LOG line each, whenever it came to them.
+-- Only tables of schemas no session uses: a session that gets that temporary schema later clears it
+-- itself. Returns how many were dropped.
+CREATE FUNCTION sync_internal.drop_dead_relays_tables() RETURNS bigint
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    left_behind regclass;
+    dropped bigint := 0;
+BEGIN
+    FOR left_behind IN
+        SELECT c.oid::regclass FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+        WHERE n.nspname ~ '^pg_temp_[0-9]+$' AND n.oid IS DISTINCT FROM pg_my_temp_schema()
+          AND c.relkind = 'r' AND c.relname LIKE 'magic\_sync\_%'
+          AND sync_internal.temp_schema_orphaned(n.oid)
+    LOOP
+        EXECUTE format('DROP TABLE %s', left_behind);
+        dropped := dropped + 1;
+    END LOOP;
+    RETURN dropped;
+END
+$$;
+
 -- Takes the relay lock if it is free and keeps it for the session; returns this session's pid.
 -- Refuses when another session holds it.
 CREATE FUNCTION sync_internal.relay_lock() RETURNS int

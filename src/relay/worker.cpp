@@ -78,7 +78,10 @@ struct RelayState {
     TimestampTz last_report;
     char waiting_for[512];  // what the loop last said it waits for; said again only when it changes
     int failures;           // passes failed in a row
-    char last_error[256];   // the last one's message
+    int retry_failures;     // slices of a retry failed in a row
+    TimestampTz retry_not_before;  // after a failed slice: no retry begins before
+    char last_error[256];          // the last failure's message
+    int last_sqlstate;             // and its SQLSTATE
 };
 
 // Says once why the loop waits; silent while the reason stays the same.
@@ -198,6 +201,7 @@ bool retry_slice(RelayState* state) {
         elog(ERROR, "magic_sync relay: sync.retry_uploads() failed");
     HeapTuple slice = SPI_tuptable->vals[0];
     bool null = false;
+    state->retry_failures = 0;
     state->refiled += DatumGetInt64(SPI_getbinval(slice, SPI_tuptable->tupdesc, 1, &null));
     state->kept_again += DatumGetInt64(SPI_getbinval(slice, SPI_tuptable->tupdesc, 2, &null));
     Datum more = SPI_getbinval(slice, SPI_tuptable->tupdesc, 3, &null);
@@ -232,6 +236,9 @@ bool relay_step(RelayState* state) {
         // Taking the lock is when a deploy shows: try again what was set aside, kept uploads
         // that wait for a change included.
         single_value("SELECT sync_internal.filing_changed()", 0, nullptr, nullptr);
+        log_lines(
+            "SELECT 'LOG', format('dropped %s working tables a relay left when its session "
+            "ended (killed)', n) FROM sync_internal.drop_dead_relays_tables() n WHERE n > 0");
         state->last_retry = 0;
         state->retrying = false;
         snprintf(reason, sizeof reason, "took the relay lock of database \"%s\"; relaying",
@@ -242,7 +249,7 @@ bool relay_step(RelayState* state) {
     // What was set aside is tried again on the retry_every timer, and within seconds of what may
     // cure it: a change of what filing depends on (DDL, a GRANT, a declaration, a retry asked
     // for by hand), or a write to a table a kept upload's table references.
-    if (!state->retrying) {
+    if (!state->retrying && GetCurrentTimestamp() >= state->retry_not_before) {
         const int64 change = atoll(
             single_value("SELECT sync_internal.filing_change_committed()", 0, nullptr, nullptr));
         const bool changed = change != state->change_retried;
@@ -325,9 +332,13 @@ bool in_transaction(Step step, RelayState* state, MemoryContext loop_context,
         if (failures != nullptr) {
             ErrorData* error = CopyErrorData();
             strlcpy(state->last_error, error->message, sizeof state->last_error);
+            state->last_sqlstate = error->sqlerrcode;
             FreeErrorData(error);
         }
-        if (failures == nullptr || *failures == 0) EmitErrorReport();
+        // An error of the moment (a cancel, a timeout, a deadlock) is no fault to report as
+        // one: the back-off says it, and the work is tried again.
+        if (failures == nullptr || (*failures == 0 && !pg::is_transient(state->last_sqlstate)))
+            EmitErrorReport();
         FlushErrorState();
         AbortCurrentTransaction();
         if (failures != nullptr) ++*failures;
@@ -337,15 +348,21 @@ bool in_transaction(Step step, RelayState* state, MemoryContext loop_context,
     return more;
 }
 
+// How long to wait after `failures` failures in a row: from `idle`, doubling up to
+// kLongestBackoffMs.
+long backoff_ms(int failures) {
+    return Min(settings::idle_ms * (1L << Min(failures - 1, 16)), kLongestBackoffMs);
+}
+
 // After a pass failed: one line with the count, and a wait that doubles from `idle` up to
 // kLongestBackoffMs, not cut short by wake-ups (an error that persists would otherwise be tried
 // at every commit); interrupts and the postmaster's death are still seen.
 void back_off(const RelayState* state) {
-    const long wait_ms =
-        Min(settings::idle_ms * (1L << Min(state->failures - 1, 16)), kLongestBackoffMs);
+    const long wait_ms = backoff_ms(state->failures);
     ereport(LOG,
-            (errmsg("magic_sync relay: the pass failed %d time%s in a row (the last: %s); "
+            (errmsg("magic_sync relay: the pass %s %d time%s in a row (the last: %s); "
                     "next try in %ld ms",
+                    pg::is_transient(state->last_sqlstate) ? "was interrupted" : "failed",
                     state->failures, state->failures == 1 ? "" : "s", state->last_error, wait_ms)));
     const TimestampTz until = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), wait_ms);
     for (long left = wait_ms; left > 0;
@@ -379,9 +396,21 @@ void back_off(const RelayState* state) {
                                  failed_before)));
             state.failures = 0;
         }
-        if (state.retrying && state.holding && !in_transaction(retry_slice, &state, loop_context) &&
-            state.retrying)
-            end_retry(&state);  // the slice failed: the next retry starts over
+        if (state.retrying && state.holding &&
+            !in_transaction(retry_slice, &state, loop_context, &state.retry_failures) &&
+            state.retrying) {
+            // The slice failed (rolled back: its items keep their reasons): the next retry
+            // starts over, backed off as a failed pass is, since its items are still due.
+            end_retry(&state);
+            const long wait_ms = backoff_ms(state.retry_failures);
+            state.retry_not_before = TimestampTzPlusMilliseconds(GetCurrentTimestamp(), wait_ms);
+            ereport(LOG,
+                    (errmsg("magic_sync relay: the retry of kept uploads %s %d time%s in a "
+                            "row (the last: %s); next try in %ld ms",
+                            pg::is_transient(state.last_sqlstate) ? "was interrupted" : "failed",
+                            state.retry_failures, state.retry_failures == 1 ? "" : "s",
+                            state.last_error, wait_ms)));
+        }
         pgstat_report_stat(false);
         MemoryContextReset(loop_context);
         if (!more && !state.retrying) wait_latch(idle_timeout(&state));

@@ -286,6 +286,57 @@ TEST(Worker, KillMinus9OfTheHolderLosesNothing) {
         << shop.cluster.log();
 }
 
+// A relay killed with kill -9 leaves its working tables (temporary, pg_temp_N.magic_sync_*) in the
+// catalog after the restart; the relay that takes the lock next drops them and says so, instead
+// of autovacuum dropping them one by one, each with a LOG line, whenever it comes to them (issue
+// 37 item 6). Ten sessions are open while the first relay starts, so that it gets a temporary
+// schema the next one does not take over (a session that does clears it itself).
+TEST(Worker, TheNextRelayDropsTheWorkingTablesOfOneKilled) {
+    Cluster cluster(
+        {"magic_sync.idle = 100", "restart_after_crash = on", "magic_sync.database = 'shop'"});
+    std::vector<std::unique_ptr<Connection>> others;
+    for (int i = 0; i < 10; ++i)
+        others.push_back(std::make_unique<Connection>(cluster.conninfo("postgres")));
+    cluster.create_database("shop");
+    cluster.sql("shop", kShop);
+    Connection before(cluster.conninfo("shop"));
+    ASSERT_TRUE(eventually([&] {
+        return before.value("SELECT count(*) FROM sync.replica") == "1";
+    })) << cluster.log();
+    const std::string schema = before.value(
+        "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.relname = 'magic_sync_note'");
+    ASSERT_FALSE(schema.empty());
+    const std::string holder = before.value("SELECT sync_internal.relay_lock_holder()");
+    const std::string left_behind =
+        "SELECT count(*) FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE n.nspname = '" +
+        schema + "' AND c.relkind = 'r' AND c.relname LIKE 'magic\\_sync\\_%'";
+    const std::string tables = before.value(left_behind);
+    others.clear();
+    ASSERT_EQ(kill(std::stoi(holder), SIGKILL), 0);
+    std::string after;
+    ASSERT_TRUE(eventually(
+        [&] {
+            try {
+                Connection db(cluster.conninfo("shop"));
+                const std::string now = db.value("SELECT sync_internal.relay_lock_holder()::text");
+                after = db.value(left_behind);
+                return !now.empty() && now != holder && after == "0";
+            } catch (const std::exception&) {
+                return false;
+            }
+        },
+        30s))
+        << schema << " still has " << after << " tables\n"
+        << cluster.log();
+    EXPECT_NE(cluster.log().find("LOG:  magic_sync relay: dropped " + tables +
+                                 " working tables a relay left when its session ended (killed)"),
+              std::string::npos)
+        << cluster.log();
+    EXPECT_EQ(cluster.log().find("dropping orphan temp table"), std::string::npos) << cluster.log();
+}
+
 TEST(Worker, AnImmediateRestartMidPassLosesNothing) {
     Shop shop(
         {"magic_sync.idle = 100", "magic_sync.notes_per_pass = 500", "magic_sync.window = 10000"});
