@@ -138,6 +138,11 @@ void PullMetrics::connections(int64_t connected, int64_t waiting) {
     waiting_ = waiting;
 }
 
+void PullMetrics::asked_on_wake(int64_t replicas) {
+    ++wake_statements_;
+    wake_replicas_ += replicas;
+}
+
 std::string PullMetrics::text() const {
     std::string out =
         "# HELP magic_sync_pull_requests_total Requests the pull gateway answered, by route and "
@@ -159,6 +164,18 @@ std::string PullMetrics::text() const {
         "# TYPE magic_sync_pull_written_bytes_total counter\n"
         "magic_sync_pull_written_bytes_total " +
         std::to_string(written_.load()) + "\n";
+    out +=
+        "# HELP magic_sync_pull_wake_statements_total Statements a NOTIFY made the gateway run "
+        "to find which waiting devices have a message.\n"
+        "# TYPE magic_sync_pull_wake_statements_total counter\n"
+        "magic_sync_pull_wake_statements_total " +
+        std::to_string(wake_statements_.load()) + "\n";
+    out +=
+        "# HELP magic_sync_pull_wake_replicas_total Replicas those statements asked about: only "
+        "those the NOTIFY named that a device waits for.\n"
+        "# TYPE magic_sync_pull_wake_replicas_total counter\n"
+        "magic_sync_pull_wake_replicas_total " +
+        std::to_string(wake_replicas_.load()) + "\n";
     out +=
         "# HELP magic_sync_pull_connections Connections open now (devices connected).\n"
         "# TYPE magic_sync_pull_connections gauge\n"

@@ -55,6 +55,8 @@ class PullMetrics {
     void answered(const std::string& route, int status);
     void moved(int64_t read, int64_t written);
     void connections(int64_t connected, int64_t waiting);
+    // A wake-up asked the database about `replicas` waiting devices' replicas.
+    void asked_on_wake(int64_t replicas);
 
     std::string text() const;
 
@@ -62,6 +64,7 @@ class PullMetrics {
     mutable std::mutex mutex_;
     std::map<std::pair<std::string, int>, int64_t> answered_;
     std::atomic<int64_t> read_{0}, written_{0}, connected_{0}, waiting_{0};
+    std::atomic<int64_t> wake_statements_{0}, wake_replicas_{0};
 };
 
 // Serves the text `exposition` makes at GET /metrics, on a thread of its own, until destroyed.

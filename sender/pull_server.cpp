@@ -27,6 +27,7 @@
 #include <stdexcept>
 #include <thread>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "database.hpp"
@@ -351,9 +352,35 @@ class Workers {
     std::vector<std::thread> threads_;
 };
 
+// Whom a NOTIFY on magic_sync wakes: the replicas the relay's pass wrote messages to, named in its
+// payload (sync_internal.pass_end), or everyone (an empty payload: too many to name, or a
+// notification from elsewhere).
+struct Woken {
+    bool everyone = false;
+    std::set<std::string> replicas;
+
+    void add(const std::string& payload) {
+        if (payload.empty()) everyone = true;
+        for (size_t at = 0; !everyone && at < payload.size();) {
+            const size_t comma = std::min(payload.find(',', at), payload.size());
+            replicas.insert(payload.substr(at, comma - at));
+            at = comma + 1;
+        }
+        if (everyone) replicas.clear();
+    }
+    void add(Woken&& other) {
+        everyone = everyone || other.everyone;
+        if (everyone)
+            replicas.clear();
+        else
+            replicas.merge(other.replicas);
+    }
+    bool empty() const { return !everyone && replicas.empty(); }
+};
+
 // One connection that LISTENs on magic_sync (the relay notifies it after a pass wrote messages)
-// and tells the loop through `wake_fd`. While it is away nothing wakes the long polls; once it is
-// back the loop looks at them all, for what came meanwhile.
+// and tells the loop through `wake_fd` whom it wakes. While it is away nothing wakes the long
+// polls; once it is back the loop looks at them all, for what came meanwhile.
 class Wakeups {
   public:
     Wakeups(std::string conninfo, int wake_fd)
@@ -370,8 +397,18 @@ class Wakeups {
         close(stop_fd_);
     }
 
+    // Whom the notifications since the last call wake.
+    Woken take() {
+        std::lock_guard<std::mutex> lock(mutex_);
+        return std::exchange(woken_, Woken{});
+    }
+
   private:
-    void wake() {
+    void wake(const std::string& payload) {
+        {
+            std::lock_guard<std::mutex> lock(mutex_);
+            woken_.add(payload);
+        }
         const uint64_t one = 1;
         [[maybe_unused]] const ssize_t written = write(wake_fd_, &one, sizeof one);
     }
@@ -407,15 +444,13 @@ class Wakeups {
             if (away_logged) log_line("listening on magic_sync again");
             away_logged = false;
             retry = std::chrono::milliseconds(1000);
-            wake();  // what arrived while nobody listened
+            wake("");  // what arrived while nobody listened
             while (await(PQsocket(connection), -1)) {
                 if (PQconsumeInput(connection) != 1) break;
-                bool notified = false;
                 while (PGnotify* notify = PQnotifies(connection)) {
-                    notified = true;
+                    wake(notify->extra);
                     PQfreemem(notify);
                 }
-                if (notified) wake();
             }
             PQfinish(connection);
         }
@@ -425,6 +460,8 @@ class Wakeups {
     const int wake_fd_;
     const int stop_fd_;
     std::thread thread_;
+    std::mutex mutex_;
+    Woken woken_;
 };
 
 std::pair<std::string, int> listen_address(const std::string& listen) {
@@ -825,7 +862,7 @@ struct PullServer::Serving {
                     if (found != connections.end()) serve(id, found->second, "");
                 }
             }
-            if (check_again) check_waiting();
+            if (!check_again.empty()) check_waiting(std::exchange(check_again, Woken{}));
             return;
         }
         auto found = connections.find(done.connection);
@@ -877,17 +914,23 @@ struct PullServer::Serving {
         answer(id, connection, done.status, done.body, done.content_type, done.message_id);
     }
 
-    // A NOTIFY came: one statement finds which waiting devices have a message now.
-    void check_waiting() {
-        check_again = false;
-        if (waiting.empty()) return;
+    // A NOTIFY came: one statement finds which of the devices it wakes have a message now, only
+    // those: the replicas it names that a device waits for (none: no statement), or all waiting.
+    void check_waiting(Woken woken) {
         if (checking) {
-            check_again = true;
+            check_again.add(std::move(woken));
             return;
         }
-        checking = true;
         Task task = task_for(Task::Kind::waiting, 0);
-        for (const auto& [replica, ids] : waiting) task.replicas.push_back(replica);
+        if (woken.everyone) {
+            for (const auto& [replica, ids] : waiting) task.replicas.push_back(replica);
+        } else {
+            for (const std::string& replica : woken.replicas)
+                if (waiting.count(replica)) task.replicas.push_back(replica);
+        }
+        if (task.replicas.empty()) return;
+        checking = true;
+        metrics.asked_on_wake(static_cast<int64_t>(task.replicas.size()));
         workers.push(std::move(task));
     }
 
@@ -945,7 +988,7 @@ struct PullServer::Serving {
                     uint64_t count;
                     [[maybe_unused]] const ssize_t got = read(wake_fd, &count, sizeof count);
                     ++wakes;
-                    check_waiting();
+                    check_waiting(wakeups->take());
                 } else if (id == kSignal) {
                     signalfd_siginfo info;
                     [[maybe_unused]] const ssize_t got = read(signal_fd, &info, sizeof info);
@@ -1006,10 +1049,10 @@ struct PullServer::Serving {
     std::unordered_map<std::string, std::set<uint64_t>> waiting;  // by replica
     uint64_t next_id = kFirstConnection;
     uint64_t wakes = 0;
-    bool accepting = true;     // the listener is watched (not while out of descriptors)
-    bool stopping = false;     // a stop signal came
-    bool checking = false;     // a `waiting` task is out
-    bool check_again = false;  // and a NOTIFY came since
+    bool accepting = true;  // the listener is watched (not while out of descriptors)
+    bool stopping = false;  // a stop signal came
+    bool checking = false;  // a `waiting` task is out
+    Woken check_again;      // whom the NOTIFYs since woke
     Workers workers;
     std::optional<Wakeups> wakeups;
     PullMetrics metrics;

@@ -33,8 +33,9 @@ $$;
 -- replica's messages) and calls this: each message of a live replica takes the next seq of its
 -- replica in that order (those of a replica not live are dropped), its body is made for that seq
 -- (a filed answer encoded from its payload, a ranges or repair message stamped with its header; a
--- rows message is assembled as it is sent, sync.message), and next_seq moves past them. Returns
--- the number of messages written.
+-- rows message is assembled as it is sent, sync.message), and next_seq moves past them; the
+-- replicas written are noted for the pass's NOTIFY (pg_temp.magic_sync_written). Returns the
+-- number of messages written.
 CREATE FUNCTION sync_internal.enqueue() RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -57,6 +58,9 @@ BEGIN
                END
         FROM numbered n
         RETURNING replica),
+    written AS (
+        INSERT INTO pg_temp.magic_sync_written (replica) SELECT DISTINCT replica FROM stored
+        ON CONFLICT DO NOTHING),
     advanced AS (
         UPDATE sync.replica r SET next_seq = r.next_seq + s.n
         FROM (SELECT replica, count(*) AS n FROM stored GROUP BY replica) s

@@ -38,14 +38,14 @@ AS $$
 DECLARE
     emptied CONSTANT text[] := ARRAY['magic_sync_note', 'magic_sync_row', 'magic_sync_change',
         'magic_sync_replica', 'magic_sync_want', 'magic_sync_need',
-        'magic_sync_pick', 'magic_sync_answer_seen', 'magic_sync_picked'];
+        'magic_sync_pick', 'magic_sync_answer_seen', 'magic_sync_picked', 'magic_sync_written'];
     large text[];
     working_table text;
 BEGIN
     PERFORM sync_internal.relay_guard();
     PERFORM sync_internal.relay_lock();
     -- The last table made exists only when all were.
-    IF to_regclass('pg_temp.magic_sync_picked') IS NULL THEN
+    IF to_regclass('pg_temp.magic_sync_written') IS NULL THEN
         CREATE TEMP TABLE magic_sync_note (codec int NOT NULL, key jsonb);
         CREATE TEMP TABLE magic_sync_row (codec int NOT NULL, key jsonb NOT NULL, k bytea NOT NULL,
             match text NOT NULL, value text, part text NOT NULL, body text, hash bytea);
@@ -74,6 +74,8 @@ BEGIN
             table_drops text[] NOT NULL DEFAULT '{}', advances jsonb, payload jsonb, body bytea);
         CREATE TEMP TABLE magic_sync_picked (replica uuid NOT NULL, scope bigint NOT NULL,
             chunk bigint NOT NULL, chunk_to bigint NOT NULL);
+        -- The replicas the pass wrote messages to (sync_internal.enqueue), for its NOTIFY.
+        CREATE TEMP TABLE magic_sync_written (replica uuid PRIMARY KEY);
     END IF;
     SELECT array_agg(t) INTO large FROM unnest(emptied) t
     WHERE pg_relation_size(format('pg_temp.%I', t)::regclass) > 1048576;
@@ -987,8 +989,17 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
-    IF messages > 0 THEN
+    -- The senders are woken, and the pull gateway asks only about the devices of the replicas
+    -- named: 200 ids a notification (PostgreSQL takes payloads under 8,000 bytes); past 1,000
+    -- replicas, one notification that names none wakes every device.
+    IF (SELECT count(*) FROM pg_temp.magic_sync_written) > 1000 THEN
         PERFORM pg_notify('magic_sync', '');
+    ELSE
+        PERFORM pg_notify('magic_sync', w.replicas)
+        FROM (SELECT string_agg(replica::text, ',' ORDER BY replica) AS replicas
+              FROM (SELECT replica, (row_number() OVER (ORDER BY replica) - 1) / 200 AS part
+                    FROM pg_temp.magic_sync_written) n
+              GROUP BY part) w;
     END IF;
     IF analyze_rows THEN
         ANALYZE sync.row;

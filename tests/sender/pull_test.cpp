@@ -239,6 +239,62 @@ TEST(PullSender, AWaitingAskIsAnsweredByNotifyNotByPolling) {
     EXPECT_EQ(answer->get_header_value("message-id"), message_id(1));
 }
 
+// A NOTIFY wakes only the devices of the replicas it names (the relay's pass names those it wrote
+// to): the gateway asks the database about those of them that a device waits for, in one
+// statement, and none when nobody waits for them; a NOTIFY that names none asks about everyone
+// waiting (issue 38: every NOTIFY used to ask about every waiting device).
+TEST(PullSender, ANotifyWakesOnlyTheDevicesOfTheReplicasItNames) {
+    Outbox outbox("pull_named", 5, 0);
+    TempDir dir;
+    const int metrics_port = free_port();
+    PullSender sender(outbox, dir, "30", "",
+                      {"--metrics", "127.0.0.1:" + std::to_string(metrics_port)});
+    httplib::Client scrape("127.0.0.1", metrics_port);
+    const auto metric = [&](const std::string& name) {
+        auto answer = scrape.Get("/metrics");
+        const std::string text = answer ? answer->body : "";
+        const size_t at = text.find("\n" + name + " ");
+        return at == std::string::npos
+                   ? std::string("none")
+                   : text.substr(at + name.size() + 2,
+                                 text.find('\n', at + 1) - at - name.size() - 2);
+    };
+    std::vector<std::future<httplib::Result>> asked;
+    for (int n = 1; n <= 5; ++n)
+        asked.push_back(std::async(std::launch::async, [&, n] { return sender.get_next(n, n); }));
+    ASSERT_TRUE(eventually([&] { return metric("magic_sync_pull_waiting") == "5"; }))
+        << sender.log();
+
+    outbox.add(3, 3, 1, 1);
+    outbox.sql("SELECT pg_notify('magic_sync', '" + replica_id(3) + "')");
+    ASSERT_EQ(asked[2].wait_for(10s), std::future_status::ready) << sender.log();
+    EXPECT_EQ(asked[2].get()->get_header_value("message-id"), message_id(1));
+    EXPECT_EQ(metric("magic_sync_pull_wake_statements_total"), "1");
+    EXPECT_EQ(metric("magic_sync_pull_wake_replicas_total"), "1");
+
+    // Named, but nobody waits for it: no statement. Named among others: only it.
+    outbox.sql("SELECT pg_notify('magic_sync', '" + replica_id(3) + "')");
+    outbox.sql("SELECT pg_notify('magic_sync', '" + replica_id(3) + "," + replica_id(4) + "')");
+    ASSERT_TRUE(eventually([&] { return metric("magic_sync_pull_wake_statements_total") == "2"; }))
+        << sender.log();
+    EXPECT_EQ(metric("magic_sync_pull_wake_replicas_total"), "2");
+    EXPECT_EQ(asked[3].wait_for(500ms), std::future_status::timeout) << "no message for it";
+
+    // Naming none: every waiting device's replica is asked about.
+    outbox.sql("NOTIFY magic_sync");
+    ASSERT_TRUE(eventually([&] { return metric("magic_sync_pull_wake_statements_total") == "3"; }))
+        << sender.log();
+    EXPECT_EQ(metric("magic_sync_pull_wake_replicas_total"), "6");
+    for (int n : {1, 2, 4, 5})
+        EXPECT_EQ(asked[n - 1].wait_for(0ms), std::future_status::timeout) << n;
+    outbox.add(1, 2, 1, 1);
+    outbox.add(4, 5, 1, 1);
+    outbox.sql("SELECT pg_notify('magic_sync', '" + replica_id(1) + "," + replica_id(2) + "," +
+               replica_id(4) + "," + replica_id(5) + "')");
+    for (int n : {1, 2, 4, 5}) EXPECT_EQ(asked[n - 1].get()->status, 200) << n;
+    EXPECT_EQ(metric("magic_sync_pull_wake_replicas_total"), "10");
+}
+
 TEST(PullSender, UploadsGoToSyncReceiveUnderThePathsReplica) {
     Outbox outbox("pull_up", 1, 0);
     outbox.sql(
