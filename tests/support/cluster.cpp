@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <memory>
+#include <random>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -58,25 +59,25 @@ std::string as_postgres(const std::string& command) {
 }
 
 int free_port() {
-    // A port the kernel just handed out and took back may be handed out again before its user
-    // binds it: never give the same port twice in one process.
+    // Below Linux's ephemeral range (32768 and up), where the local end of any connection the
+    // tests' processes make could take a port between the moment it is handed out and the moment
+    // its user binds it (scripts/cluster.sh does the same); and never the same port twice in one
+    // process.
     static std::set<int> given;
-    for (;;) {
+    static std::mt19937 pick(std::random_device{}());
+    for (int attempt = 0; attempt < 1000; ++attempt) {
+        const int port = 20000 + static_cast<int>(pick() % 12000);
+        if (given.count(port)) continue;
         int fd = socket(AF_INET, SOCK_STREAM, 0);
         sockaddr_in address{};
         address.sin_family = AF_INET;
         address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        address.sin_port = 0;
-        if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) != 0) {
-            close(fd);
-            throw std::runtime_error("no free port");
-        }
-        socklen_t length = sizeof address;
-        getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length);
+        address.sin_port = htons(static_cast<uint16_t>(port));
+        const bool free = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
         close(fd);
-        int port = ntohs(address.sin_port);
-        if (given.insert(port).second) return port;
+        if (free && given.insert(port).second) return port;
     }
+    throw std::runtime_error("no free port");
 }
 
 namespace {
