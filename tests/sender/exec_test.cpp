@@ -22,7 +22,9 @@ TEST(ExecSender, DeliversOnStdinAndClassifiesByExitStatus) {
                           << "  *4) echo $$ > " << dir.path() << "/hung.pid; sleep 300 & echo $! > "
                           << dir.path() << "/sleep.pid; wait; exit 0 ;;\n"
                           << "esac\n"
-                          << "{ echo \"$MESSAGE_ID\"; cat; echo; } >> " << dir.path()
+                          // Written once the whole message is read: a try the timeout ends on a
+                          // busy machine leaves nothing behind (it is tried again).
+                          << "printf '%s\\n%s\\n' \"$MESSAGE_ID\" \"$(cat)\" >> " << dir.path()
                           << "/\"$REPLICA\".out\n";
     SenderProcess sender(outbox, dir,
                          {"--transport", "exec", "--exec", "sh " + script, "--send-timeout", "2",
