@@ -237,6 +237,11 @@ bench-capture:
 bench-relay:
 	$(MAKE) install
 	bench/relay/run.sh
+# bench/idle: an idle relay's CPU at 100,000 live replicas (issue 38, bench/README.md).
+.PHONY: bench-idle
+bench-idle:
+	$(MAKE) install
+	bench/idle/run.sh
 
 # bench/sender: the sender's messages/s against each transport's own baseline (bench/README.md).
 build/bench/sender_bench: bench/sender/sender_bench.cpp $(TEST_SUPPORT_SRCS) $(wildcard tests/sender/*.hpp)

@@ -36,6 +36,7 @@ shmem_request_hook_type previous_request_hook = nullptr;
 shmem_startup_hook_type previous_startup_hook = nullptr;
 bool wake_at_commit = false;
 bool registered = false;
+bool has_slot = false;  // this session's latch is in shared memory
 
 void request_shared_memory() {
     if (previous_request_hook != nullptr) previous_request_hook();
@@ -99,6 +100,7 @@ void register_relay_latch() {
         for (Slot& slot : shared->slots)
             if (slot.latch == nullptr && free_slot == nullptr) free_slot = &slot;
         if (free_slot != nullptr) *free_slot = Slot{MyDatabaseId, MyProcPid, &MyProc->procLatch};
+        has_slot = free_slot != nullptr;
         SpinLockRelease(&shared->mutex);
         if (free_slot == nullptr)
             ereport(WARNING, (errmsg("magic_sync: more than %d relays; commits will not wake this "
@@ -108,5 +110,7 @@ void register_relay_latch() {
     });
     registered = true;
 }
+
+bool relay_can_be_woken() { return has_slot; }
 
 }  // namespace magic_sync::pg

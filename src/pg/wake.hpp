@@ -14,4 +14,8 @@ void wake_relay_at_commit();
 // This session runs passes for its database: commits elsewhere set its latch.
 void register_relay_latch();
 
+// Whether commits can wake the relay: not without shared_preload_libraries (no shared memory for
+// the latch), where the relay looks every magic_sync.idle instead.
+bool relay_can_be_woken();
+
 }  // namespace magic_sync::pg

@@ -292,6 +292,7 @@ DECLARE
     generation int;
     previous sync.delivery;
     wait interval;
+    refused_in_a_row int;
 BEGIN
     PERFORM sync_internal.relay_guard();
     UPDATE sync.outbox o SET lease_until = NULL, lease_pid = NULL, lease_backend_start = NULL
@@ -307,13 +308,17 @@ BEGIN
     WHERE d.replica = failed.replica AND d.gen = generation
     FOR UPDATE;
     wait := least(coalesce(previous.backoff * 2, first_wait), longest_wait);
+    refused_in_a_row := coalesce(previous.refusals, 0) + CASE WHEN failed.retry THEN 0 ELSE 1 END;
     INSERT INTO sync.delivery AS d (replica, gen, backoff, backoff_until, last_error, refusals)
     VALUES (failed.replica, generation, wait, now() + wait,
-            left(coalesce(failed.error, 'unknown error'), 1000),
-            coalesce(previous.refusals, 0) + CASE WHEN failed.retry THEN 0 ELSE 1 END)
+            left(coalesce(failed.error, 'unknown error'), 1000), refused_in_a_row)
     ON CONFLICT ON CONSTRAINT delivery_pkey DO UPDATE
     SET gen = excluded.gen, backoff = excluded.backoff, backoff_until = excluded.backoff_until,
         last_error = excluded.last_error, refusals = excluded.refusals;
+    -- Refused as often as magic_sync.max_refusals allows: the relay's alarm is due now.
+    IF refused_in_a_row >= sync.setting('max_refusals')::int THEN
+        PERFORM sync_internal.wake();
+    END IF;
     RETURN previous.backoff IS NULL;
 END
 $$;

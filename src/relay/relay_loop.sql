@@ -80,6 +80,51 @@ BEGIN
 END
 $$;
 
+-- When the relay must look again though nothing woke it (docs/DESIGN.md §4, an idle relay). A
+-- commit that gives the pass work wakes it: notes (the capture, a declaration, DDL), a sender's
+-- report (sync.sent), an upload's confirmations, answers and holdings (sync.receive), a change of
+-- what filing depends on. What comes with time does not: `pass_at`, when a pass is due for it
+-- (now when its work waits already), at the latest `longest` from now:
+-- - a confirmation kept because a lease held its message: when the lease ends (now when its
+--   session died);
+-- - a replicas view read again every magic_sync.replica_scan;
+-- - an alarm: a replica refused max_refusals times (now), or a message unconfirmed past
+--   unconfirmed_after (when it will be);
+-- - a repair held back by its breaker (storm_until); queued work a wake-up was missed for (now).
+-- `look_at`: when kept uploads are due for a retry (their backoff ending, or, for those a write to
+-- a table they reference may cure, within 2 s: sync_internal.kept_uploads_due polls for it).
+CREATE FUNCTION sync_internal.next_due(replica_scan interval, unconfirmed interval, max_refusals int,
+                                       longest interval, OUT pass_at timestamptz,
+                                       OUT look_at timestamptz)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT least(
+        CASE WHEN EXISTS (SELECT FROM sync.note) OR EXISTS (SELECT FROM sync.answer)
+                  OR EXISTS (SELECT FROM sync.foreign_holding)
+                  OR EXISTS (SELECT FROM sync.drifted_scope)
+                  OR EXISTS (SELECT FROM sync.replica r
+                             WHERE r.reset_pending OR cardinality(r.pending_drops) > 0
+                                OR cardinality(r.pending_table_drops) > 0)
+                  OR EXISTS (SELECT FROM sync.delivery d JOIN sync.replica r
+                             ON r.id = d.replica AND r.gen = d.gen AND r.live
+                             WHERE d.refusals >= max_refusals)
+             THEN now() END,
+        (SELECT min(CASE WHEN sync_internal.lease_holds(o) THEN o.lease_until ELSE now() END)
+         FROM sync.confirmation c JOIN sync.outbox o ON o.replica = c.replica AND o.seq <= c.applied),
+        (SELECT st.replicas_scanned_at + replica_scan
+         FROM sync.replica_set s JOIN pg_class v ON v.oid = s.relation AND v.relkind NOT IN ('r', 'p')
+         CROSS JOIN sync.relay_state st),
+        (SELECT min(o.sent_at) + unconfirmed FROM sync.outbox o JOIN sync.replica r
+         ON r.id = o.replica AND r.live WHERE o.sent_at IS NOT NULL),
+        (SELECT min(p.storm_until) FROM sync.repair p WHERE p.storm_until > now()),
+        now() + longest),
+        least((SELECT min(s.next_try_at) FROM sync.set_aside s WHERE s.kind = 'upload'),
+              (SELECT now() + interval '2 seconds' FROM sync.set_aside s
+               WHERE s.kind = 'upload' AND s.next_try_at > now() AND s.data_seen IS NOT NULL
+               LIMIT 1))
+$$;
+
 -- Alarms: a replica that left what it was sent unconfirmed longer than
 -- magic_sync.unconfirmed_after, or whose head message was refused magic_sync.max_refusals times,
 -- is dropped and provisioned again by the next pass. Returns one line per replica, and why.

@@ -65,6 +65,8 @@ constexpr int kRestartSeconds = 5;
 constexpr long kBlockedWaitMs = 5000;
 // The longest wait before trying again a pass that keeps failing.
 constexpr long kLongestBackoffMs = 10000;
+// The longest an idle relay goes without a pass.
+constexpr int kLongestIdleS = 300;
 
 struct RelayState {
     bool holding;
@@ -82,6 +84,10 @@ struct RelayState {
     TimestampTz retry_not_before;  // after a failed slice: no retry begins before
     char last_error[256];          // the last failure's message
     int last_sqlstate;             // and its SQLSTATE
+    bool woken;                    // the latch was set since the last iteration: a commit has work
+    bool more;                     // the last pass left work to do at once
+    TimestampTz pass_at;           // when a pass is due though nothing wakes the relay
+    TimestampTz look_at;           // when kept uploads are due (0: none)
 };
 
 // Says once why the loop waits; silent while the reason stays the same.
@@ -210,6 +216,27 @@ bool retry_slice(RelayState* state) {
     return false;
 }
 
+// A timestamp column of the first row of the last SPI result, or 0 when it is NULL.
+TimestampTz timestamp_value(int column) {
+    bool null = false;
+    Datum value = SPI_getbinval(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, column, &null);
+    return null ? 0 : DatumGetTimestampTz(value);
+}
+
+// When the relay must look again though nothing wakes it: a pass (at the latest in
+// kLongestIdleS), and kept uploads due.
+void note_next_due(RelayState* state) {
+    char sql[256];
+    snprintf(sql, sizeof sql,
+             "SELECT pass_at, look_at FROM sync_internal.next_due('%d s', '%d s', %d, '%d s')",
+             settings::replica_scan_s, settings::unconfirmed_after_s, settings::max_refusals,
+             kLongestIdleS);
+    if (SPI_execute(sql, true, 1) != SPI_OK_SELECT || SPI_processed != 1)
+        elog(ERROR, "magic_sync relay: sync_internal.next_due() failed");
+    state->pass_at = timestamp_value(1);
+    state->look_at = timestamp_value(2);
+}
+
 // One iteration, inside a transaction with SPI connected. Returns true when there is more work
 // to do at once.
 bool relay_step(RelayState* state) {
@@ -241,11 +268,16 @@ bool relay_step(RelayState* state) {
             "ended (killed)', n) FROM sync_internal.drop_dead_relays_tables() n WHERE n > 0");
         state->last_retry = 0;
         state->retrying = false;
+        state->pass_at = 0;  // a pass at once
         snprintf(reason, sizeof reason, "took the relay lock of database \"%s\"; relaying",
                  get_database_name(MyDatabaseId));
         wait_for(state, reason);
     }
     become_relay_role();
+    // Idle, the relay runs no pass: only a commit that woke it, work left by the last pass, what
+    // comes with time (sync_internal.next_due), or notes and rows set aside tried again bring one.
+    bool pass_due = state->woken || state->more || !pg::relay_can_be_woken() ||
+                    GetCurrentTimestamp() >= state->pass_at;
     // What was set aside is tried again on the retry_every timer, and within seconds of what may
     // cure it: a change of what filing depends on (DDL, a GRANT, a declaration, a retry asked
     // for by hand), or a write to a table a kept upload's table references.
@@ -255,6 +287,7 @@ bool relay_step(RelayState* state) {
         const bool changed = change != state->change_retried;
         if (changed || due(state->last_retry, settings::retry_every_s)) {
             log_lines("SELECT level, line FROM sync_internal.retry_notes_and_rows()");
+            pass_due = true;  // rows sent again moved their scopes' heads
             state->change_retried = change;
             state->retrying = true;
         } else {
@@ -265,10 +298,14 @@ bool relay_step(RelayState* state) {
         state->refiled = 0;
         state->kept_again = 0;
     }
-    pgstat_report_activity(STATE_RUNNING, "magic_sync relay: pass");
-    char* work = single_value("SELECT (notes > 0 OR messages > 0)::text FROM sync.pass()", 0,
-                              nullptr, nullptr);
-    log_lines("SELECT 'WARNING', line FROM sync_internal.alarms()");
+    char* work = nullptr;
+    if (pass_due) {
+        pgstat_report_activity(STATE_RUNNING, "magic_sync relay: pass");
+        work = single_value("SELECT (notes > 0 OR messages > 0)::text FROM sync.pass()", 0, nullptr,
+                            nullptr);
+        log_lines("SELECT 'WARNING', line FROM sync_internal.alarms()");
+        note_next_due(state);
+    }
     // The first audit waits a whole period: a relay starting over does not read every table.
     if (state->last_audit == 0) state->last_audit = GetCurrentTimestamp();
     if (settings::audit_every_s > 0 && due(state->last_audit, settings::audit_every_s)) {
@@ -292,11 +329,33 @@ bool relay_step(RelayState* state) {
     return work != nullptr && strcmp(work, "true") == 0;
 }
 
-void wait_latch(long timeout_ms) {
+// Waits up to `timeout_ms`; true when the latch was set (a commit woke the relay).
+bool wait_latch(long timeout_ms) {
     pgstat_report_activity(STATE_IDLE, nullptr);
-    (void)WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH, timeout_ms,
-                    PG_WAIT_EXTENSION);
+    const int events = WaitLatch(MyLatch, WL_LATCH_SET | WL_TIMEOUT | WL_EXIT_ON_PM_DEATH,
+                                 timeout_ms, PG_WAIT_EXTENSION);
     ResetLatch(MyLatch);
+    return (events & WL_LATCH_SET) != 0;
+}
+
+// How long the holder of the relay lock may sleep: until the first of what comes with time (a
+// pass due, kept uploads due, the timers of retry, audit, prune and report), never less than
+// `idle` (work that waits but did not move, as a pass may leave, is looked at every `idle`).
+long holder_sleep_ms(const RelayState* state) {
+    if (!pg::relay_can_be_woken()) return settings::idle_ms;
+    TimestampTz until = state->pass_at;
+    const auto at_most = [&until](TimestampTz at) {
+        if (at != 0 && at < until) until = at;
+    };
+    at_most(state->look_at);
+    at_most(TimestampTzPlusMilliseconds(state->last_retry, settings::retry_every_s * 1000L));
+    if (settings::audit_every_s > 0)
+        at_most(TimestampTzPlusMilliseconds(state->last_audit, settings::audit_every_s * 1000L));
+    at_most(TimestampTzPlusMilliseconds(state->last_prune, settings::prune_every_s * 1000L));
+    at_most(TimestampTzPlusMilliseconds(state->last_report, settings::report_every_s * 1000L));
+    at_most(state->retry_not_before);
+    return Max(TimestampDifferenceMilliseconds(GetCurrentTimestamp(), until),
+               static_cast<long>(settings::idle_ms));
 }
 
 long idle_timeout(const RelayState* state) {
@@ -389,6 +448,7 @@ void back_off(const RelayState* state) {
             pgstat_report_stat(false);
             MemoryContextReset(loop_context);
             back_off(&state);
+            state.more = true;  // the failed pass is tried again
             continue;
         }
         if (failed_before > 0) {
@@ -413,7 +473,11 @@ void back_off(const RelayState* state) {
         }
         pgstat_report_stat(false);
         MemoryContextReset(loop_context);
-        if (!more && !state.retrying) wait_latch(idle_timeout(&state));
+        state.more = more;
+        state.woken = false;
+        if (!more && !state.retrying)
+            state.woken =
+                wait_latch(state.holding ? holder_sleep_ms(&state) : idle_timeout(&state));
     }
 }
 
@@ -468,7 +532,11 @@ void procedure_loop(FunctionCallInfo fcinfo) {
         if (state.retrying && state.holding &&
             !in_subtransaction(retry_slice, &state, caller_context, caller_owner) && state.retrying)
             end_retry(&state);
-        if (!more && !state.retrying) wait_latch(idle_timeout(&state));
+        state.more = more;
+        state.woken = false;
+        if (!more && !state.retrying)
+            state.woken =
+                wait_latch(state.holding ? holder_sleep_ms(&state) : idle_timeout(&state));
     }
 }
 
