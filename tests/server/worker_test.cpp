@@ -107,6 +107,22 @@ TEST(Worker, ACommitWakesIt) {
     RecordProperty("commit_to_outbox_ms", std::to_string(took.count()));
 }
 
+// An idle relay runs no pass: with nothing committed, nothing due, its last pass stays its last
+// (it used to run one every magic_sync.idle, 100 ms here); a commit with work wakes it at once.
+TEST(Worker, AnIdleRelayRunsNoPass) {
+    Shop shop({"magic_sync.idle = 100"});
+    Connection db(shop.cluster.conninfo("shop"));
+    db.query("INSERT INTO products VALUES (1, 'tea')");
+    ASSERT_TRUE(eventually([&] { return deliveries(db) == "1:1"; })) << shop.cluster.log();
+    std::this_thread::sleep_for(500ms);  // the passes after it, which found nothing
+    const std::string last = db.value("SELECT last_pass_at FROM sync.relay_state");
+    std::this_thread::sleep_for(2s);
+    EXPECT_EQ(db.value("SELECT last_pass_at FROM sync.relay_state"), last);
+    db.query("INSERT INTO products VALUES (2, 'coffee')");
+    EXPECT_TRUE(eventually([&] { return deliveries(db) == "1:1,2:1"; })) << shop.cluster.log();
+    EXPECT_NE(db.value("SELECT last_pass_at FROM sync.relay_state"), last);
+}
+
 TEST(Worker, WaitsForTheExtensionWithoutCrashLooping) {
     Cluster cluster({"magic_sync.database = 'shop'", "magic_sync.idle = 100"});
     cluster.sql("postgres", "CREATE DATABASE shop");
