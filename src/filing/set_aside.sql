@@ -387,6 +387,9 @@ BEGIN
         RETURNING u.replica, u.id, u.kept)
     INSERT INTO sync.answer (replica, kind, payload)
     SELECT a.replica, 'filed', sync_internal.filed_payload(a.id, a.kept) FROM answered a;
+    IF FOUND THEN
+        PERFORM sync_internal.wake();  -- the relay moves the answers as soon as this commits
+    END IF;
 
     more := coalesce((SELECT min(s.next_try_at) FROM sync.set_aside s WHERE s.kind = 'upload')
                      <= now(), false)

@@ -103,6 +103,7 @@ AS $$
         CASE WHEN EXISTS (SELECT FROM sync.note) OR EXISTS (SELECT FROM sync.answer)
                   OR EXISTS (SELECT FROM sync.foreign_holding)
                   OR EXISTS (SELECT FROM sync.drifted_scope)
+                  OR EXISTS (SELECT FROM sync.dropped_codec)
                   OR EXISTS (SELECT FROM sync.replica r
                              WHERE r.reset_pending OR cardinality(r.pending_drops) > 0
                                 OR cardinality(r.pending_table_drops) > 0)
