@@ -353,10 +353,10 @@ SELECT r.id AS replica,
        coalesce(f.refused, 0) AS uploads_refused
 FROM sync.replica r
 JOIN lacks l ON l.replica = r.id
-LEFT JOIN sync.delivery d ON d.replica = r.id AND d.gen = r.gen
+LEFT JOIN sync_internal.current_delivery d ON d.replica = r.id
 LEFT JOIN sync.upload_refusal f ON f.replica = r.id
 LEFT JOIN sync.outbox o ON o.replica = r.id
-GROUP BY r.id, l.n, l.why, f.refused, d.replica;
+GROUP BY r.id, l.n, l.why, f.refused, d.backoff_until, d.last_error;
 
 -- For monitoring (packaging/postgres_exporter_queries.yaml, for prometheus-postgres-exporter):
 -- the replicas counted by what sync.status says of them, and the relay's health, which the

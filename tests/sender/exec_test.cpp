@@ -37,10 +37,11 @@ TEST(ExecSender, DeliversOnStdinAndClassifiesByExitStatus) {
         expected += message_id(seq) + "\n" + message_body(1, seq) + "\n";
     EXPECT_EQ(read_file(dir.path() + "/" + replica_id(1) + ".out"), expected);
     auto replica = [&](int n, const std::string& column) {
-        return outbox.sql("SELECT " + column +
-                          " FROM sync.replica r LEFT JOIN sync.delivery d ON d.replica = r.id "
-                          "AND d.gen = r.gen WHERE r.id = '" +
-                          replica_id(n) + "'");
+        return outbox.sql(
+            "SELECT " + column +
+            " FROM sync.replica r LEFT JOIN sync_internal.current_delivery d ON d.replica = r.id "
+            "WHERE r.id = '" +
+            replica_id(n) + "'");
     };
     EXPECT_EQ(replica(1, "coalesce(last_error, 'none')"), "none");
     EXPECT_EQ(replica(2, "last_error || ' / ' || refusals"), "busy, try later / 0");
