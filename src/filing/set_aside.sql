@@ -216,11 +216,14 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    -- The writes counted once per declared table, not once per kept item.
+    WITH referenced AS MATERIALIZED (
+        SELECT c.table_name, sync_internal.writes_referenced(c.relation) AS writes FROM sync.codec c)
     UPDATE sync.set_aside s SET next_try_at = now()
-    FROM sync.codec c
+    FROM referenced c
     WHERE s.kind = 'upload' AND s.next_try_at > now() AND c.table_name = s.table_name
       AND s.last_try_at <= now() - interval '1 second' * least(2 ^ least(s.tries - 1, 4), 10)
-      AND s.data_seen IS DISTINCT FROM sync_internal.writes_referenced(c.relation);
+      AND s.data_seen IS DISTINCT FROM c.writes;
     RETURN EXISTS (SELECT FROM sync.set_aside s WHERE s.kind = 'upload' AND s.next_try_at <= now())
            OR EXISTS (SELECT FROM sync.set_aside s WHERE s.kind = 'upload'
                       AND s.change_seen < sync_internal.filing_change_committed());
