@@ -153,7 +153,7 @@ BEGIN
         SELECT r.id AS replica, head.seq, head.created_at
         FROM candidates
         JOIN sync.replica r ON r.id = candidates.id
-        LEFT JOIN sync_internal.current_delivery d ON d.replica = r.id
+        LEFT JOIN sync.current_delivery d ON d.replica = r.id
         CROSS JOIN LATERAL (
             SELECT h.seq, h.created_at FROM sync.outbox h
             WHERE h.replica = r.id AND h.sent_at IS NULL
@@ -333,7 +333,7 @@ AS $$
     SELECT (SELECT count(*) FROM sync.outbox o JOIN sync.replica r ON r.id = o.replica
             WHERE r.live AND o.sent_at IS NULL),
            (SELECT count(*) FROM sync.replica r
-            JOIN sync_internal.current_delivery d ON d.replica = r.id
+            JOIN sync.current_delivery d ON d.replica = r.id
             WHERE r.live AND d.backoff_until > now()),
            (SELECT now() - min(o.created_at) FROM sync.outbox o JOIN sync.replica r ON r.id = o.replica
             WHERE r.live AND o.sent_at IS NULL)

@@ -35,7 +35,7 @@ BEGIN
     SELECT count(*), string_agg(DISTINCT coalesce(d.last_error, 'no error yet'), '; ')
     INTO stuck, sample
     FROM sync.replica r
-    LEFT JOIN sync_internal.current_delivery d ON d.replica = r.id
+    LEFT JOIN sync.current_delivery d ON d.replica = r.id
     WHERE r.live AND EXISTS (SELECT FROM sync.outbox o WHERE o.replica = r.id AND o.sent_at IS NULL
                              AND o.created_at < now() - every);
     IF stuck > 0 THEN
@@ -107,7 +107,7 @@ AS $$
                   OR EXISTS (SELECT FROM sync.replica r
                              WHERE r.reset_pending OR cardinality(r.pending_drops) > 0
                                 OR cardinality(r.pending_table_drops) > 0)
-                  OR EXISTS (SELECT FROM sync_internal.current_delivery d
+                  OR EXISTS (SELECT FROM sync.current_delivery d
                              JOIN sync.replica r ON r.id = d.replica AND r.live
                              WHERE d.refusals >= max_refusals)
              THEN now() END,
@@ -146,7 +146,7 @@ BEGIN
                           ELSE format('it left messages unconfirmed for more than %s', unconfirmed) END)
     INTO alarmed, reasons
     FROM sync.replica r
-    LEFT JOIN sync_internal.current_delivery d ON d.replica = r.id
+    LEFT JOIN sync.current_delivery d ON d.replica = r.id
     WHERE r.live AND (d.refusals >= max_refusals
                       OR EXISTS (SELECT FROM sync.outbox o WHERE o.replica = r.id
                                  AND o.sent_at < now() - unconfirmed));

@@ -165,3 +165,6 @@ COMMENT ON FUNCTION sync.replica_counts() IS
 COMMENT ON FUNCTION sync.relay_health() IS
 'For monitoring: the notes backlog and its age, whether a relay holds the lock, the time since the '
 'last pass, what is set aside by kind, and how long the horizon has been held back.';
+COMMENT ON VIEW sync.current_delivery IS
+'How delivering to each replica goes, as its senders recorded it (sync.delivery): backoff, last error, '
+'refusals in a row, for its generation now only (a replica provisioned again starts with none).';

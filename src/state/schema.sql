@@ -264,8 +264,9 @@ CREATE TABLE sync.delivery (
     last_error text,
     refusals int NOT NULL DEFAULT 0
 );
--- The delivery rows that count: of each replica's generation now. Every reader goes through it.
-CREATE VIEW sync_internal.current_delivery AS
+-- The delivery rows that count: of each replica's generation now. Every reader goes through it
+-- (in schema sync with the tables, so that a relay role granted them may read it).
+CREATE VIEW sync.current_delivery AS
 SELECT d.* FROM sync.delivery d JOIN sync.replica r ON r.id = d.replica AND r.gen = d.gen;
 
 -- What could not be planned, sent or filed: kept, and tried again.

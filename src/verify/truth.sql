@@ -353,7 +353,7 @@ SELECT r.id AS replica,
        coalesce(f.refused, 0) AS uploads_refused
 FROM sync.replica r
 JOIN lacks l ON l.replica = r.id
-LEFT JOIN sync_internal.current_delivery d ON d.replica = r.id
+LEFT JOIN sync.current_delivery d ON d.replica = r.id
 LEFT JOIN sync.upload_refusal f ON f.replica = r.id
 LEFT JOIN sync.outbox o ON o.replica = r.id
 GROUP BY r.id, l.n, l.why, f.refused, d.backoff_until, d.last_error;

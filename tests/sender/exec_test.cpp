@@ -39,7 +39,7 @@ TEST(ExecSender, DeliversOnStdinAndClassifiesByExitStatus) {
     auto replica = [&](int n, const std::string& column) {
         return outbox.sql(
             "SELECT " + column +
-            " FROM sync.replica r LEFT JOIN sync_internal.current_delivery d ON d.replica = r.id "
+            " FROM sync.replica r LEFT JOIN sync.current_delivery d ON d.replica = r.id "
             "WHERE r.id = '" +
             replica_id(n) + "'");
     };

@@ -27,7 +27,7 @@ std::vector<std::string> without_repeats(std::vector<std::string> ids) {
 
 std::string column(const Outbox& outbox, const std::string& expression, int replica) {
     return outbox.sql("SELECT " + expression +
-                      " FROM sync.replica r LEFT JOIN sync_internal.current_delivery d "
+                      " FROM sync.replica r LEFT JOIN sync.current_delivery d "
                       "ON d.replica = r.id WHERE r.id = '" +
                       replica_id(replica) + "'");
 }

@@ -160,7 +160,7 @@ TEST(PullSender, ARefusalIsRecordedAndTheHeadStays) {
     const auto refusals = [&] {
         return outbox.sql(
             "SELECT coalesce(d.refusals, 0) || ' ' || coalesce(d.last_error, '-') "
-            "FROM sync.replica r LEFT JOIN sync_internal.current_delivery d ON d.replica = r.id");
+            "FROM sync.replica r LEFT JOIN sync.current_delivery d ON d.replica = r.id");
     };
 
     ASSERT_EQ(sender.get_next(1, 1)->status, 200) << sender.log();
