@@ -378,12 +378,18 @@ class Applier {
 
     // A later answer to an upload answered before names what is still kept of it: the server
     // filed the rest on a retry. Its parts are gathered; with the last, what no part named is no
-    // longer kept. The same answer again (to a resend) changes nothing.
+    // longer kept. The same answer again (to a resend) changes nothing. A row it names that this
+    // replica does not list is kept again: after a point-in-time recovery the server answers
+    // again as its history last did, before the retry that filed the row was lost (the write's
+    // body went when it was filed).
     Filing file_again(const protocol::FiledMessage& filed) {
         Statement named = database_.prepare(
             "INSERT OR IGNORE INTO kept_named (upload, tbl, key) VALUES (?1, ?2, ?3)");
         Statement why = database_.prepare(
             "UPDATE kept SET why = ?4 WHERE upload = ?1 AND tbl = ?2 AND key = ?3");
+        Statement kept_again = database_.prepare(
+            "INSERT INTO kept (tbl, key, why, upload) SELECT ?2, ?3, ?4, ?1 WHERE NOT EXISTS "
+            "(SELECT 1 FROM kept WHERE upload = ?1 AND tbl = ?2 AND key = ?3)");
         for (const protocol::KeyNote& note :
              with_keys(filed, "SELECT tbl, key FROM kept WHERE upload = ?1")) {
             if (note.table.empty()) {
@@ -402,6 +408,13 @@ class Applier {
             }
             named.bind(1, filed.upload).bind(2, note.table).bind(3, note.key).run();
             why.bind(1, filed.upload).bind(2, note.table).bind(3, note.key).bind(4, note.why).run();
+            kept_again.bind(1, filed.upload)
+                .bind(2, note.table)
+                .bind(3, note.key)
+                .bind(4, note.why)
+                .run();
+            if (sqlite3_changes(database_.handle()) > 0)
+                kept_again_.push_back(note.table + " " + note.key + ": " + note.why);
         }
         if (filed.more) return Filing::kAnsweredBefore;
         const char* const unnamed =
@@ -418,6 +431,8 @@ class Applier {
 
     // The kept rows a later answer said were filed ("table key").
     const std::vector<std::string>& filed_later() const { return filed_later_; }
+    // The rows a later answer kept again ("table key: why").
+    const std::vector<std::string>& kept_again() const { return kept_again_; }
 
     // The upload's writes the server filed become the rows this replica holds: each over the
     // row it was written on, under the version the server gives that body, so the replica does not
@@ -551,6 +566,7 @@ class Applier {
     Statement untaken_;
     size_t untaken_count_ = 0;
     std::vector<std::string> filed_later_;
+    std::vector<std::string> kept_again_;
 };
 
 }  // namespace
@@ -713,6 +729,8 @@ ApplyResult Replica::apply(std::string_view message) {
         }
         for (const std::string& row : applier.filed_later())
             add_notice("filed by the server after it was kept: " + row);
+        for (const std::string& row : applier.kept_again())
+            add_notice("kept again by the server: " + row);
     } else if (const auto* ranges = std::get_if<protocol::RangesMessage>(&decoded)) {
         applier.request_ranges(*ranges);
     } else {

@@ -164,6 +164,12 @@ BEGIN
         UPDATE sync.relay_state SET history = now_in, origin = gen_random_uuid();
         RAISE LOG 'magic_sync: the cluster''s history changed (%, now %): a promoted standby or a point-in-time recovery; every live replica proves what it holds against its scopes'' heads',
                   state.history, now_in;
+        -- A device may have been told, in the history that is gone, that rows kept of its
+        -- uploads were filed: every upload still kept in part is answered again, as this
+        -- history answered it last.
+        INSERT INTO sync.answer (replica, kind, payload)
+        SELECT u.replica, 'filed', sync_internal.filed_payload(u.id, u.kept)
+        FROM sync.upload u WHERE u.kept <> '[]' ORDER BY u.filed_at;
         RETURN sync_internal.send_standing(NULL);
     END IF;
     IF state.proving_through IS NULL

@@ -618,6 +618,40 @@ TEST_F(ReplicaTest, ALaterAnswerToAnUploadSaysWhichOfItsKeptRowsWereFiled) {
     EXPECT_TRUE(replica.kept().empty());
 }
 
+// After the server's history changed (a point-in-time recovery), its answer to an upload is the
+// one it gave last in that history: rows the lost history filed are kept again, and listed again,
+// under the reason the answer gives (their bodies were the writes, filed and gone from here).
+TEST_F(ReplicaTest, AnAnswerAgainListsRowsKeptAgainAfterTheHistoryChanged) {
+    for (int id = 1; id <= 2; ++id)
+        replica.write(kSales, R"({"id":)" + std::to_string(id) + R"(,"total":5})");
+    std::optional<PreparedUpload> upload = replica.prepare_upload();
+    ASSERT_TRUE(upload);
+    replica.mark_sent(upload->id);
+    const std::string lost = "7391841912345678901/1/0b0e3f7e-5bb4-4d3f-9d6e-2f3c4b5a6978";
+    const std::string recovered = "7391841912345678901/2/5c1d2e3f-0000-4000-8000-000000000001";
+    replica.apply(protocol::with_origin(
+        filed_message(1, 1, upload->id, {{kSales, id_key(2), "no such sale"}}), lost));
+    // The lost history filed row 2 on a retry.
+    replica.apply(protocol::with_origin(filed_message(1, 2, upload->id), lost));
+    ASSERT_TRUE(replica.kept().empty());
+
+    ApplyResult again = replica.apply(protocol::with_origin(
+        filed_message(1, 1, upload->id, {{kSales, id_key(2), "no such sale"}}), recovered));
+    EXPECT_EQ(again.outcome, Outcome::kApplied);
+    std::vector<KeptWrite> kept = replica.kept();
+    ASSERT_EQ(kept.size(), 1u);
+    EXPECT_EQ(kept[0].table + " " + kept[0].key + " " + kept[0].why + " " + kept[0].upload,
+              kSales + " " + id_key(2) + " no such sale " + upload->id);
+    EXPECT_FALSE(kept[0].json);
+    const std::string notice = replica.notices().back();
+    const std::string said = "kept again by the server: " + kSales + " " + id_key(2) + ": no such sale";
+    EXPECT_EQ(notice.substr(notice.size() - std::min(notice.size(), said.size())), said);
+    // The same answer again changes nothing.
+    replica.apply(protocol::with_origin(
+        filed_message(1, 2, upload->id, {{kSales, id_key(2), "no such sale"}}), recovered));
+    EXPECT_EQ(replica.kept().size(), 1u);
+}
+
 // An upload the server kept whole (it could not read it: over magic_sync.max_upload_bytes, a NUL)
 // is answered with one note of no table: every write of it is kept with that reason, none taken
 // as filed; a later answer that names it again keeps them, one that names nothing files them.
