@@ -644,7 +644,8 @@ TEST_F(ReplicaTest, AnAnswerAgainListsRowsKeptAgainAfterTheHistoryChanged) {
               kSales + " " + id_key(2) + " no such sale " + upload->id);
     EXPECT_FALSE(kept[0].json);
     const std::string notice = replica.notices().back();
-    const std::string said = "kept again by the server: " + kSales + " " + id_key(2) + ": no such sale";
+    const std::string said =
+        "kept again by the server: " + kSales + " " + id_key(2) + ": no such sale";
     EXPECT_EQ(notice.substr(notice.size() - std::min(notice.size(), said.size())), said);
     // The same answer again changes nothing.
     replica.apply(protocol::with_origin(

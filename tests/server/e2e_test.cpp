@@ -525,8 +525,8 @@ TEST_F(History, ABaseBackupRecoveredToAnEarlierPointEveryReplicaConverges) {
     const std::string sale = sell(1, 1);
     ASSERT_TRUE(eventually([&] { return unfiled(1).empty(); })) << unfiled(1);
     write_local(2, "shop.sales",
-                R"({"id":"30000000-0000-0000-0000-000000000001","register_id":")" +
-                    replica_id(2) + R"(","product_id":3,"qty":1,"note":"gift"})");
+                R"({"id":"30000000-0000-0000-0000-000000000001","register_id":")" + replica_id(2) +
+                    R"(","product_id":3,"qty":1,"note":"gift"})");
     const std::string kept_sale =
         "kept by the server (not filed)\n  shop.sales {\"id\":\"30000000-0000-0000-0000-"
         "000000000001\"}: table shop.sales has no column \"note\": the row is kept until it has, "
