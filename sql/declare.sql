@@ -16,6 +16,7 @@ CREATE TABLE shop.sales (
 CREATE TABLE shop.drawers (
     register_id uuid PRIMARY KEY, counted numeric(10, 2), closed_at timestamptz, opened_by text);
 CREATE TABLE shop.notes_without_key (body text);
+CREATE TABLE shop.payloads (id int PRIMARY KEY, doc json, body jsonb);
 CREATE VIEW shop.product_names AS SELECT id, name FROM shop.products;
 CREATE FUNCTION shop.register_company(register uuid) RETURNS jsonb
     LANGUAGE sql AS $$ SELECT jsonb_build_object('company_id', company_id) FROM shop.registers WHERE id = register $$;
@@ -54,6 +55,8 @@ SELECT sync.both('shop.drawers', "to" => 'register_id', replica_columns => ARRAY
 SELECT sync.both('shop.drawers', "to" => 'register_id', replica_columns => ARRAY['register_id', 'counted']);
 SELECT sync.both('shop.drawers', "to" => 'register_id', replica_columns => ARRAY['counted'],
                  columns => ARRAY['register_id', 'closed_at']);
+SELECT sync.catalog('shop.payloads');
+SELECT sync.catalog('shop.payloads', columns => ARRAY['id', 'doc']);
 -- Nothing was declared by the refusals.
 SELECT count(*) AS codecs FROM sync.codec;
 
@@ -111,6 +114,7 @@ ALTER TABLE shop.registers RENAME COLUMN active TO enabled;
 ALTER TABLE shop.registers RENAME COLUMN store_id TO shop_id;
 ALTER TABLE shop.prices ALTER COLUMN store_id TYPE bigint;
 ALTER TABLE shop.drawers DROP CONSTRAINT drawers_pkey;
+ALTER TABLE shop.products ADD COLUMN spec json;
 -- A dropped table stops syncing, as with sync.drop().
 BEGIN;
 CREATE TABLE shop.scratch (id int PRIMARY KEY);

@@ -57,8 +57,10 @@ SELECT length(sync_internal.key_hash('items', ('{"id": 1' || repeat('0', 400) ||
 SELECT sync_internal.row_travels('all', 'items', '{"id":1}', '{"id":1,"n":1' || repeat('0', 400) || '}');
 SELECT sync_internal.row_travels('all', 'items', '{"id":1}', '{"id":1,"n":1' || repeat('0', 300) || '}');
 
--- The pass writes a row from its columns where it can (sync_internal.encode_row): the same text as
--- through to_jsonb, for every column type it writes; NULL leaves the row to to_jsonb.
+-- The pass writes a row from its columns (sync_internal.encode_row): the same text as the truth
+-- audit's way, PostgreSQL's to_json made canonical (sync_internal.canonical_row), for every column
+-- type. Floats as their shortest exact text (1e-320, 1e+300, not to_jsonb's long decimals), -0 as
+-- 0, NaN and the infinities as strings.
 CREATE TEMP TABLE wide (id int2, big int8, f4 float4, f8 float8, n numeric, v varchar(10),
                         u uuid, ts timestamp, tz timestamptz, d date, j jsonb, b bool, t text,
                         c char(3));
@@ -73,26 +75,43 @@ INSERT INTO wide VALUES
     (4, NULL, 'NaN', 'Infinity', '-Infinity', NULL, NULL, NULL, NULL, NULL, 'null', NULL, NULL, NULL),
     (5, -32768, 1e-7, 1.5e-300, 123456789012345678901234567890.123, NULL, NULL, NULL, NULL, NULL,
      '{"n": 1.10, "": 2, "aa": 3, "b": 4}', NULL, NULL, NULL),
-    (6, NULL, NULL, '-Infinity', 0.000, NULL, NULL, NULL, NULL, NULL,
-     (repeat('[', 58) || repeat(']', 58))::jsonb, NULL, NULL, NULL);
-SELECT id, sync_internal.encode_row(w, '{}') = sync_internal.canonical(to_jsonb(w)) AS same,
-       sync_internal.encode_row(w, '{}') FROM wide w WHERE id < 6 ORDER BY id;
-SELECT id, sync_internal.encode_row(w, '{}') = sync_internal.canonical(to_jsonb(w)) AS same FROM wide w WHERE id = 6;
-SELECT id, sync_internal.encode_row(w, '{f4,t,nonesuch}') = sync_internal.canonical(to_jsonb(w) - '{f4,t,nonesuch}'::text[])
+    (6, NULL, 1e-45, '1e-320', 0.000, NULL, NULL, NULL, NULL, NULL,
+     (repeat('[', 58) || repeat(']', 58))::jsonb, NULL, NULL, NULL),
+    (7, NULL, -3.4e38, 1e300, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
+SELECT id, sync_internal.encode_row(w, '{}') = sync_internal.canonical_row(to_json(w), '{}') AS same,
+       sync_internal.encode_row(w, '{}') FROM wide w WHERE id <> 6 ORDER BY id;
+SELECT id, sync_internal.encode_row(w, '{}') = sync_internal.canonical_row(to_json(w), '{}') AS same,
+       length(sync_internal.encode_row(w, '{}')) FROM wide w WHERE id = 6;
+SELECT id, sync_internal.encode_row(w, '{f4,t,nonesuch}') = sync_internal.canonical_row(to_json(w), '{f4,t,nonesuch}')
        AS same_without_hidden FROM wide w ORDER BY id;
--- Left to to_jsonb: a column nested deeper than a row may be (to_jsonb's way refuses it), and
--- column types written another way (arrays, json, intervals, domains).
+-- What each float's text reads back as: the same float.
+SELECT id, (sync_internal.encode_row(w, '{}')::jsonb->>'f8')::float8 = f8 AS f8_exact,
+       (sync_internal.encode_row(w, '{}')::jsonb->>'f4')::float4 = f4 AS f4_exact
+FROM wide w WHERE f8 IS NOT NULL ORDER BY id;
+-- A column nested deeper than a row may be: refused with the exact error, both ways.
 UPDATE wide SET j = (repeat('[', 59) || repeat(']', 59))::jsonb WHERE id = 6;
-SELECT sync_internal.encode_row(w, '{}') IS NULL AS left_to_to_jsonb FROM wide w WHERE id = 6;
-SELECT sync_internal.canonical(to_jsonb(w)) FROM wide w WHERE id = 6;
+SELECT sync_internal.encode_row(w, '{}') FROM wide w WHERE id = 6;
+SELECT sync_internal.canonical_row(to_json(w), '{}') FROM wide w WHERE id = 6;
+-- Other types: arrays (floats in them exact, nested by dimension, their lower bounds not written),
+-- json (parsed), intervals, domains, composites, as to_json writes them.
 CREATE DOMAIN positive AS int CHECK (VALUE > 0);
-CREATE TEMP TABLE other (id int, tags int[], doc json, span interval, p positive);
-INSERT INTO other VALUES (1, '{1,2}', NULL, NULL, NULL), (2, NULL, '{"a": 1, "a": 2}', NULL, NULL),
-    (3, NULL, NULL, '1 day', NULL), (4, NULL, NULL, NULL, 7), (5, NULL, NULL, NULL, NULL);
-SELECT id, sync_internal.encode_row(o, '{}') AS written, sync_internal.canonical(to_jsonb(o)) AS through_to_jsonb
-FROM other o ORDER BY id;
-SELECT id, sync_internal.encode_row(i, '{tags}') = sync_internal.canonical(to_jsonb(i) - 'tags') AS same FROM item i
-ORDER BY id;
+CREATE DOMAIN ratio AS float8;
+CREATE TYPE pair AS (x float8, label text);
+CREATE TEMP TABLE other (id int, tags int[], doc json, span interval, p positive, r ratio,
+                         fs float8[], grid float4[], two pair, pairs pair[]);
+INSERT INTO other (id, tags, doc, span, p, r, fs, grid, two, pairs) VALUES
+    (1, '{1,2}', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL),
+    (2, NULL, '{"b": 1, "a": [2.50]}', NULL, NULL, NULL, NULL, NULL, NULL, NULL),
+    (3, NULL, NULL, '1 day', NULL, NULL, NULL, NULL, NULL, NULL),
+    (4, NULL, NULL, NULL, 7, 1e300, NULL, NULL, NULL, NULL),
+    (5, NULL, NULL, NULL, NULL, NULL, '{1e-320,-0,NaN,NULL,0.1}', '{{1.5,2},{3,1e-45}}', NULL, NULL),
+    (6, '[0:1]={7,8}', NULL, NULL, NULL, NULL, '{}', NULL, ROW(1e300, 'a "b"'),
+     ARRAY[ROW(0.1, NULL)::pair, NULL]),
+    (7, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
+SELECT id, sync_internal.encode_row(o, '{}') = sync_internal.canonical_row(to_json(o), '{}') AS same,
+       sync_internal.encode_row(o, '{}') AS written FROM other o ORDER BY id;
+SELECT id, sync_internal.encode_row(i, '{tags}') = sync_internal.canonical_row(to_json(i), '{tags}') AS same
+FROM item i ORDER BY id;
 
 -- A row's version hash and its fingerprint element, as the pass computes them: the SHA-256 of
 -- the canonical text's UTF-8 bytes, and of k ‖ v; both as PostgreSQL's sha256 gives them.

@@ -367,6 +367,7 @@ DECLARE
     replica_type regtype;
     codec_id int;
     offending name;
+    json_column record;
 BEGIN
     IF kind IS NULL OR kind NOT IN ('catalog', 'record', 'both') THEN
         RAISE EXCEPTION 'codec kind "%" is not one of catalog, record, both', kind
@@ -459,6 +460,12 @@ BEGIN
                 USING ERRCODE = 'invalid_parameter_value',
                       HINT = 'A replica finds a row by its key: add the key columns to columns.';
         END IF;
+    END IF;
+
+    SELECT * INTO json_column FROM sync_internal.json_column_problem("table", columns);
+    IF FOUND THEN
+        RAISE EXCEPTION '%', json_column.problem
+            USING ERRCODE = 'datatype_mismatch', HINT = json_column.fix;
     END IF;
 
     replica_columns := coalesce(replica_columns, '{}');
@@ -660,6 +667,27 @@ BEGIN
 END
 $$;
 
+-- The first column of `relation` among those that travel (`columns`; NULL: all) whose type is json
+-- (not jsonb), as its problem and fix. json keeps its text as written (spaces, key order, repeated
+-- keys) and a message, JSON itself, cannot carry that text exactly: docs/PROTOCOL.md, the types.
+CREATE FUNCTION sync_internal.json_column_problem(relation regclass, columns name[])
+RETURNS TABLE (problem text, fix text)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT format('column "%s" of %s is of type %s, which keeps its text as written (spaces, key '
+                  'order, repeated keys): no message can carry it exactly',
+                  a.attname, sync_internal.relation_name(relation), a.atttypid::regtype),
+           format('Make it jsonb (ALTER TABLE %1$s ALTER COLUMN %2$I TYPE jsonb), or text, or leave '
+                  'it out of the columns declared.', sync_internal.relation_name(relation), a.attname)
+    FROM pg_attribute a
+    WHERE a.attrelid = relation AND a.attnum > 0 AND NOT a.attisdropped
+      AND (columns IS NULL OR a.attname = ANY (columns))
+      AND (SELECT coalesce(nullif(t.typbasetype, 0), t.oid) FROM pg_type t WHERE t.oid = a.atttypid)
+          IN ('json'::regtype, 'json[]'::regtype)
+    ORDER BY a.attnum LIMIT 1
+$$;
+
 -- What is wrong with a codec's declaration now, one row each, and how to fix it (`refuses`: as for
 -- sync_internal.replica_set_problems; `in_replicas`: the problem lies in the replicas relation).
 CREATE FUNCTION sync_internal.codec_problems(c sync.codec)
@@ -728,6 +756,8 @@ BEGIN
         RETURN QUERY SELECT format('the capture triggers of %s are missing', current_name),
                             format('Redeclare %s: its changes are not being noted.', current_name), false, false;
     END IF;
+    RETURN QUERY SELECT j.problem, j.fix, true, false
+                 FROM sync_internal.json_column_problem(c.relation, c.columns) j;
 END
 $$;
 

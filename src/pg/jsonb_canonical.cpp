@@ -10,10 +10,14 @@
 extern "C" {
 #include "access/htup_details.h"
 #include "catalog/pg_type.h"
+#include "nodes/makefuncs.h"
+#include "utils/array.h"
 #include "utils/builtins.h"
 #include "utils/date.h"
+#include "utils/fmgroids.h"
 #include "utils/json.h"
 #include "utils/jsonb.h"
+#include "utils/lsyscache.h"
 #include "utils/numeric.h"
 #include "utils/timestamp.h"
 #include "utils/typcache.h"
@@ -22,6 +26,7 @@ extern "C" {
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <stdexcept>
 #include <utility>
 #include <vector>
@@ -190,21 +195,117 @@ std::string number_of(std::string text, bool is_json_number, const protocol::Lim
     return is_json_number ? std::move(text) : quoted(text, limits);
 }
 
-// to_jsonb writes a float with its output function and keeps that text as a numeric.
+// A float is its output function's text, the shortest that reads back to the same float under
+// the relay's extra_float_digits (1): `1e-320`, `1e+300`, `0.1`, all JSON numbers (to_jsonb keeps
+// that text as a numeric, which writes 1e-320 with 320 zeros). Negative zero is `0`, as canonical
+// JSON writes the integer -0 and as PostgreSQL compares it. NaN and the infinities, which JSON has
+// no number for, are strings.
 std::string float_value(double value, Datum datum, Oid type, const protocol::Limits& limits) {
+    if (value == 0) return "0";
     std::string text = owned(guard([&]() noexcept {
         return DatumGetCString(
             DirectFunctionCall1(type == FLOAT4OID ? float4out : float8out, datum));
     }));
-    if (std::isnan(value) || std::isinf(value)) return number_of(text, false, limits);
-    Datum numeric = guard([&]() noexcept {
-        return DirectFunctionCall3(numeric_in, CStringGetDatum(text.c_str()),
-                                   ObjectIdGetDatum(InvalidOid), Int32GetDatum(-1));
-    });
-    return number_of(numeric_text(numeric), true, limits);
+    return number_of(std::move(text), std::isfinite(value), limits);
 }
 
-std::string column_value(Datum value, Oid type, const protocol::Limits& limits) {
+std::string column_value(Datum value, Oid type, const protocol::Limits& limits);
+std::string encode_columns(HeapTupleData& tuple, TupleDesc descriptor,
+                           const std::vector<std::string>& hidden, const protocol::Limits& limits);
+
+// An array as to_jsonb writes it, nested by dimension (its lower bounds are not written), each
+// element written as a column of its type.
+std::string array_value(Datum value, const protocol::Limits& limits) {
+    if (limits.max_depth < 1) throw Undecided{};
+    ArrayType* array = guard([&]() noexcept { return DatumGetArrayTypeP(value); });
+    const Oid element_type = ARR_ELEMTYPE(array);
+    const int dimensions = ARR_NDIM(array);
+    if (dimensions > limits.max_depth) throw Undecided{};
+    const int* extents = ARR_DIMS(array);
+    int16 length = 0;
+    bool by_value = false;
+    char align = 0;
+    guard([&]() noexcept { get_typlenbyvalalign(element_type, &length, &by_value, &align); });
+    Datum* elements = nullptr;
+    bool* nulls = nullptr;
+    int count = 0;
+    guard([&]() noexcept {
+        deconstruct_array(array, element_type, length, by_value, align, &elements, &nulls, &count);
+    });
+    if (dimensions == 0) return "[]";
+    protocol::Limits inner = limits;
+    inner.max_depth -= dimensions;
+    int next = 0;
+    // The elements of dimension `d` onwards, in order, as nested arrays.
+    std::function<std::string(int)> nest = [&](int d) {
+        std::string text = "[";
+        for (int i = 0; i < extents[d]; ++i) {
+            if (i) text += ',';
+            if (d + 1 < dimensions) {
+                text += nest(d + 1);
+            } else {
+                text += nulls[next] ? "null" : column_value(elements[next], element_type, inner);
+                ++next;
+            }
+            if (text.size() > limits.max_bytes) throw Undecided{};
+        }
+        return text + "]";
+    };
+    return nest(0);
+}
+
+// A composite value as to_jsonb writes it: an object of its attributes.
+std::string composite_value(Datum value, const protocol::Limits& limits) {
+    if (limits.max_depth < 1) throw Undecided{};
+    HeapTupleHeader header = guard([&]() noexcept { return DatumGetHeapTupleHeader(value); });
+    TupleDesc descriptor = guard([&]() noexcept {
+        return lookup_rowtype_tupdesc(HeapTupleHeaderGetTypeId(header),
+                                      HeapTupleHeaderGetTypMod(header));
+    });
+    HeapTupleData tuple;
+    tuple.t_len = HeapTupleHeaderGetDatumLength(header);
+    ItemPointerSetInvalid(&tuple.t_self);
+    tuple.t_tableOid = InvalidOid;
+    tuple.t_data = header;
+    protocol::Limits inner = limits;
+    inner.max_depth -= 1;
+    std::string text;
+    try {
+        text = encode_columns(tuple, descriptor, {}, inner);
+    } catch (...) {
+        guard([&]() noexcept { ReleaseTupleDesc(descriptor); });
+        throw;
+    }
+    guard([&]() noexcept { ReleaseTupleDesc(descriptor); });
+    return text;
+}
+
+// to_jsonb(value) or to_json(value) (`function`), which read their argument's type from the
+// call's expression: one is made for them.
+Datum call_to_json(Oid function, Oid result_type, Datum value, Oid type) {
+    return guard([&]() noexcept {
+        FmgrInfo call;
+        fmgr_info(function, &call);
+        fmgr_info_set_expr(
+            reinterpret_cast<Node*>(makeFuncExpr(function, result_type,
+                                                 list_make1(makeNullConst(type, -1, InvalidOid)),
+                                                 InvalidOid, InvalidOid, COERCE_EXPLICIT_CALL)),
+            &call);
+        return FunctionCall1(&call, value);
+    });
+}
+
+// A value of any other type, through to_jsonb itself (an output function's text, a cast to json,
+// or json parsed), then walked as jsonb.
+std::string through_to_jsonb(Datum value, Oid type, const protocol::Limits& limits) {
+    if (auto text = jsonb_canonical(call_to_json(F_TO_JSONB, JSONBOID, value, type), limits))
+        return *text;
+    throw Undecided{};
+}
+
+std::string column_value(Datum value, Oid declared_type, const protocol::Limits& limits) {
+    // A domain is written as its base type, as to_jsonb writes it.
+    const Oid type = guard([&]() noexcept { return getBaseType(declared_type); });
     switch (type) {
         case BOOLOID:
             return DatumGetBool(value) ? "true" : "false";
@@ -248,8 +349,13 @@ std::string column_value(Datum value, Oid type, const protocol::Limits& limits) 
             throw Undecided{};
         }
         default:
-            throw Undecided{};
+            break;
     }
+    const bool is_array = guard([&]() noexcept { return OidIsValid(get_element_type(type)); });
+    if (is_array) return array_value(value, limits);
+    const bool is_composite = guard([&]() noexcept { return type_is_rowtype(type); });
+    if (is_composite) return composite_value(value, limits);
+    return through_to_jsonb(value, type, limits);
 }
 
 std::string encode_columns(HeapTupleData& tuple, TupleDesc descriptor,
@@ -286,6 +392,15 @@ std::optional<std::string> jsonb_canonical(Datum value, const protocol::Limits& 
     } catch (const Undecided&) {
         return std::nullopt;
     }
+}
+
+std::string row_json_arg(FunctionCallInfo fcinfo, int n) {
+    Datum row = PG_GETARG_DATUM(n);
+    const Oid type =
+        guard([&]() noexcept { return HeapTupleHeaderGetTypeId(DatumGetHeapTupleHeader(row)); });
+    Datum json = call_to_json(F_TO_JSON, JSONOID, row, type);
+    auto* written = guard([&]() noexcept { return DatumGetTextPP(json); });
+    return std::string(VARDATA_ANY(written), VARSIZE_ANY_EXHDR(written));
 }
 
 std::optional<std::string> row_canonical_arg(FunctionCallInfo fcinfo, int n,

@@ -21,11 +21,14 @@ std::optional<std::string> jsonb_canonical_arg(FunctionCallInfo fcinfo, int n,
 // The same for a jsonb datum.
 std::optional<std::string> jsonb_canonical(Datum jsonb, const protocol::Limits& limits);
 
-// The canonical JSON of to_jsonb(row) without the `hidden` columns, for the composite argument
-// `n`, written from the row's columns; nullopt when a column is of a type to_jsonb treats in a way
-// not written out here, or the walk is undecided as above: the caller then goes through to_jsonb.
+// The canonical JSON of the composite argument `n` without the `hidden` columns, written from the
+// row's columns as to_json writes them (floats exactly, as their output function does; to_jsonb
+// would keep them as numerics); nullopt when the walk is undecided as above: the caller then
+// goes through row_json_arg's text, which refuses it with the exact error.
 std::optional<std::string> row_canonical_arg(FunctionCallInfo fcinfo, int n,
                                              const std::vector<std::string>& hidden,
                                              const protocol::Limits& limits);
+// to_json of the composite argument `n`, as text.
+std::string row_json_arg(FunctionCallInfo fcinfo, int n);
 
 }  // namespace magic_sync::pg

@@ -1,5 +1,6 @@
 #include "protocol/canonical.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
@@ -15,6 +16,24 @@ std::string canonical_json(std::string_view text, const Limits& limits) {
                           " bytes, over the limit of " + std::to_string(limits.max_bytes));
     }
     return parse_json_tree(text, limits, PayloadPlacement::kWholeDocument).text;
+}
+
+std::string canonical_object_without(std::string_view object,
+                                     const std::vector<std::string>& hidden, const Limits& limits) {
+    if (object.size() > limits.max_bytes) {
+        throw DecodeError("JSON text is " + std::to_string(object.size()) +
+                          " bytes, over the limit of " + std::to_string(limits.max_bytes));
+    }
+    JsonNode tree = parse_json_tree(object, limits, PayloadPlacement::kMemberValues);
+    if (tree.type != JsonNode::Type::kObject) throw DecodeError("not a JSON object");
+    std::vector<std::pair<std::string, std::string>> members;
+    for (JsonMember& member : tree.members) {
+        if (std::find(hidden.begin(), hidden.end(), member.key) != hidden.end()) continue;
+        members.emplace_back(std::move(member.key), std::move(member.value.text));
+    }
+    std::string text;
+    append_json_object(text, members);
+    return text;
 }
 
 namespace {

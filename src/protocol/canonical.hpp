@@ -32,6 +32,11 @@
 namespace magic_sync::protocol {
 
 std::string canonical_json(std::string_view text, const Limits& limits = Limits{});
+// canonical_json of `object` (a JSON object, DecodeError otherwise) without its members named in
+// `hidden`.
+std::string canonical_object_without(std::string_view object,
+                                     const std::vector<std::string>& hidden,
+                                     const Limits& limits = Limits{});
 
 // The first number of `json` (valid JSON, e.g. an uploaded row) that no double holds, as written;
 // none when every number fits one. Such a row cannot go down to a replica, which may read its

@@ -155,6 +155,8 @@ class TreeBuilder : public nlohmann::json_sax<Json> {
     bool value_starts_payload() const {
         if (placement_ == PayloadPlacement::kWholeDocument) return envelope_.empty();
         if (envelope_.empty()) return false;
+        if (placement_ == PayloadPlacement::kMemberValues)
+            return envelope_.size() == 1 && envelope_.back().node.type == JsonNode::Type::kObject;
         const EnvelopeFrame& parent = envelope_.back();
         return parent.node.type == JsonNode::Type::kObject && parent.is_array_element &&
                (parent.pending_key == "k" || parent.pending_key == "r");

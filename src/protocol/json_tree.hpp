@@ -35,9 +35,10 @@ struct JsonMember {
     JsonNode value;
 };
 
-// Where payloads are: the whole document (the result is one kPayload node), or the values of the
-// members "k" and "r" of every object that is an array element (a row in any list of a message).
-enum class PayloadPlacement { kWholeDocument, kRowFields };
+// Where payloads are: the whole document (the result is one kPayload node), the values of the
+// members "k" and "r" of every object that is an array element (a row in any list of a message),
+// or the values of the members of the document, an object (a row's columns).
+enum class PayloadPlacement { kWholeDocument, kRowFields, kMemberValues };
 
 // Throws DecodeError on malformed JSON, duplicate keys and broken limits (all but max_bytes and
 // max_rows, which are the caller's to check; objects in lists are bounded by twice max_rows while

@@ -176,8 +176,7 @@ std::string encode_statement(const Codec& codec, const ReplicaSet& replicas,
            ", e.value, e.part, e.body, sync_internal.row_hash(e.body) FROM " +
            noted_rows(codec, only_key) + " CROSS JOIN LATERAL (SELECT a.value, a.part, CASE WHEN " +
            present +
-           " AND a.value IS NOT NULL THEN coalesce(sync_internal.encode_row(t.*, $3::text[]),"
-           " sync_internal.canonical(to_jsonb(t.*) - $3::text[])) END AS body"
+           " AND a.value IS NOT NULL THEN sync_internal.encode_row(t.*, $3::text[]) END AS body"
            " FROM (SELECT " +
            audience.value + " AS value, " +
            replica_column_text(replicas.partition_column, "t", "''") + " AS part) a OFFSET 0) e";

@@ -2,7 +2,7 @@
 --
 -- What a replica must hold, worked out from the declarations (sync.codec, sync.replica_set) and
 -- the user tables alone, by the declared rules: never from the relay's state (sync.row,
--- sync.scope, sync.member, sync.chunk, the outbox). It encodes rows with to_jsonb and hashes them
+-- sync.scope, sync.member, sync.chunk, the outbox). It encodes rows with to_json and hashes them
 -- with PostgreSQL's sha256, apart from the pass's own encoder and hashes, so that the two can be
 -- held against each other: sync.expected() for one replica, sync.audit() for every scope. Values
 -- are written under the settings sync.pass pins (TimeZone, IntervalStyle, ...).
@@ -29,7 +29,7 @@ BEGIN
     WHERE a.attrelid = c.relation AND a.attnum > 0 AND NOT a.attisdropped
       AND c.columns IS NOT NULL AND a.attname <> ALL (c.columns);
     RETURN format('SELECT %L::text AS table_name, sync_internal.canonical(jsonb_build_object(%s)) AS key, '
-                  'sync_internal.canonical(to_jsonb(t.*) - %L::text[]) AS body, %L::text AS match, %s AS value, '
+                  'sync_internal.canonical_row(to_json(t.*), %L::text[]) AS body, %L::text AS match, %s AS value, '
                   '%s AS part FROM %s t',
                   c.table_name, key_object, hidden,
                   CASE c.audience WHEN 'own' THEN 'id' WHEN 'group' THEN c.replica_column ELSE '*' END,

@@ -60,15 +60,46 @@ MAGIC_SYNC_FUNCTION(magic_sync_canonical) {
     return magic_sync::pg::text_datum(canonical_arg(fcinfo, 0));
 }
 
-// sync_internal.encode_row(row record, hidden text[]) → text: sync_internal.canonical(to_jsonb(row)
-// - hidden), written from the row's columns; NULL when a column's type is left to to_jsonb.
-MAGIC_SYNC_FUNCTION(magic_sync_encode_row) {
+namespace {
+
+// The canonical JSON of a row to_json wrote (`json`), without the hidden columns; a row deeper or
+// longer than a message may carry is refused with the exact error.
+std::string canonical_row(const std::string& json, const std::vector<std::string>& hidden) {
+    try {
+        return protocol::canonical_object_without(json, hidden, row_limits());
+    } catch (const protocol::DecodeError& e) {
+        throw Error(std::string("cannot encode a row: ") + e.what(),
+                    ERRCODE_INVALID_TEXT_REPRESENTATION);
+    }
+}
+
+std::vector<std::string> hidden_arg(FunctionCallInfo fcinfo, int n) {
     std::vector<std::string> hidden;
-    for (auto& name : magic_sync::pg::text_array_arg(fcinfo, 1))
+    for (auto& name : magic_sync::pg::text_array_arg(fcinfo, n))
         if (name) hidden.push_back(*name);
-    auto text = magic_sync::pg::row_canonical_arg(fcinfo, 0, hidden, row_limits());
-    if (!text) return magic_sync::pg::null_result(fcinfo);
-    return magic_sync::pg::text_datum(*text);
+    return hidden;
+}
+
+}  // namespace
+
+// sync_internal.canonical_row(row json, hidden text[]) → text: the canonical JSON of a row that
+// to_json wrote, without the hidden columns: how the truth audit writes a row, apart from
+// encode_row.
+MAGIC_SYNC_FUNCTION(magic_sync_canonical_row) {
+    return magic_sync::pg::text_datum(
+        canonical_row(magic_sync::pg::text_arg(fcinfo, 0), hidden_arg(fcinfo, 1)));
+}
+
+// sync_internal.encode_row(row record, hidden text[]) → text: the body a row travels as, its
+// canonical JSON without the hidden columns, written from its columns (pg::row_canonical_arg);
+// where that walk cannot decide, through to_json's text, which refuses it with the exact error (or
+// gives one the pass withholds as too big).
+MAGIC_SYNC_FUNCTION(magic_sync_encode_row) {
+    const std::vector<std::string> hidden = hidden_arg(fcinfo, 1);
+    if (auto text = magic_sync::pg::row_canonical_arg(fcinfo, 0, hidden, row_limits()))
+        return magic_sync::pg::text_datum(*text);
+    return magic_sync::pg::text_datum(
+        canonical_row(magic_sync::pg::row_json_arg(fcinfo, 0), hidden));
 }
 
 // sync_internal.key_hash(table text, key jsonb) → bytea: k = SHA-256(table ‖ 0 ‖ canonical key).

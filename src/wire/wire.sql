@@ -6,11 +6,17 @@
 CREATE FUNCTION sync_internal.canonical(jsonb) RETURNS text
 AS 'MODULE_PATHNAME', 'magic_sync_canonical' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
--- sync_internal.canonical(to_jsonb(row) - hidden), written from the row's columns; NULL when a column is
--- of a type it leaves to to_jsonb (the pass then goes through to_jsonb). STABLE: timestamptz is
--- written in the session's time zone, as to_jsonb writes it.
+-- The body a row travels as: its canonical JSON without the `hidden` columns, written from its
+-- columns as to_json writes them (floats exactly, src/pg/jsonb_canonical.cpp), or where that
+-- cannot be decided, through to_json's text, which refuses a row deeper or longer than a message
+-- may carry with the exact error. STABLE: timestamptz is written in the session's time zone.
 CREATE FUNCTION sync_internal.encode_row("row" record, hidden text[]) RETURNS text
 AS 'MODULE_PATHNAME', 'magic_sync_encode_row' LANGUAGE C STABLE STRICT PARALLEL SAFE;
+
+-- A row as to_json wrote it, in canonical JSON without the hidden columns: how the truth audit
+-- writes a row, apart from encode_row's walk.
+CREATE FUNCTION sync_internal.canonical_row("row" json, hidden text[]) RETURNS text
+AS 'MODULE_PATHNAME', 'magic_sync_canonical_row' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
 
 CREATE FUNCTION sync_internal.key_hash("table" text, key jsonb) RETURNS bytea
 AS 'MODULE_PATHNAME', 'magic_sync_key_hash' LANGUAGE C IMMUTABLE STRICT PARALLEL SAFE;
