@@ -168,6 +168,11 @@ build/tests/sim: $(call test_objs,build,tests/sim/*.cpp) $(TEST_SUPPORT_OBJS) $(
 	@mkdir -p $(dir $@)
 	$(TEST_CXX) $(TEST_FLAGS) -o $@ $^ -lpq -lcrypto -lpthread $(HTTPLIB_LIBS)
 
+# tests/conformance: any replica implementation against a real server (docs/PROTOCOL.md).
+build/tests/conformance: $(call test_objs,build,tests/conformance/*.cpp) $(TEST_SUPPORT_OBJS) $(PROTOCOL_OBJS)
+	@mkdir -p $(dir $@)
+	$(TEST_CXX) $(TEST_FLAGS) -o $@ $^ -lpq -lcrypto -lpthread
+
 PROGRAMS := build/tests/unit_tests
 PROGRAMS += $(if $(SERVER_TEST_SRCS),build/tests/server_tests)
 PROGRAMS += $(if $(wildcard sender/main.cpp),build/bin/magic-sync-sender)
@@ -189,7 +194,8 @@ setup:
 # valgrind; the fuzz targets; and release 0.1.0's extension, for the update test.
 JOBS ?= $(shell nproc)
 TEST_BUILDS = all build/bin/magic-sync-sender build/bin/magic-sync-replica build/tests/server_tests \
-	build/tests/sim build/tests/replica_tests $(ASAN_BUILDS) fuzz-build release-builds
+	build/tests/sim build/tests/replica_tests build/tests/conformance $(ASAN_BUILDS) fuzz-build \
+	release-builds
 .PHONY: test-builds release-builds
 # A clone without the releases' history skips them here (the update test says so).
 release-builds:
@@ -425,6 +431,14 @@ bench-retry: build/bench/retry
 	build/bench/retry 3 3
 
 # The simulation: `make sim SEED=n` replays one seed, `make sim SEEDS=200` runs seeds 1..200,
+# `make conformance REPLICA='command'`: the conformance suite of docs/PROTOCOL.md against any
+# replica implementation (the reference replica when REPLICA is not given).
+REPLICA ?= build/bin/magic-sync-replica
+.PHONY: conformance
+conformance: build/tests/conformance build/bin/magic-sync-replica
+	$(MAKE) install
+	build/tests/conformance --replica '$(REPLICA)'
+
 # `make sim` the seeds of `make test`; SIM_ARGS passes options (build/tests/sim --help).
 SIM_TEST_SEEDS ?= $(shell sed -n 's/^sim_seeds="\(.*\)"/\1/p' scripts/run-tests.sh)
 .PHONY: sim

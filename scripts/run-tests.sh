@@ -9,12 +9,13 @@
 # processes), the longest first. A job's line says how long it took; a failed job's log follows it.
 #
 #   MAGIC_SYNC_TESTS=regress,isolation   only these groups (format, schedules, regress,
-#                                        isolation, server, sanitizers, fuzz, shell, sim)
+#                                        isolation, server, sanitizers, fuzz, shell, sim,
+#                                        conformance)
 #   MAGIC_SYNC_TEST_JOBS=1               one job at a time
 #   KEEP_TEST_OUTPUT=1                   keep the logs and the regress outputs
 set -uo pipefail
 case "${1:-}" in
-    -h | --help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     "") ;;
     *) echo "run-tests: no arguments are taken (see --help)" >&2; exit 2 ;;
 esac
@@ -248,6 +249,11 @@ if wanted sim; then
     for seed in $sim_seeds; do
         add_job "sim:seed $seed" 8 one build/tests/sim --seed "$seed"
     done
+fi
+
+# ---- the conformance suite (tests/conformance, docs/PROTOCOL.md) against the reference replica --
+if wanted conformance; then
+    add_job conformance:reference 6 one build/tests/conformance --replica build/bin/magic-sync-replica
 fi
 
 # ---- the scheduler ---------------------------------------------------------------------------
