@@ -227,10 +227,10 @@ class Suite {
         std::ofstream(in, std::ios::binary) << input;
         std::string output;
         const auto started = std::chrono::steady_clock::now();
-        const int status = run("(" + command_ + " --id " + kReplicaId + " --db " +
-                                   dir_.file("replica.db") + " " + operation + " <" + in + " 2>" +
-                                   err + ")",
-                               &output);
+        const int status =
+            run("(" + command_ + " --id " + kReplicaId + " --db " + dir_.file("replica.db") + " " +
+                    operation + " <" + in + " 2>" + err + ")",
+                &output);
         if (out) *out = output;
         last_error_ = read(err);
         if (verbose_) {
@@ -334,10 +334,10 @@ class Suite {
     void converge_and_compare() {
         converge();
         std::map<std::pair<std::string, std::string>, std::pair<json, std::string>> expected, held;
-        for (const auto& row : db_->query(
-                 "SELECT table_name, key, \"row\", h FROM sync.expected($1::uuid) "
-                 "WHERE NOT withheld",
-                 {kReplicaId}))
+        for (const auto& row :
+             db_->query("SELECT table_name, key, \"row\", h FROM sync.expected($1::uuid) "
+                        "WHERE NOT withheld",
+                        {kReplicaId}))
             expected[{*row[0], json::parse(*row[1]).dump()}] = {json::parse(*row[2]), *row[3]};
         json state = shown();
         for (auto& [table, rows] : state["held"].items())
@@ -349,9 +349,9 @@ class Suite {
             require(got->second.first == want.first, "different " + key.first + " " + key.second +
                                                          ": expected " + want.first.dump() +
                                                          ", held " + got->second.first.dump());
-            require(got->second.second == want.second,
-                    "h of " + key.first + " " + key.second + ": expected " + want.second +
-                        ", held " + got->second.second);
+            require(got->second.second == want.second, "h of " + key.first + " " + key.second +
+                                                           ": expected " + want.second + ", held " +
+                                                           got->second.second);
         }
         for (const auto& [key, row] : held)
             require(expected.count(key), "held but not expected: " + key.first + " " + key.second);
@@ -361,17 +361,17 @@ class Suite {
     // names, with their reasons.
     void compare_kept() {
         std::set<std::string> server, device;
-        for (const auto& row : db_->query(
-                 "SELECT e->>'t', e->>'k', e->>'why' FROM sync.upload u, "
-                 "jsonb_array_elements(u.kept) e WHERE u.replica = $1::uuid",
-                 {kReplicaId}))
+        for (const auto& row :
+             db_->query("SELECT e->>'t', e->>'k', e->>'why' FROM sync.upload u, "
+                        "jsonb_array_elements(u.kept) e WHERE u.replica = $1::uuid",
+                        {kReplicaId}))
             server.insert(*row[0] + " " + json::parse(*row[1]).dump() + ": " + *row[2]);
         const json state = shown();
         for (const json& kept : state["kept"])
             device.insert(kept["t"].get<std::string>() + " " + kept["k"].dump() + ": " +
                           kept["why"].get<std::string>());
-        require(server == device, "kept differ: the server's answers keep " +
-                                      json(server).dump() + ", it lists " + json(device).dump());
+        require(server == device, "kept differ: the server's answers keep " + json(server).dump() +
+                                      ", it lists " + json(device).dump());
     }
 
     // Its holds are the fingerprints of what sync.expected says it holds, scope by scope.
@@ -385,9 +385,9 @@ class Suite {
         json holds = shown()["holds"];
         for (const auto& [scope, fingerprint] : expected) {
             require(holds.contains(scope), "it does not report holding " + scope);
-            require(holds[scope]["fp"] == fingerprint.hex() &&
-                        holds[scope]["n"] == fingerprint.count,
-                    "scope " + scope + ": it reports " + holds[scope].dump());
+            require(
+                holds[scope]["fp"] == fingerprint.hex() && holds[scope]["n"] == fingerprint.count,
+                "scope " + scope + ": it reports " + holds[scope].dump());
         }
     }
 
