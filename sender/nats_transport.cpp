@@ -3,6 +3,7 @@
 #include <stdexcept>
 
 #include "log.hpp"
+#include "program/nats_servers.hpp"
 
 namespace magic_sync::sender {
 
@@ -34,12 +35,9 @@ Outcome nats_outcome(natsStatus status, jsErrCode code, const std::string& text)
 }
 
 NatsTransport::NatsTransport(const NatsSettings& settings) : prefix_(settings.prefix) {
-    natsOptions* options = nullptr;
-    check(natsOptions_Create(&options), "nats options");
-    natsOptions_SetURL(options, settings.url.c_str());
-    // Reconnect for ever; publishes in between are buffered, or time out as transient failures.
-    natsOptions_SetMaxReconnect(options, -1);
-    natsOptions_SetReconnectWait(options, 500);
+    // Publishes while the connection is away are buffered, or time out as transient failures:
+    // sent again under the same Nats-Msg-Id, they are stored once.
+    natsOptions* options = program::nats_options<log_line>(settings.url, "magic-sync-sender");
     natsOptions_SetSendAsap(options, true);
     const natsStatus connected = natsConnection_Connect(&connection_, options);
     natsOptions_Destroy(options);

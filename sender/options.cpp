@@ -5,6 +5,8 @@
 #include <functional>
 #include <map>
 
+#include "program/nats_servers.hpp"
+
 namespace magic_sync::sender {
 
 const char* const kUsage =
@@ -35,7 +37,11 @@ replicas, one message at a time per replica, in order. Holds no state: kill it a
 http:
   --url TEMPLATE         POST target, {replica} replaced by the replica's id; header message-id
 nats (JetStream):
-  --nats-url URL         default nats://127.0.0.1:4222
+  --nats-url URL[,URL...]
+                         the server, or several servers of a cluster separated by commas
+                         (default nats://127.0.0.1:4222); the connection moves to another
+                         when its server dies, and what it published unacknowledged goes
+                         again under the same Nats-Msg-Id, which the stream stores once
   --nats-prefix PREFIX   publish to PREFIX.<replica> (default magic_sync)
   --nats-stream NAME     the stream to create with --nats-create-stream (default magic_sync)
   --nats-create-stream   create the stream (file storage, subjects PREFIX.>) if it is missing
@@ -157,6 +163,11 @@ Options parse_options(const std::vector<std::string>& arguments) {
     if (options.transport == "http") {
         if (options.url.empty()) throw UsageError("--transport http needs --url TEMPLATE");
     } else if (options.transport == "nats") {
+        try {
+            program::nats_servers(options.nats_url);
+        } catch (const std::invalid_argument& error) {
+            throw UsageError(std::string("--nats-url ") + error.what());
+        }
         if (options.nats_prefix.empty() ||
             options.nats_prefix.find_first_of(" *>") != std::string::npos)
             throw UsageError("--nats-prefix must be a subject without spaces, '*' or '>'");

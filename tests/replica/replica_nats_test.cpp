@@ -1,6 +1,7 @@
 // `nats` against a real nats-server with JetStream: messages published with libnats are applied in
 // order through a durable pull consumer with max_ack_pending 1, acknowledged after commit, and a
-// kill -9 of the replica in the middle loses nothing.
+// kill -9 of the replica in the middle loses nothing. (A JetStream cluster, and a server of it
+// killed, in tests/server/nats_cluster_test.cpp.)
 #include <gtest/gtest.h>
 #include <nats/nats.h>
 
@@ -133,8 +134,12 @@ TEST(NatsTest, AppliesInOrderAcksAfterCommitAndSurvivesKill) {
         if (i == 20) publisher.publish(kReplicaId, "garbage", "not a message");
     }
 
-    std::vector<std::string> args = {replica_binary(), "--id",  kReplicaId,  "--db", db,
-                                     "nats",           "--url", server.url()};
+    // The servers of a cluster, named as one list: it connects through any that answers (here
+    // the only one; the list's other server is down).
+    const std::string servers =
+        "nats://127.0.0.1:" + std::to_string(magic_sync::test::free_port()) + "," + server.url();
+    std::vector<std::string> args = {replica_binary(), "--id",  kReplicaId, "--db", db,
+                                     "nats",           "--url", servers};
     {
         Process replica(args, dir.file("replica.log"));
         ASSERT_TRUE(eventually([&] { return applied_seq(db) >= 10; })) << replica.log();

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <nats/nats.h>
 
+#include <algorithm>
 #include <map>
 
 #include "sender/harness.hpp"
@@ -144,6 +145,21 @@ TEST(NatsSender, KillNineMidSendThenRestartDeliversEachMessageOnce) {
     auto ids = nats.ids("SHOP");
     for (int r = 1; r <= kReplicas; ++r)
         EXPECT_EQ(ids["shop." + replica_id(r)], ids_through(kMessages));
+}
+
+// The servers of a cluster, named as one list: the sender connects through any that answers
+// (here the only one; the list's other server is down).
+TEST(NatsSender, ConnectsThroughAnyServerOfTheList) {
+    Outbox outbox("nats_list", 2, 3);
+    NatsServer nats;
+    TempDir dir;
+    std::vector<std::string> arguments = nats_arguments(nats);
+    const auto url = std::find(arguments.begin(), arguments.end(), nats.url());
+    *url = "nats://127.0.0.1:" + std::to_string(free_port()) + ", " + nats.url();
+    SenderProcess sender(outbox, dir, arguments);
+    ASSERT_EQ(sender.wait(60s), 0) << sender.log();
+    EXPECT_EQ(outbox.unsent(), 0);
+    EXPECT_EQ(nats.count("SHOP"), 6u);
 }
 
 TEST(NatsSender, NoStreamForTheSubjectIsTransient) {
