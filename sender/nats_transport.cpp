@@ -1,5 +1,6 @@
 #include "nats_transport.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "log.hpp"
@@ -56,8 +57,13 @@ void NatsTransport::create_stream(const NatsSettings& settings) {
     jsStreamInfo* info = nullptr;
     jsErrCode code = static_cast<jsErrCode>(0);
     if (js_GetStreamInfo(&info, js_, settings.stream.c_str(), nullptr, &code) == NATS_OK) {
+        const int replicas = std::max<int64_t>(info->Config->Replicas, 1);
         jsStreamInfo_Destroy(info);
-        log_line("NATS stream " + settings.stream + " exists; left as it is");
+        log_line("NATS stream " + settings.stream + " exists; left as it is" +
+                 (replicas == settings.stream_replicas
+                      ? std::string()
+                      : " (on " + std::to_string(replicas) + " servers; --nats-replicas says " +
+                            std::to_string(settings.stream_replicas) + ")"));
         return;
     }
     const std::string subjects = settings.prefix + ".>";
@@ -68,11 +74,12 @@ void NatsTransport::create_stream(const NatsSettings& settings) {
     config.Subjects = subject_list;
     config.SubjectsLen = 1;
     config.Storage = js_FileStorage;
+    config.Replicas = settings.stream_replicas;
     check(js_AddStream(&info, js_, &config, nullptr, &code),
           "cannot create NATS stream " + settings.stream);
     jsStreamInfo_Destroy(info);
     log_line("created NATS stream " + settings.stream + " (file storage, subjects " + subjects +
-             ")");
+             ", " + std::to_string(settings.stream_replicas) + " replicas)");
 }
 
 NatsTransport::~NatsTransport() {

@@ -21,6 +21,7 @@ struct NatsSettings {
     std::string prefix = "magic_sync";
     std::string stream = "magic_sync";  // created when `create_stream`
     bool create_stream = false;
+    int stream_replicas = 1;  // how many servers of a cluster hold the stream it creates
     int max_in_flight = 64;
 };
 

@@ -25,6 +25,7 @@ struct Options {
     std::string nats_prefix = "magic_sync";
     std::string nats_stream = "magic_sync";
     bool nats_create_stream = false;
+    int nats_replicas = 1;  // of the stream it creates
     // exec
     std::string exec;
     // pull
