@@ -10,6 +10,7 @@
 #include "lib/replica.hpp"
 #include "replica/support.hpp"
 #include "support/cluster.hpp"
+#include "support/nats_server.hpp"
 
 namespace magic_sync::replica::test {
 namespace {
@@ -45,8 +46,8 @@ class NatsServer {
   public:
     explicit NatsServer(const TempDir& dir)
         : port_(magic_sync::test::free_port()),
-          process_({"/usr/sbin/nats-server", "-js", "-a", "127.0.0.1", "-p", std::to_string(port_),
-                    "-sd", dir.file("jetstream")},
+          process_({magic_sync::test::nats_server_program(), "-js", "-a", "127.0.0.1", "-p",
+                    std::to_string(port_), "-sd", dir.file("jetstream")},
                    dir.file("nats-server.log")) {
         bool up = eventually([&] {
             natsConnection* connection = nullptr;

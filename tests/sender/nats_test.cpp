@@ -7,21 +7,16 @@
 #include <map>
 
 #include "sender/harness.hpp"
+#include "support/nats_server.hpp"
 
 namespace magic_sync::test::sender {
 namespace {
-
-std::string nats_server_binary() {
-    for (const char* path : {"/usr/sbin/nats-server", "/usr/bin/nats-server"})
-        if (access(path, X_OK) == 0) return path;
-    return "nats-server";
-}
 
 class NatsServer {
   public:
     NatsServer()
         : port_(free_port()),
-          process_({nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", std::to_string(port_),
+          process_({nats_server_program(), "-js", "-a", "127.0.0.1", "-p", std::to_string(port_),
                     "-sd", store_.path()},
                    store_.path() + "/server.log") {
         if (!eventually(
