@@ -176,6 +176,7 @@ declare -A server_weight=(
     [Repair.DriftOfEverySizeInAHundredThousandRows]=120
     [Fault.EveryReplicaConvergesAfterEachFaultUnderLoad]=65
     [Worker.WaitsForItsDatabaseWithoutCrashLooping]=17
+    [NatsCluster.ANodeKilledUnderLoadLosesNothingAndAppliesNothingTwice]=15
     [Repair.DriftFoundAndRepairedByRange]=13
     [Worker.WaitsForItsRoleAndTheTemporaryPrivilege]=12
     [Worker.ALauncherStartedAgainLeavesOneRelay]=12

@@ -29,6 +29,7 @@ std::unique_ptr<Transport> make_transport(const Options& options) {
         settings.prefix = options.nats_prefix;
         settings.stream = options.nats_stream;
         settings.create_stream = options.nats_create_stream;
+        settings.stream_replicas = options.nats_replicas;
         settings.max_in_flight = options.concurrency;
         return std::make_unique<NatsTransport>(settings);
     }

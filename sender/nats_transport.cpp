@@ -1,8 +1,10 @@
 #include "nats_transport.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "log.hpp"
+#include "program/nats_servers.hpp"
 
 namespace magic_sync::sender {
 
@@ -34,12 +36,9 @@ Outcome nats_outcome(natsStatus status, jsErrCode code, const std::string& text)
 }
 
 NatsTransport::NatsTransport(const NatsSettings& settings) : prefix_(settings.prefix) {
-    natsOptions* options = nullptr;
-    check(natsOptions_Create(&options), "nats options");
-    natsOptions_SetURL(options, settings.url.c_str());
-    // Reconnect for ever; publishes in between are buffered, or time out as transient failures.
-    natsOptions_SetMaxReconnect(options, -1);
-    natsOptions_SetReconnectWait(options, 500);
+    // Publishes while the connection is away are buffered, or time out as transient failures:
+    // sent again under the same Nats-Msg-Id, they are stored once.
+    natsOptions* options = program::nats_options<log_line>(settings.url, "magic-sync-sender");
     natsOptions_SetSendAsap(options, true);
     const natsStatus connected = natsConnection_Connect(&connection_, options);
     natsOptions_Destroy(options);
@@ -58,8 +57,13 @@ void NatsTransport::create_stream(const NatsSettings& settings) {
     jsStreamInfo* info = nullptr;
     jsErrCode code = static_cast<jsErrCode>(0);
     if (js_GetStreamInfo(&info, js_, settings.stream.c_str(), nullptr, &code) == NATS_OK) {
+        const int replicas = std::max<int64_t>(info->Config->Replicas, 1);
         jsStreamInfo_Destroy(info);
-        log_line("NATS stream " + settings.stream + " exists; left as it is");
+        log_line("NATS stream " + settings.stream + " exists; left as it is" +
+                 (replicas == settings.stream_replicas
+                      ? std::string()
+                      : " (on " + std::to_string(replicas) + " servers; --nats-replicas says " +
+                            std::to_string(settings.stream_replicas) + ")"));
         return;
     }
     const std::string subjects = settings.prefix + ".>";
@@ -70,11 +74,12 @@ void NatsTransport::create_stream(const NatsSettings& settings) {
     config.Subjects = subject_list;
     config.SubjectsLen = 1;
     config.Storage = js_FileStorage;
+    config.Replicas = settings.stream_replicas;
     check(js_AddStream(&info, js_, &config, nullptr, &code),
           "cannot create NATS stream " + settings.stream);
     jsStreamInfo_Destroy(info);
     log_line("created NATS stream " + settings.stream + " (file storage, subjects " + subjects +
-             ")");
+             ", " + std::to_string(settings.stream_replicas) + " replicas)");
 }
 
 NatsTransport::~NatsTransport() {

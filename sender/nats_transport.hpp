@@ -16,10 +16,12 @@
 namespace magic_sync::sender {
 
 struct NatsSettings {
+    // One server's URL, or several separated by commas (the members of a cluster).
     std::string url = "nats://127.0.0.1:4222";
     std::string prefix = "magic_sync";
     std::string stream = "magic_sync";  // created when `create_stream`
     bool create_stream = false;
+    int stream_replicas = 1;  // how many servers of a cluster hold the stream it creates
     int max_in_flight = 64;
 };
 

@@ -5,6 +5,8 @@
 #include <functional>
 #include <map>
 
+#include "program/nats_servers.hpp"
+
 namespace magic_sync::sender {
 
 const char* const kUsage =
@@ -35,10 +37,16 @@ replicas, one message at a time per replica, in order. Holds no state: kill it a
 http:
   --url TEMPLATE         POST target, {replica} replaced by the replica's id; header message-id
 nats (JetStream):
-  --nats-url URL         default nats://127.0.0.1:4222
+  --nats-url URL[,URL...]
+                         the server, or several servers of a cluster separated by commas
+                         (default nats://127.0.0.1:4222); the connection moves to another
+                         when its server dies, and what it published unacknowledged goes
+                         again under the same Nats-Msg-Id, which the stream stores once
   --nats-prefix PREFIX   publish to PREFIX.<replica> (default magic_sync)
   --nats-stream NAME     the stream to create with --nats-create-stream (default magic_sync)
   --nats-create-stream   create the stream (file storage, subjects PREFIX.>) if it is missing
+  --nats-replicas N      with --nats-create-stream: how many servers of the cluster hold the
+                         stream (1 to 5, default 1); 3 survives the loss of any one server
 exec:
   --exec COMMAND         run per message with /bin/sh -c: the bytes on stdin, REPLICA and
                          MESSAGE_ID in the environment; exit 0 taken, 75 transient, else refused
@@ -85,11 +93,12 @@ double parse_seconds(const std::string& option, const std::string& text, bool ze
     return value;
 }
 
-int parse_count(const std::string& option, const std::string& text) {
+int parse_count(const std::string& option, const std::string& text, long most = 100000) {
     char* end = nullptr;
     const long value = std::strtol(text.c_str(), &end, 10);
-    if (text.empty() || *end != '\0' || value < 1 || value > 100000)
-        throw UsageError(option + " needs a whole number from 1 to 100000, not '" + text + "'");
+    if (text.empty() || *end != '\0' || value < 1 || value > most)
+        throw UsageError(option + " needs a whole number from 1 to " + std::to_string(most) +
+                         ", not '" + text + "'");
     return static_cast<int>(value);
 }
 
@@ -119,6 +128,11 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--nats-url", [&](const std::string& v) { options.nats_url = v; }},
         {"--nats-prefix", [&](const std::string& v) { options.nats_prefix = v; }},
         {"--nats-stream", [&](const std::string& v) { options.nats_stream = v; }},
+        {"--nats-replicas",
+         [&](const std::string& v) {
+             // JetStream keeps a stream on at most 5 servers.
+             options.nats_replicas = parse_count("--nats-replicas", v, 5);
+         }},
         {"--exec", [&](const std::string& v) { options.exec = v; }},
         {"--listen", [&](const std::string& v) { options.listen = v; }},
         {"--token-query", [&](const std::string& v) { options.token_query = v; }},
@@ -157,9 +171,18 @@ Options parse_options(const std::vector<std::string>& arguments) {
     if (options.transport == "http") {
         if (options.url.empty()) throw UsageError("--transport http needs --url TEMPLATE");
     } else if (options.transport == "nats") {
+        try {
+            program::nats_servers(options.nats_url);
+        } catch (const std::invalid_argument& error) {
+            throw UsageError(std::string("--nats-url ") + error.what());
+        }
         if (options.nats_prefix.empty() ||
             options.nats_prefix.find_first_of(" *>") != std::string::npos)
             throw UsageError("--nats-prefix must be a subject without spaces, '*' or '>'");
+        if (options.nats_replicas != 1 && !options.nats_create_stream)
+            throw UsageError(
+                "--nats-replicas is for the stream --nats-create-stream creates; an existing "
+                "stream keeps its own (nats stream edit changes it)");
     } else if (options.transport == "exec") {
         if (options.exec.empty()) throw UsageError("--transport exec needs --exec COMMAND");
     } else if (options.transport == "pull") {

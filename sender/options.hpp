@@ -21,10 +21,11 @@ struct Options {
     // http
     std::string url;
     // nats
-    std::string nats_url = "nats://127.0.0.1:4222";
+    std::string nats_url = "nats://127.0.0.1:4222";  // one URL, or several separated by commas
     std::string nats_prefix = "magic_sync";
     std::string nats_stream = "magic_sync";
     bool nats_create_stream = false;
+    int nats_replicas = 1;  // of the stream it creates
     // exec
     std::string exec;
     // pull

@@ -67,7 +67,7 @@ fingerprints of what it holds, queues local writes and uploads them.
 
 commands:
   serve --listen HOST:PORT [--up CONNINFO]   receive the sender's http transport
-  nats --url URL [--prefix P] [--stream S] [--up CONNINFO]
+  nats --url URL[,URL...] [--prefix P] [--stream S] [--up CONNINFO]
                                              receive the sender's nats transport
   pull --url BASE --token TOKEN [--up-via-pull | --up CONNINFO]
                                              ask the sender's pull transport (behind NAT)
@@ -97,14 +97,15 @@ state, for health checks.
                           retrying with backoff while it fails
 )"},
     {"nats",
-     R"(usage: magic-sync-replica --id UUID --db FILE nats --url URL [--prefix PREFIX] [--stream NAME] [--up CONNINFO] [--upload-every SECONDS]
+     R"(usage: magic-sync-replica --id UUID --db FILE nats --url URL[,URL...] [--prefix PREFIX] [--stream NAME] [--up CONNINFO] [--upload-every SECONDS]
 
 Receives the sender's nats transport: a durable JetStream pull consumer (<PREFIX>_<replica>)
 filtered on <PREFIX>.<replica>, max_ack_pending 1, each message acknowledged after its apply
 committed. Messages that can never be applied are terminated; a message of an unknown protocol
 version is redelivered later. Waits for the server and the stream when they are not there yet.
 
-  --url URL          e.g. nats://127.0.0.1:4222
+  --url URL[,URL...] e.g. nats://127.0.0.1:4222; the servers of a cluster separated by commas
+                     (the connection moves to another when its server dies)
   --prefix PREFIX    subject prefix (default magic_sync)
   --stream NAME      bind to this stream (default: the stream that has the subject)
   --up CONNINFO      also send uploads, as for serve

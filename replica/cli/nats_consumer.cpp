@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "cli/log.hpp"
+#include "program/nats_servers.hpp"
 
 namespace magic_sync::replica {
 
@@ -96,12 +97,13 @@ std::string durable_name(const std::string& prefix, const std::string& replica_i
 void consume_nats(Replica& replica, const NatsSettings& settings, const std::atomic<bool>& stop,
                   const std::function<void()>& applied) {
     NatsHandles nats;
-    if (natsOptions_Create(&nats.options) != NATS_OK ||
-        natsOptions_SetURL(nats.options, settings.url.c_str()) != NATS_OK) {
-        throw std::runtime_error("bad NATS URL: " + settings.url);
+    try {
+        // Once connected, the connection comes back by itself, to any server of the cluster.
+        nats.options =
+            program::nats_options<log>(settings.url, "magic-sync-replica " + replica.id());
+    } catch (const std::invalid_argument& error) {
+        throw std::runtime_error(std::string("bad NATS URL: ") + error.what());
     }
-    natsOptions_SetMaxReconnect(nats.options, -1);  // the connection comes back by itself
-    natsOptions_SetReconnectWait(nats.options, 500);
 
     bool said = false;
     while (!stop) {

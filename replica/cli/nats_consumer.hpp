@@ -12,7 +12,7 @@
 namespace magic_sync::replica {
 
 struct NatsSettings {
-    std::string url;
+    std::string url;  // one server's, or several separated by commas (the members of a cluster)
     std::string prefix = "magic_sync";
     std::string stream;  // empty: the stream whose subjects cover the replica's subject
 };
@@ -21,7 +21,7 @@ struct NatsSettings {
 std::string durable_name(const std::string& prefix, const std::string& replica_id);
 
 // Runs until `stop`; `applied` is called after each message that committed a change.
-// Throws std::runtime_error when the settings cannot work (a bad URL).
+// Throws std::runtime_error when the settings cannot work (a bad URL or list of URLs).
 void consume_nats(Replica& replica, const NatsSettings& settings, const std::atomic<bool>& stop,
                   const std::function<void()>& applied);
 

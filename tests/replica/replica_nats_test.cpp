@@ -1,6 +1,7 @@
 // `nats` against a real nats-server with JetStream: messages published with libnats are applied in
 // order through a durable pull consumer with max_ack_pending 1, acknowledged after commit, and a
-// kill -9 of the replica in the middle loses nothing.
+// kill -9 of the replica in the middle loses nothing. (A JetStream cluster, and a server of it
+// killed, in tests/server/nats_cluster_test.cpp.)
 #include <gtest/gtest.h>
 #include <nats/nats.h>
 
@@ -9,6 +10,7 @@
 #include "lib/replica.hpp"
 #include "replica/support.hpp"
 #include "support/cluster.hpp"
+#include "support/nats_server.hpp"
 
 namespace magic_sync::replica::test {
 namespace {
@@ -44,8 +46,8 @@ class NatsServer {
   public:
     explicit NatsServer(const TempDir& dir)
         : port_(magic_sync::test::free_port()),
-          process_({"/usr/sbin/nats-server", "-js", "-a", "127.0.0.1", "-p", std::to_string(port_),
-                    "-sd", dir.file("jetstream")},
+          process_({magic_sync::test::nats_server_program(), "-js", "-a", "127.0.0.1", "-p",
+                    std::to_string(port_), "-sd", dir.file("jetstream")},
                    dir.file("nats-server.log")) {
         bool up = eventually([&] {
             natsConnection* connection = nullptr;
@@ -112,6 +114,13 @@ class Publisher {
     jsCtx* jetstream_ = nullptr;
 };
 
+size_t occurrences(const std::string& text, const std::string& what) {
+    size_t count = 0;
+    for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1))
+        ++count;
+    return count;
+}
+
 int64_t applied_seq(const std::string& db) {
     Replica replica(db, kReplicaId);
     return replica.applied_seq();
@@ -133,8 +142,12 @@ TEST(NatsTest, AppliesInOrderAcksAfterCommitAndSurvivesKill) {
         if (i == 20) publisher.publish(kReplicaId, "garbage", "not a message");
     }
 
-    std::vector<std::string> args = {replica_binary(), "--id",  kReplicaId,  "--db", db,
-                                     "nats",           "--url", server.url()};
+    // The servers of a cluster, named as one list: it connects through any that answers (here
+    // the only one; the list's other server is down).
+    const std::string servers =
+        "nats://127.0.0.1:" + std::to_string(magic_sync::test::free_port()) + "," + server.url();
+    std::vector<std::string> args = {replica_binary(), "--id",  kReplicaId, "--db", db,
+                                     "nats",           "--url", servers};
     {
         Process replica(args, dir.file("replica.log"));
         ASSERT_TRUE(eventually([&] { return applied_seq(db) >= 10; })) << replica.log();
@@ -149,6 +162,10 @@ TEST(NatsTest, AppliesInOrderAcksAfterCommitAndSurvivesKill) {
     }
 
     Process replica(args, dir.file("replica.log"));
+    // The first may have applied every message before its kill: this one is stopped below only
+    // once it consumes (a SIGTERM before it set its handlers ended it at once, 5 times in 12).
+    ASSERT_TRUE(eventually([&] { return occurrences(replica.log(), "consuming ") == 2; }))
+        << replica.log();
     ASSERT_TRUE(eventually([&] { return applied_seq(db) == kMessages; })) << replica.log();
     {
         Replica state(db, kReplicaId);
@@ -173,7 +190,7 @@ TEST(NatsTest, AppliesInOrderAcksAfterCommitAndSurvivesKill) {
     EXPECT_EQ(std::string(info->Config->FilterSubject), "magic_sync." + kReplicaId);
     jsConsumerInfo_Destroy(info);
     EXPECT_NE(replica.log().find("message garbage: malformed"), std::string::npos) << replica.log();
-    EXPECT_EQ(replica.terminate(), 0);
+    EXPECT_EQ(replica.terminate(), 0) << replica.log();
 }
 
 }  // namespace

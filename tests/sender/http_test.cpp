@@ -485,6 +485,21 @@ TEST(Sender, RefusesBadOptions) {
     EXPECT_EQ(output,
               "magic-sync-sender: --run needs a whole number from 1 to 100000, not '0' (see "
               "magic-sync-sender --help)\n");
+    EXPECT_EQ(run(sender_binary() + " --db x --transport nats --nats-url nats://a:4222,", &output),
+              2);
+    EXPECT_NE(output.find("--nats-url 'nats://a:4222,' has an empty URL"), std::string::npos)
+        << output;
+    EXPECT_EQ(run(sender_binary() + " --db x --transport nats --nats-replicas 3", &output), 2);
+    EXPECT_NE(output.find("--nats-replicas is for the stream --nats-create-stream creates"),
+              std::string::npos)
+        << output;
+    EXPECT_EQ(
+        run(sender_binary() + " --db x --transport nats --nats-create-stream --nats-replicas 6",
+            &output),
+        2);
+    EXPECT_NE(output.find("--nats-replicas needs a whole number from 1 to 5, not '6'"),
+              std::string::npos)
+        << output;
     EXPECT_EQ(run(sender_binary() + " --help", &output), 0);
     EXPECT_NE(output.find("--concurrency"), std::string::npos);
 }

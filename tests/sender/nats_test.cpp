@@ -3,24 +3,20 @@
 #include <gtest/gtest.h>
 #include <nats/nats.h>
 
+#include <algorithm>
 #include <map>
 
 #include "sender/harness.hpp"
+#include "support/nats_server.hpp"
 
 namespace magic_sync::test::sender {
 namespace {
-
-std::string nats_server_binary() {
-    for (const char* path : {"/usr/sbin/nats-server", "/usr/bin/nats-server"})
-        if (access(path, X_OK) == 0) return path;
-    return "nats-server";
-}
 
 class NatsServer {
   public:
     NatsServer()
         : port_(free_port()),
-          process_({nats_server_binary(), "-js", "-a", "127.0.0.1", "-p", std::to_string(port_),
+          process_({nats_server_program(), "-js", "-a", "127.0.0.1", "-p", std::to_string(port_),
                     "-sd", store_.path()},
                    store_.path() + "/server.log") {
         if (!eventually(
@@ -144,6 +140,21 @@ TEST(NatsSender, KillNineMidSendThenRestartDeliversEachMessageOnce) {
     auto ids = nats.ids("SHOP");
     for (int r = 1; r <= kReplicas; ++r)
         EXPECT_EQ(ids["shop." + replica_id(r)], ids_through(kMessages));
+}
+
+// The servers of a cluster, named as one list: the sender connects through any that answers
+// (here the only one; the list's other server is down).
+TEST(NatsSender, ConnectsThroughAnyServerOfTheList) {
+    Outbox outbox("nats_list", 2, 3);
+    NatsServer nats;
+    TempDir dir;
+    std::vector<std::string> arguments = nats_arguments(nats);
+    const auto url = std::find(arguments.begin(), arguments.end(), nats.url());
+    *url = "nats://127.0.0.1:" + std::to_string(free_port()) + ", " + nats.url();
+    SenderProcess sender(outbox, dir, arguments);
+    ASSERT_EQ(sender.wait(60s), 0) << sender.log();
+    EXPECT_EQ(outbox.unsent(), 0);
+    EXPECT_EQ(nats.count("SHOP"), 6u);
 }
 
 TEST(NatsSender, NoStreamForTheSubjectIsTransient) {

@@ -2,7 +2,8 @@
 // (the relay worker running by itself) and the test's database, a work directory for the
 // processes' files and logs, a router of the test's own between the sender and the replicas
 // (which can cut a replica's line, and sees every delivery), and the real programs:
-// magic-sync-sender over http and magic-sync-replica processes serving http. Everything it
+// magic-sync-sender over http or nats and magic-sync-replica processes serving http or consuming
+// from NATS. Everything it
 // started stops, and its directory goes (unless kept), when it is destroyed. The server tests,
 // the benchmarks and the simulation (tests/sim) all stand on it.
 #pragma once
@@ -132,6 +133,24 @@ class Deployment {
         arguments.insert(arguments.end(), options.begin(), options.end());
         sender_ = std::make_unique<Process>(arguments, directory_ + "/sender.log");
     }
+    // magic-sync-sender over nats to `urls` (one server's, or several separated by commas),
+    // creating the stream when it is missing, with `options` after the usual ones.
+    void start_nats_sender(const std::string& urls, const std::vector<std::string>& options = {}) {
+        std::vector<std::string> arguments{bin_ + "/magic-sync-sender",
+                                           "--db",
+                                           conninfo(),
+                                           "--transport",
+                                           "nats",
+                                           "--nats-url",
+                                           urls,
+                                           "--nats-create-stream",
+                                           "--report",
+                                           "0",
+                                           "--send-timeout",
+                                           "5"};
+        arguments.insert(arguments.end(), options.begin(), options.end());
+        sender_ = std::make_unique<Process>(arguments, directory_ + "/sender.log");
+    }
     // The sender's process, when it was started (stopped with stop_sender, or replaced).
     std::unique_ptr<Process>& sender() { return sender_; }
 
@@ -164,6 +183,18 @@ class Deployment {
         replica.process =
             std::make_unique<Process>(arguments, directory_ + "/" + replica.id + ".log");
         return port;
+    }
+
+    // Starts the replica's process consuming from NATS at `urls` (one server's, or several
+    // separated by commas), uploading to the database every 0.2 s.
+    void start_nats_replica(ReplicaProcess& replica, const std::string& urls) {
+        std::vector<std::string> arguments = replica_program(replica);
+        for (const std::string& argument :
+             {std::string("nats"), std::string("--url"), urls, std::string("--up"),
+              upload_conninfo(), std::string("--upload-every"), std::string("0.2")})
+            arguments.push_back(argument);
+        replica.process =
+            std::make_unique<Process>(arguments, directory_ + "/" + replica.id + ".log");
     }
 
     // The replica program and its options for the replica's file.

@@ -26,6 +26,7 @@
 #include "server/process.hpp"
 #include "server/router.hpp"
 #include "support/cluster.hpp"
+#include "support/nats_server.hpp"
 
 namespace magic_sync::test {
 namespace {
@@ -75,12 +76,6 @@ const char* const kServerDrift = R"sql(
             WHERE r.hash IS DISTINCT FROM sha256(convert_to(sync_internal.canonical(to_jsonb(t)), 'UTF8')))
 )sql";
 
-std::string nats_server() {
-    for (const char* path : {"/usr/sbin/nats-server", "/usr/bin/nats-server"})
-        if (access(path, X_OK) == 0) return path;
-    throw std::runtime_error("nats-server is not installed (apt-get install nats-server)");
-}
-
 size_t line_count(const std::string& text) {
     return text.empty() ? 0 : std::count(text.begin(), text.end(), '\n') + 1;
 }
@@ -129,14 +124,7 @@ class EndToEnd : public ::testing::Test {
 
     void start_http_replica(int n) { deployment_->start_http_replica(replicas_[n]); }
 
-    void start_nats_replica(int n) {
-        Replica& replica = replicas_[n];
-        replica.process = std::make_unique<Process>(
-            std::vector<std::string>{"build/bin/magic-sync-replica", "--id", replica.id, "--db",
-                                     replica.db, "nats", "--url", nats_url_, "--up",
-                                     deployment_->conninfo(), "--upload-every", "0.2"},
-            directory() + "/" + replica.id + ".log");
-    }
+    void start_nats_replica(int n) { deployment_->start_nats_replica(replicas_[n], nats_url_); }
 
     void start_http_sender() { deployment_->start_http_sender({"--send-timeout", "5"}); }
 
@@ -144,7 +132,7 @@ class EndToEnd : public ::testing::Test {
         int port = free_port();
         nats_url_ = "nats://127.0.0.1:" + std::to_string(port);
         nats_ = std::make_unique<Process>(
-            std::vector<std::string>{nats_server(), "-js", "-a", "127.0.0.1", "-p",
+            std::vector<std::string>{nats_server_program(), "-js", "-a", "127.0.0.1", "-p",
                                      std::to_string(port), "-sd", directory() + "/nats"},
             directory() + "/nats.log");
         ASSERT_TRUE(eventually(
@@ -156,14 +144,7 @@ class EndToEnd : public ::testing::Test {
             << nats_->log();
     }
 
-    void start_nats_sender() {
-        sender() = std::make_unique<Process>(
-            std::vector<std::string>{"build/bin/magic-sync-sender", "--db", deployment_->conninfo(),
-                                     "--transport", "nats", "--nats-url", nats_url_,
-                                     "--nats-create-stream", "--report", "0", "--send-timeout",
-                                     "5"},
-            directory() + "/sender.log");
-    }
+    void start_nats_sender() { deployment_->start_nats_sender(nats_url_); }
 
     // What the replica holds, in the form of kExpectedHoldings.
     std::string held(const Replica& replica) { return held_by(replica.id, replica.db); }
