@@ -8,10 +8,13 @@
 
 namespace magic_sync::sender {
 
-// JetStream dedupes by Nats-Msg-Id across the whole stream, and message ids repeat across
-// replicas, so the stream's id names the replica too.
-std::string stream_message_id(const std::string& replica, const std::string& message_id) {
-    return replica + "." + message_id;
+// JetStream dedupes by Nats-Msg-Id across the whole stream within its duplicate window. Message
+// ids repeat across replicas, and across histories: after a point-in-time recovery or a
+// re-created extension a replica's messages are numbered again, so "<gen>.<seq>" names another
+// message, which the window would drop as a resend. The stream's id names the replica and the
+// history (the origin) too.
+std::string stream_message_id(const Delivery& delivery) {
+    return delivery.replica + "." + delivery.message_id + "@" + delivery.origin;
 }
 
 namespace {
@@ -110,7 +113,7 @@ void NatsTransport::send(Delivery delivery, Done done) {
         return;
     }
     natsMsgHeader_Set(message, "message-id", delivery.message_id.c_str());
-    const std::string key = stream_message_id(delivery.replica, delivery.message_id);
+    const std::string key = stream_message_id(delivery);
     {
         std::lock_guard<std::mutex> lock(mutex_);
         waiting_[key] = std::move(done);

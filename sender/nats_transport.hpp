@@ -46,8 +46,9 @@ class NatsTransport : public Transport {
     std::unordered_map<std::string, Done> waiting_;
 };
 
-// "<replica>.<message id>": unique in a stream that holds every replica's subject.
-std::string stream_message_id(const std::string& replica, const std::string& message_id);
+// "<replica>.<message id>@<origin>": unique in a stream that holds every replica's subject, and
+// across histories, which number a replica's messages again.
+std::string stream_message_id(const Delivery& delivery);
 
 // The verdict on a failed JetStream publish.
 Outcome nats_outcome(natsStatus status, jsErrCode code, const std::string& text);

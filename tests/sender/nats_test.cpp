@@ -56,7 +56,8 @@ class NatsServer {
             natsMsgHeader_Get(message, "message-id", &id);
             natsMsgHeader_Get(message, "Nats-Msg-Id", &stream_id);
             const std::string subject = natsMsg_GetSubject(message);
-            EXPECT_EQ(std::string(stream_id), subject.substr(subject.find('.') + 1) + "." + id);
+            const std::string named = subject.substr(subject.find('.') + 1) + "." + id + "@";
+            EXPECT_EQ(std::string(stream_id).substr(0, named.size()), named);
             const std::string body(natsMsg_GetData(message), natsMsg_GetDataLength(message));
             const int replica = std::stoi(subject.substr(subject.size() - 12), nullptr, 16);
             EXPECT_EQ(body, message_body(replica, std::stoi(std::string(id).substr(2))));
@@ -114,6 +115,27 @@ TEST(NatsSender, PublishesEveryReplicaInOrderAndTheStreamDropsAResend) {
     EXPECT_NE(again.log().find("NATS stream SHOP exists"), std::string::npos) << again.log();
     EXPECT_EQ(outbox.unsent(), 0);
     EXPECT_EQ(nats.count("SHOP"), static_cast<uint64_t>(kReplicas * kMessages));
+}
+
+// After a point-in-time recovery or a re-created extension, a replica's messages are numbered
+// again from where that history stands: the same "<gen>.<seq>" is another message. The stream's
+// id names the history (the origin) too, so its duplicate window does not drop them as resends.
+TEST(NatsSender, AMessageOfAnotherHistoryIsNotTakenForAResend) {
+    constexpr int kReplicas = 2, kMessages = 5;
+    Outbox outbox("nats_history", kReplicas, kMessages);
+    NatsServer nats;
+    TempDir dir;
+    {
+        SenderProcess sender(outbox, dir, nats_arguments(nats), "first.log");
+        ASSERT_EQ(sender.wait(60s), 0) << sender.log();
+    }
+    ASSERT_EQ(nats.count("SHOP"), static_cast<uint64_t>(kReplicas * kMessages));
+    outbox.sql("UPDATE sync.relay_state SET origin = gen_random_uuid()");
+    outbox.sql("UPDATE sync.outbox SET sent_at = NULL");
+    SenderProcess again(outbox, dir, nats_arguments(nats), "again.log");
+    ASSERT_EQ(again.wait(60s), 0) << again.log();
+    EXPECT_EQ(outbox.unsent(), 0);
+    EXPECT_EQ(nats.count("SHOP"), static_cast<uint64_t>(2 * kReplicas * kMessages));
 }
 
 TEST(NatsSender, KillNineMidSendThenRestartDeliversEachMessageOnce) {
