@@ -303,9 +303,7 @@ std::string through_to_jsonb(Datum value, Oid type, const protocol::Limits& limi
     throw Undecided{};
 }
 
-std::string column_value(Datum value, Oid declared_type, const protocol::Limits& limits) {
-    // A domain is written as its base type, as to_jsonb writes it.
-    const Oid type = guard([&]() noexcept { return getBaseType(declared_type); });
+std::string column_value(Datum value, Oid type, const protocol::Limits& limits) {
     switch (type) {
         case BOOLOID:
             return DatumGetBool(value) ? "true" : "false";
@@ -351,6 +349,11 @@ std::string column_value(Datum value, Oid declared_type, const protocol::Limits&
         default:
             break;
     }
+    // A domain is written as its base type, as to_jsonb writes it. Looked up only here: the pass
+    // writes every column of every row it plans through this function, most of them of the types
+    // above.
+    const Oid base = guard([&]() noexcept { return getBaseType(type); });
+    if (base != type) return column_value(value, base, limits);
     const bool is_array = guard([&]() noexcept { return OidIsValid(get_element_type(type)); });
     if (is_array) return array_value(value, limits);
     const bool is_composite = guard([&]() noexcept { return type_is_rowtype(type); });
