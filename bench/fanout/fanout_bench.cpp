@@ -60,6 +60,7 @@ struct Options {
     int rows = 2000;
     int concurrency = 64;
     int patience = 900;  // seconds to wait for a step before giving up
+    int statements = 0;  // print the statements that took the most time in each step
 };
 
 Options parse(int argc, char** argv) {
@@ -80,6 +81,8 @@ Options parse(int argc, char** argv) {
             options.concurrency = std::stoi(value);
         else if (name == "--patience")
             options.patience = std::stoi(value);
+        else if (name == "--statements")
+            options.statements = std::stoi(value);
         else
             throw std::invalid_argument("unknown option " + name + " " + value);
     }
@@ -146,7 +149,9 @@ struct Cpu {
 class Rig {
   public:
     explicit Rig(const Options& options)
-        : options_(options), deployment_("fanout", {}, "shop", kShop), replicas_(ids(options)) {
+        : options_(options),
+          deployment_("fanout", settings(options), "shop", kShop),
+          replicas_(ids(options)) {
         postmaster_ = postmaster_pid(deployment_.cluster().directory() + "/data");
         std::vector<std::string> sender{deployment_.bin() + "/magic-sync-sender",
                                         "--db",
@@ -189,6 +194,7 @@ class Rig {
     // every one confirmed at head; prints the time.
     void provision() {
         replicas_.begin_round(kFirstRows);
+        reset_statements();
         const Clock::time_point start = Clock::now();
         deployment_.db().query(
             "INSERT INTO registers SELECT ('00000000-0000-0000-0000-' || lpad(g::text, 12, "
@@ -207,6 +213,7 @@ class Rig {
             static_cast<long long>(replicas_.round().messages),
             static_cast<long long>(reporter_->uploads()));
         std::fflush(stdout);
+        print_statements();
         relay_pid_ = std::stoi(deployment_.db().value("SELECT sync_internal.relay_lock_holder()"));
         sender_backend_pid_ = std::stoi(deployment_.db().value(
             "SELECT pid FROM pg_stat_activity WHERE application_name = 'fanout_sender'"));
@@ -229,6 +236,7 @@ class Rig {
                 : "UPDATE products SET price = price + 1 WHERE id > " + std::to_string(kFirstRows);
         replicas_.begin_round(options_.rows);
         const int64_t uploads_before = reporter_->uploads();
+        reset_statements();
         const Cpu before = cpu();
         deployment_.db().query(change);
         const Clock::time_point committed = Clock::now();
@@ -268,10 +276,38 @@ class Rig {
             figures.server_per_message, used.cluster * 1e6 / messages, used.sender * 1e6 / messages,
             used.sink * 1e6 / messages);
         std::fflush(stdout);
+        print_statements();
         return figures;
     }
 
   private:
+    // With --statements, pg_stat_statements counts every statement, those inside functions and
+    // the relay's own included.
+    static std::vector<std::string> settings(const Options& options) {
+        if (options.statements == 0) return {};
+        return {"shared_preload_libraries = 'magic_sync, pg_stat_statements'",
+                "pg_stat_statements.track = all"};
+    }
+
+    void reset_statements() {
+        if (options_.statements == 0) return;
+        deployment_.db().query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+        deployment_.db().query("SELECT pg_stat_statements_reset()");
+    }
+
+    void print_statements() {
+        if (options_.statements == 0) return;
+        for (const auto& row : deployment_.db().query(
+                 "SELECT round(total_exec_time::numeric), calls, round((total_exec_time / "
+                 "calls)::numeric, 3),"
+                 " left(regexp_replace(query, '\\s+', ' ', 'g'), 150) FROM pg_stat_statements"
+                 " ORDER BY total_exec_time DESC LIMIT $1::int",
+                 {std::to_string(options_.statements)}))
+            std::printf("    %8s ms %8s calls %9s ms each  %s\n", row[0]->c_str(), row[1]->c_str(),
+                        row[2]->c_str(), row[3]->c_str());
+        std::fflush(stdout);
+    }
+
     static std::vector<std::string> ids(const Options& options) {
         std::vector<std::string> ids;
         for (int n = 1; n <= options.replicas; ++n) ids.push_back(replica_id(n));
@@ -281,7 +317,15 @@ class Rig {
     template <typename Condition>
     void wait_for(const std::string& what, Condition condition) {
         const Clock::time_point deadline = Clock::now() + std::chrono::seconds(options_.patience);
+        Clock::time_point said = Clock::now();
         while (!condition()) {
+            if (Clock::now() - said > std::chrono::seconds(30)) {
+                said = Clock::now();
+                std::printf("  waiting until %s: %lld of %d replicas received the rows so far\n",
+                            what.c_str(), static_cast<long long>(replicas_.complete()),
+                            options_.replicas);
+                std::fflush(stdout);
+            }
             if (interrupted) throw std::runtime_error("interrupted while waiting until " + what);
             if (Clock::now() > deadline || !sender_->running())
                 throw std::runtime_error(
