@@ -200,6 +200,16 @@ class Rig {
             "INSERT INTO registers SELECT ('00000000-0000-0000-0000-' || lpad(g::text, 12, "
             "'0'))::uuid FROM generate_series(1, $1::int) g",
             {std::to_string(options_.replicas)});
+        wait_for("the relay wrote every replica's first message", [&] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            return deployment_.db().value(
+                       "SELECT count(DISTINCT replica) FROM sync.member WHERE sent > 0") ==
+                   std::to_string(options_.replicas);
+        });
+        const Clock::time_point written = Clock::now();
+        std::printf("  the relay wrote every replica's first message at %.1f s\n",
+                    seconds_between(start, written));
+        std::fflush(stdout);
         wait_for("every replica acknowledged its first message",
                  [&] { return replicas_.complete() == options_.replicas; });
         const Clock::time_point acknowledged = Clock::now();
@@ -207,9 +217,11 @@ class Rig {
         const double seconds = seconds_between(start, Clock::now());
         std::printf(
             "provisioned %d replicas over %s: %.1f s, %.0f µs per replica (every first message"
-            " acknowledged at %.1f s, then confirmed); %lld messages, %lld uploads\n",
+            " written at %.1f s, acknowledged at %.1f s, then confirmed); %lld messages, %lld"
+            " uploads\n",
             options_.replicas, options_.transport.c_str(), seconds,
-            seconds * 1e6 / options_.replicas, seconds_between(start, acknowledged),
+            seconds * 1e6 / options_.replicas, seconds_between(start, written),
+            seconds_between(start, acknowledged),
             static_cast<long long>(replicas_.round().messages),
             static_cast<long long>(reporter_->uploads()));
         std::fflush(stdout);
