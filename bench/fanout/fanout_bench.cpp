@@ -11,10 +11,11 @@
 //      worker apart) and the sender used per delivered message; the sink's CPU apart.
 //
 //   build/bench/fanout [--transport http|nats] [--replicas N] [--rounds R] [--rows ROWS]
-//                      [--concurrency C]
-// --rounds 0 measures provisioning only. `make bench-fanout` runs http and nats at 10,000 replicas
-// and provisioning at 100,000 (bench/README.md, "Fan-out at the server").
-#include <pthread.h>
+//                      [--concurrency C] [--patience SECONDS] [--statements N]
+// --rounds 0 measures provisioning only; --patience gives a step up after that long (default
+// 900 s); --statements prints the N statements that took the most time in each step. `make
+// bench-fanout` runs http and nats at 10,000 replicas and provisioning at 100,000 (bench/README.md,
+// "Fan-out at the server").
 #include <signal.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -23,7 +24,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <stdexcept>
 #include <string>

@@ -9,7 +9,6 @@
 // POSTs to /replicas/<id>), and NatsSink, one JetStream pull consumer on every replica's subject.
 #pragma once
 
-#include <fcntl.h>
 #include <libpq-fe.h>
 #include <nats/nats.h>
 #include <netinet/in.h>
@@ -17,9 +16,14 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <mutex>
 #include <random>
@@ -27,6 +31,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <unordered_map>
 #include <variant>
 #include <vector>
@@ -46,10 +51,11 @@ struct MessageRead {
 };
 
 // Reads messages with protocol::decode_down. Every replica of a scope is sent the same chunks
-// (built once, §3), so the messages of one fan-out differ only in their header: the part after
-// the header is decoded whole once per distinct content, and for the others only the header is
-// decoded (it followed by an empty chunk list). A full decode of each 30 kB message would cost
-// the sink more than the server spends sending it. Not thread-safe: one per thread.
+// (built once, docs/DESIGN.md §3), so the messages of one fan-out differ only in their header:
+// a message whose rest (what follows its header) was seen before has only its header decoded,
+// closed by an empty chunk list, and the rows counted then; any other is decoded whole. A full
+// decode of every 33 kB message would cost the sink more than the server spends sending it.
+// Not thread-safe: one per thread.
 class MessageReader {
   public:
     // Throws protocol::DecodeError for bytes that are not a message.
@@ -173,7 +179,7 @@ class Replicas {
         replica.origin = read.header.origin;
         replica.gen = read.header.gen;
         replica.seq = read.header.seq;
-        if (replica.rows_in_round < round_rows && replica.rows_in_round + read.rows >= round_rows)
+        if (replica.rows_in_round < round_rows_ && replica.rows_in_round + read.rows >= round_rows_)
             ++complete_;
         replica.rows_in_round += read.rows;
         ++messages_;
@@ -187,7 +193,7 @@ class Replicas {
     // A round begins: every replica is to receive `rows` rows from now on.
     void begin_round(int64_t rows) {
         std::lock_guard<std::mutex> lock(mutex_);
-        round_rows = rows;
+        round_rows_ = rows;
         for (auto& [id, replica] : state_) replica.rows_in_round = 0;
         complete_ = 0;
         messages_ = bytes_ = duplicates_ = refused_ = 0;
@@ -254,7 +260,7 @@ class Replicas {
 
     mutable std::mutex mutex_;
     std::unordered_map<std::string, State> state_;
-    int64_t round_rows = 0;
+    int64_t round_rows_ = 0;
     int64_t complete_ = 0, messages_ = 0, bytes_ = 0, duplicates_ = 0, refused_ = 0;
     Clock::time_point first_taken_, last_taken_;
 };
