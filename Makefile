@@ -355,6 +355,23 @@ bench-e2e: build/bench/e2e build/bin/magic-sync-sender build/bin/magic-sync-repl
 	$(MAKE) install
 	build/bench/e2e 100 50
 
+# Fan-out measured at the server (issue 38): N replicas answered by one ack-only sink over http
+# and over nats, commit to last ack and CPU per delivered message; provisioning at 100,000, which
+# gives up after 5 minutes (bench/README.md).
+build/bench/fanout: bench/fanout/fanout_bench.cpp bench/fanout/sink.hpp $(TEST_SUPPORT_SRCS) \
+		$(wildcard tests/server/*.hpp) $(LIBPQ_HELPER) $(PROTOCOL_OBJS)
+	@mkdir -p $(dir $@)
+	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) $(PROTOCOL_INCLUDES) -Ireplica -Itests -Ibench -o $@ \
+		bench/fanout/fanout_bench.cpp $(TEST_SUPPORT_SRCS) $(PROTOCOL_OBJS) -lpq -lnats -lcrypto \
+		$(HTTPLIB) -lpthread
+
+.PHONY: bench-fanout
+bench-fanout: build/bench/fanout build/bin/magic-sync-sender
+	$(MAKE) install
+	build/bench/fanout --transport http
+	build/bench/fanout --transport nats
+	build/bench/fanout --replicas 100000 --rounds 0 --patience 300
+
 # Pull against push (issue 26): the same backlog to N replicas by each, in one run (bench/README.md).
 build/bench/pull_bench: bench/pull/pull_bench.cpp $(TEST_SUPPORT_SRCS) $(wildcard tests/server/*.hpp) \
 		$(LIBPQ_HELPER)

@@ -4,16 +4,14 @@
 //      message carrying it, with the worker idle, and under a steady write load;
 //   2. rows/s delivered: one statement changing many catalog rows, fanned out to 100 replicas,
 //      until every replica took all of them.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
 #include <map>
 #include <memory>
 #include <mutex>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,6 +19,7 @@
 #include <sys/resource.h>
 #include <unistd.h>
 
+#include "server/cpu.hpp"
 #include "server/deployment.hpp"
 #include "server/holdings.hpp"
 #include "server/pq.hpp"
@@ -36,24 +35,6 @@ using Clock = std::chrono::steady_clock;
 double percentile(std::vector<double> values, double p) {
     std::sort(values.begin(), values.end());
     return values[static_cast<size_t>(p * (values.size() - 1) + 0.5)];
-}
-
-// A process's /proc/PID/stat fields after its command (field 3 on), empty when it is gone.
-std::vector<std::string> stat_fields(pid_t pid) {
-    std::ifstream file("/proc/" + std::to_string(pid) + "/stat");
-    std::string line;
-    if (!std::getline(file, line) || line.rfind(')') == std::string::npos) return {};
-    std::istringstream rest(line.substr(line.rfind(')') + 2));
-    std::vector<std::string> fields;
-    for (std::string field; rest >> field;) fields.push_back(field);
-    return fields;
-}
-
-// The CPU time (user and system) a process has used so far, in seconds.
-double cpu_seconds(pid_t pid) {
-    const std::vector<std::string> fields = stat_fields(pid);
-    if (fields.size() < 13) return 0;
-    return (std::stod(fields[11]) + std::stod(fields[12])) / sysconf(_SC_CLK_TCK);
 }
 
 // Where the machine's CPU went: the server (its postmaster and every process under it), the
@@ -121,17 +102,8 @@ struct Rig {
 
     CpuUse cpu_use() {
         CpuUse use;
-        std::ifstream pid_file(deployment.cluster().directory() + "/data/postmaster.pid");
-        pid_t postmaster = 0;
-        pid_file >> postmaster;
-        use.server = cpu_seconds(postmaster);
-        for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
-            const std::string name = entry.path().filename();
-            if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-            const std::vector<std::string> fields = stat_fields(std::stoi(name));
-            if (fields.size() > 1 && fields[1] == std::to_string(postmaster))
-                use.server += cpu_seconds(std::stoi(name));
-        }
+        use.server =
+            cluster_cpu_seconds(postmaster_pid(deployment.cluster().directory() + "/data"));
         use.sender = cpu_seconds(deployment.sender()->pid());
         for (const ReplicaProcess& replica : processes)
             use.replicas += cpu_seconds(replica.process->pid());
