@@ -36,6 +36,7 @@ WHERE p.pronamespace IN ('sync'::regnamespace, 'sync_internal'::regnamespace)
   AND p.oid <> 'sync.note_keys(bytea)'::regprocedure  -- resolves no name: types by oid
   AND p.oid <> 'sync.note_keys(bytea, int)'::regprocedure  -- the same
   AND p.oid <> 'sync_internal.encode_row(record, text[])'::regprocedure  -- resolves no name: a row's type by oid
+  AND p.oid <> 'sync_internal.session_lives(int, timestamptz)'::regprocedure  -- resolves no name: reads shared memory
   AND p.oid <> 'sync_internal.row_travels(text, text, text, text)'::regprocedure  -- reads a setting, no name
   AND p.oid <> 'sync_internal.drops_fitting(text[], text[], text[])'::regprocedure  -- reads a setting, no name
   AND p.oid <> 'sync_internal.withheld_note(text, text, text, text)'::regprocedure  -- reads a setting, no name

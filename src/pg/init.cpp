@@ -7,7 +7,9 @@ extern "C" {
 #include "catalog/namespace.h"
 #include "fmgr.h"
 #include "miscadmin.h"
+#include "utils/backend_status.h"
 #include "utils/guc.h"
+#include "utils/timestamp.h"
 }
 
 #include <string>
@@ -46,6 +48,28 @@ MAGIC_SYNC_FUNCTION(magic_sync_temp_schema_orphaned) {
     const Oid schema = PG_GETARG_OID(0);
     return BoolGetDatum(magic_sync::pg::guard(
         [&]() noexcept { return checkTempNamespaceStatus(schema) == TEMP_NAMESPACE_IDLE; }));
+}
+
+// sync_internal.session_lives(pid int, backend_start timestamptz) → boolean: whether the session
+// `pid` that started at `backend_start` still lives (true when no pid is named). Read from this
+// transaction's snapshot of the backends' status, as pg_stat_activity reads it, whoever calls: a
+// lease names its sender's session, and the pass and sync.next test it for every outbox row they
+// look at (through SQL and pg_stat_get_activity it cost 6 µs a row, 14 million calls in one
+// round of 2,000 rows to 10,000 replicas).
+MAGIC_SYNC_FUNCTION(magic_sync_session_lives) {
+    if (PG_ARGISNULL(0)) return BoolGetDatum(true);
+    if (PG_ARGISNULL(1)) return BoolGetDatum(false);
+    const int pid = PG_GETARG_INT32(0);
+    const TimestampTz started = PG_GETARG_TIMESTAMPTZ(1);
+    return BoolGetDatum(magic_sync::pg::guard([&]() noexcept {
+        const int backends = pgstat_fetch_stat_numbackends();
+        for (int i = 1; i <= backends; ++i) {
+            const LocalPgBackendStatus* local = pgstat_fetch_stat_local_beentry(i);
+            if (local != nullptr && local->backendStatus.st_procpid == pid)
+                return local->backendStatus.st_proc_start_timestamp == started;
+        }
+        return false;
+    }));
 }
 
 // sync.setting(name) → text: the setting magic_sync.<name> with its unit, as SHOW gives it. Being

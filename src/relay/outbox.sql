@@ -70,19 +70,13 @@ BEGIN
 END
 $$;
 
--- A lease holder is a session: (pid, start). Whether it still lives, seen by the extension's
--- owner (another role sees no start of sessions that are not its own); true for no session
--- (nobody named: the lease holds by its time alone). Per transaction, PostgreSQL takes one view of
--- the sessions: a session that ends during it lives on for it.
+-- A lease holder is a session: (pid, start). Whether it still lives, whoever asks (through SQL,
+-- another role than the extension's owner sees no start of sessions not its own); true for no
+-- session (nobody named: the lease holds by its time alone). Per transaction, PostgreSQL takes
+-- one view of the sessions: a session that ends during it lives on for it. In C
+-- (src/pg/init.cpp): the pass and sync.next ask it for every outbox row they look at.
 CREATE FUNCTION sync_internal.session_lives(pid int, backend_start timestamptz) RETURNS boolean
-LANGUAGE sql STABLE
-SECURITY DEFINER
-SET search_path = pg_catalog, pg_temp
-AS $$
-    SELECT session_lives.pid IS NULL
-        OR EXISTS (SELECT FROM pg_stat_get_activity(session_lives.pid) a
-                   WHERE a.backend_start = session_lives.backend_start)
-$$;
+AS 'MODULE_PATHNAME', 'magic_sync_session_lives' LANGUAGE C STABLE PARALLEL RESTRICTED;
 
 -- The rule of a lease, for whatever reads one (sync.next, the pass's pruning): an unsent message's
 -- lease holds until `lease_until` and while the session that took it lives. A sender that dies
