@@ -219,13 +219,35 @@ TEST(PullSender, ADeviceActsOnlyForItsOwnReplica) {
     EXPECT_EQ(own->get_header_value("message-id"), message_id(1));
 }
 
+// The value of a metric the sender publishes on its metrics port ("none" when it has none).
+class Metrics {
+  public:
+    explicit Metrics(int port) : scrape_("127.0.0.1", port) {}
+    std::string operator()(const std::string& name) {
+        auto answer = scrape_.Get("/metrics");
+        const std::string text = answer ? answer->body : "";
+        const size_t at = text.find("\n" + name + " ");
+        return at == std::string::npos
+                   ? std::string("none")
+                   : text.substr(at + name.size() + 2,
+                                 text.find('\n', at + 1) - at - name.size() - 2);
+    }
+
+  private:
+    httplib::Client scrape_;
+};
+
 TEST(PullSender, AWaitingAskIsAnsweredByNotifyNotByPolling) {
     Outbox outbox("pull_wake", 1, 0);
     TempDir dir;
-    PullSender sender(outbox, dir, "20");
+    const int metrics_port = free_port();
+    PullSender sender(outbox, dir, "20", "",
+                      {"--metrics", "127.0.0.1:" + std::to_string(metrics_port)});
+    Metrics metric(metrics_port);
 
     auto asked = std::async(std::launch::async, [&] { return sender.get_next(1, 1); });
-    std::this_thread::sleep_for(300ms);
+    ASSERT_TRUE(eventually([&] { return metric("magic_sync_pull_waiting") == "1"; }))
+        << sender.log();
     // A message without a NOTIFY: the waiting ask does not look again by itself.
     outbox.add(1, 1, 1, 1);
     EXPECT_EQ(asked.wait_for(1500ms), std::future_status::timeout)
@@ -249,16 +271,7 @@ TEST(PullSender, ANotifyWakesOnlyTheDevicesOfTheReplicasItNames) {
     const int metrics_port = free_port();
     PullSender sender(outbox, dir, "30", "",
                       {"--metrics", "127.0.0.1:" + std::to_string(metrics_port)});
-    httplib::Client scrape("127.0.0.1", metrics_port);
-    const auto metric = [&](const std::string& name) {
-        auto answer = scrape.Get("/metrics");
-        const std::string text = answer ? answer->body : "";
-        const size_t at = text.find("\n" + name + " ");
-        return at == std::string::npos
-                   ? std::string("none")
-                   : text.substr(at + name.size() + 2,
-                                 text.find('\n', at + 1) - at - name.size() - 2);
-    };
+    Metrics metric(metrics_port);
     std::vector<std::future<httplib::Result>> asked;
     for (int n = 1; n <= 5; ++n)
         asked.push_back(std::async(std::launch::async, [&, n] { return sender.get_next(n, n); }));

@@ -271,9 +271,9 @@ class Load {
 };
 
 // The "gen.seq" of each message the replica's log says it applied, in the order it applied them
-// (its log line "message <replica>.<gen>.<seq>: applied", the stream's Nats-Msg-Id).
+// (its log line "message <replica>.<gen>.<seq>@<origin>: applied", the stream's Nats-Msg-Id).
 std::vector<std::string> applied_messages(const std::string& log) {
-    static const std::regex applied(R"(message [0-9a-f-]{36}\.([0-9]+\.[0-9]+): applied)");
+    static const std::regex applied(R"(message [0-9a-f-]{36}\.([0-9]+\.[0-9]+)@[^ ]+: applied)");
     std::vector<std::string> messages;
     for (std::sregex_iterator match(log.begin(), log.end(), applied), end; match != end; ++match)
         messages.push_back((*match)[1]);
