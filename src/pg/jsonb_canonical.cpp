@@ -254,9 +254,10 @@ std::string array_value(Datum value, const protocol::Limits& limits) {
     return nest(0);
 }
 
-// A composite value as to_jsonb writes it: an object of its attributes.
-std::string composite_value(Datum value, const protocol::Limits& limits) {
-    if (limits.max_depth < 1) throw Undecided{};
+// A composite value (a column's, or a whole row) as to_json writes it: an object of its
+// attributes but the `hidden` ones.
+std::string composite_text(Datum value, const std::vector<std::string>& hidden,
+                           const protocol::Limits& limits) {
     HeapTupleHeader header = guard([&]() noexcept { return DatumGetHeapTupleHeader(value); });
     TupleDesc descriptor = guard([&]() noexcept {
         return lookup_rowtype_tupdesc(HeapTupleHeaderGetTypeId(header),
@@ -267,17 +268,23 @@ std::string composite_value(Datum value, const protocol::Limits& limits) {
     ItemPointerSetInvalid(&tuple.t_self);
     tuple.t_tableOid = InvalidOid;
     tuple.t_data = header;
-    protocol::Limits inner = limits;
-    inner.max_depth -= 1;
     std::string text;
     try {
-        text = encode_columns(tuple, descriptor, {}, inner);
+        text = encode_columns(tuple, descriptor, hidden, limits);
     } catch (...) {
         guard([&]() noexcept { ReleaseTupleDesc(descriptor); });
         throw;
     }
     guard([&]() noexcept { ReleaseTupleDesc(descriptor); });
     return text;
+}
+
+// A composite column: one level deeper than the row it is in.
+std::string composite_value(Datum value, const protocol::Limits& limits) {
+    if (limits.max_depth < 1) throw Undecided{};
+    protocol::Limits inner = limits;
+    inner.max_depth -= 1;
+    return composite_text(value, {}, inner);
 }
 
 // to_jsonb(value) or to_json(value) (`function`), which read their argument's type from the
@@ -409,26 +416,11 @@ std::string row_json_arg(FunctionCallInfo fcinfo, int n) {
 std::optional<std::string> row_canonical_arg(FunctionCallInfo fcinfo, int n,
                                              const std::vector<std::string>& hidden,
                                              const protocol::Limits& limits) {
-    HeapTupleHeader header = guard([&]() noexcept { return PG_GETARG_HEAPTUPLEHEADER(n); });
-    TupleDesc descriptor = guard([&]() noexcept {
-        return lookup_rowtype_tupdesc(HeapTupleHeaderGetTypeId(header),
-                                      HeapTupleHeaderGetTypMod(header));
-    });
-    HeapTupleData tuple;
-    tuple.t_len = HeapTupleHeaderGetDatumLength(header);
-    ItemPointerSetInvalid(&tuple.t_self);
-    tuple.t_tableOid = InvalidOid;
-    tuple.t_data = header;
-    std::optional<std::string> text;
     try {
-        text = encode_columns(tuple, descriptor, hidden, limits);
+        return composite_text(PG_GETARG_DATUM(n), hidden, limits);
     } catch (const Undecided&) {
-    } catch (...) {
-        guard([&]() noexcept { ReleaseTupleDesc(descriptor); });
-        throw;
+        return std::nullopt;
     }
-    guard([&]() noexcept { ReleaseTupleDesc(descriptor); });
-    return text;
 }
 
 }  // namespace magic_sync::pg
