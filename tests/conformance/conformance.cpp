@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
@@ -79,6 +80,13 @@ std::string excerpt(const std::string& text) {
 
 class Suite {
   public:
+    ~Suite() {
+        std::error_code ignored;  // a destructor has no one to tell
+        if (!dump_directory_.empty()) std::filesystem::remove_all(dump_directory_, ignored);
+    }
+    Suite(const Suite&) = delete;
+    Suite& operator=(const Suite&) = delete;
+
     Suite(std::string command, bool verbose) : command_(std::move(command)), verbose_(verbose) {
         cluster_.create_database("shop");
         db_ = std::make_unique<Connection>(cluster_.conninfo("shop"));
@@ -197,8 +205,8 @@ class Suite {
              }},
             {"history: restored to an earlier dump, it proves what it holds and is repaired",
              [&] {
-                 const std::string dump =
-                     make_postgres_directory("magic_sync_conformance_dump") + "/shop.dump";
+                 dump_directory_ = make_postgres_directory("magic_sync_conformance_dump");
+                 const std::string dump = dump_directory_ + "/shop.dump";
                  pg("pg_dump -Fc -f " + dump + " -d '" + cluster_.conninfo("shop") + "'");
                  db_->query("DELETE FROM shop.items WHERE id BETWEEN 10 AND 12");
                  db_->query("UPDATE shop.items SET name = 'lost with the restore' WHERE id = 13");
@@ -437,6 +445,7 @@ class Suite {
     std::string last_error_;
     std::string last_rows_;
     std::string older_generation_;
+    std::string dump_directory_;  // made for the postgres user, who writes the dump
     std::map<std::string, int> kinds_;
 };
 
