@@ -72,7 +72,7 @@ INSERT INTO wide VALUES
      '"scalar"', false, E'\u0001', NULL),
     (3, 0, '-0', '-0', 'Infinity', NULL, NULL, '1999-01-01', '2000-02-29 23:59:59.999999+00',
      '0044-03-15 BC', '[]', NULL, '', 'xyz'),
-    (4, NULL, 'NaN', 'Infinity', '-Infinity', NULL, NULL, NULL, NULL, NULL, 'null', NULL, NULL, NULL),
+    (4, NULL, 'NaN', 'Infinity', '-Infinity', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL),
     (5, -32768, 1e-7, 1.5e-300, 123456789012345678901234567890.123, NULL, NULL, NULL, NULL, NULL,
      '{"n": 1.10, "": 2, "aa": 3, "b": 4}', NULL, NULL, NULL),
     (6, NULL, 1e-45, '1e-320', 0.000, NULL, NULL, NULL, NULL, NULL,
@@ -92,8 +92,9 @@ FROM wide w WHERE f8 IS NOT NULL ORDER BY id;
 UPDATE wide SET j = (repeat('[', 59) || repeat(']', 59))::jsonb WHERE id = 6;
 SELECT sync_internal.encode_row(w, '{}') FROM wide w WHERE id = 6;
 SELECT sync_internal.canonical_row(to_json(w), '{}') FROM wide w WHERE id = 6;
--- Other types: arrays (floats in them exact, nested by dimension, their lower bounds not written),
--- json (parsed), intervals, domains, composites, as to_json writes them.
+-- Other types: arrays (floats in them exact, nested by dimension), json (parsed), intervals,
+-- domains, composites, as to_json writes them. (A jsonb JSON null and an array not from 1 are
+-- withheld: sql/pass.sql.)
 CREATE DOMAIN positive AS int CHECK (VALUE > 0);
 CREATE DOMAIN ratio AS float8;
 CREATE TYPE pair AS (x float8, label text);
@@ -105,7 +106,7 @@ INSERT INTO other (id, tags, doc, span, p, r, fs, grid, two, pairs) VALUES
     (3, NULL, NULL, '1 day', NULL, NULL, NULL, NULL, NULL, NULL),
     (4, NULL, NULL, NULL, 7, 1e300, NULL, NULL, NULL, NULL),
     (5, NULL, NULL, NULL, NULL, NULL, '{1e-320,-0,NaN,NULL,0.1}', '{{1.5,2},{3,1e-45}}', NULL, NULL),
-    (6, '[0:1]={7,8}', NULL, NULL, NULL, NULL, '{}', NULL, ROW(1e300, 'a "b"'),
+    (6, '{7,8}', NULL, NULL, NULL, NULL, '{}', NULL, ROW(1e300, 'a "b"'),
      ARRAY[ROW(0.1, NULL)::pair, NULL]),
     (7, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL);
 SELECT id, sync_internal.encode_row(o, '{}') = sync_internal.canonical_row(to_json(o), '{}') AS same,

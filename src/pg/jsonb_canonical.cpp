@@ -40,6 +40,13 @@ namespace {
 // What a walk leaves to the text way.
 struct Undecided {};
 
+// A value that cannot travel exactly, and why: its column is written as a marker
+// (protocol::not_exact_marker), and the row is withheld.
+struct NotExact {
+    std::string what;
+    std::string fix;
+};
+
 using Members = std::vector<std::pair<std::string, std::string>>;  // key, canonical value
 
 std::string owned(char* text) {
@@ -233,6 +240,13 @@ std::string array_value(Datum value, const protocol::Limits& limits) {
         deconstruct_array(array, element_type, length, by_value, align, &elements, &nulls, &count);
     });
     if (dimensions == 0) return "[]";
+    const int* lower_bounds = ARR_LBOUND(array);
+    for (int d = 0; d < dimensions; ++d)
+        if (lower_bounds[d] != 1)
+            throw NotExact{"holds an array whose lower bound is " +
+                               std::to_string(lower_bounds[d]) +
+                               ", which a replica would take for 1",
+                           "store it from 1 (ARRAY(SELECT unnest(c)) for one dimension)"};
     protocol::Limits inner = limits;
     inner.max_depth -= dimensions;
     int next = 0;
@@ -350,8 +364,12 @@ std::string column_value(Datum value, Oid type, const protocol::Limits& limits) 
             // The row is one level: what nests in a column has one level less.
             protocol::Limits inner = limits;
             inner.max_depth -= 1;
-            if (auto text = jsonb_canonical(value, inner)) return *text;
-            throw Undecided{};
+            auto text = jsonb_canonical(value, inner);
+            if (!text) throw Undecided{};
+            if (*text == "null")
+                throw NotExact{"holds the JSON value null, which a replica would take for SQL NULL",
+                               "store SQL NULL instead, or JSON that is not null"};
+            return *text;
         }
         default:
             break;
@@ -380,8 +398,15 @@ std::string encode_columns(HeapTupleData& tuple, TupleDesc descriptor,
         bool is_null = false;
         Datum value =
             guard([&]() noexcept { return heap_getattr(&tuple, i + 1, descriptor, &is_null); });
-        members.emplace_back(std::move(name),
-                             is_null ? "null" : column_value(value, attribute->atttypid, limits));
+        std::string text = "null";
+        try {
+            if (!is_null) text = column_value(value, attribute->atttypid, limits);
+        } catch (const NotExact& not_exact) {
+            text = protocol::not_exact_marker("column " + name + " " + not_exact.what +
+                                              ", so the row is withheld from replicas; " +
+                                              not_exact.fix);
+        }
+        members.emplace_back(std::move(name), std::move(text));
     }
     std::string text = object_text(std::move(members));
     if (text.size() > limits.max_bytes) throw Undecided{};

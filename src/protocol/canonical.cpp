@@ -174,4 +174,36 @@ std::optional<std::string> number_past_double_problem(std::string_view json) {
            ", a number no double holds";
 }
 
+std::string not_exact_marker(std::string_view reason) {
+    std::string text;
+    append_json_string(text, std::string(1, '\0') + std::string(reason));
+    return text;
+}
+
+std::optional<std::string> not_exact_reason(std::string_view json) {
+    static constexpr std::string_view kMarker = "\"\\u0000";
+    bool in_string = false;
+    for (size_t at = 0; at < json.size(); ++at) {
+        const char c = json[at];
+        if (in_string) {
+            if (c == '\\') {
+                ++at;  // the escaped character
+            } else if (c == '"') {
+                in_string = false;
+            }
+            continue;
+        }
+        if (c != '"') continue;
+        if (json.substr(at, kMarker.size()) == kMarker) {
+            size_t end = at + kMarker.size();
+            while (end < json.size() && json[end] != '"') end += json[end] == '\\' ? 2 : 1;
+            const JsonNode marker = parse_json_tree(json.substr(at, end + 1 - at), Limits{},
+                                                    PayloadPlacement::kRowFields);
+            return marker.text.substr(1);
+        }
+        in_string = true;
+    }
+    return std::nullopt;
+}
+
 }  // namespace magic_sync::protocol

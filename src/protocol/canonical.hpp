@@ -46,6 +46,15 @@ std::optional<std::string> number_past_double(std::string_view json);
 // when it has none.
 std::optional<std::string> number_past_double_problem(std::string_view json);
 
+// A value the server cannot send exactly (a jsonb holding JSON null, which a replica could not
+// tell from SQL NULL; an array whose lower bound is not 1) is encoded in its row as a string that
+// begins with the character NUL, which no PostgreSQL text or jsonb can hold, followed by what is
+// wrong: `not_exact_marker(reason)`. Such a row is withheld (row_travels), the reason set aside.
+std::string not_exact_marker(std::string_view reason);
+// The reason of the first such string of `json` (valid JSON, e.g. an encoded row); none when it
+// has none.
+std::optional<std::string> not_exact_reason(std::string_view json);
+
 // Appends `value` as a canonical JSON string (quotes included). Throws std::invalid_argument if
 // `value` is not valid UTF-8.
 void append_json_string(std::string& out, std::string_view value);

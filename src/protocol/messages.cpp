@@ -489,15 +489,17 @@ size_t encoded_row_size(std::string_view table, std::string_view key,
 bool row_travels(std::string_view scope, std::string_view table, std::string_view key,
                  std::string_view row, size_t max_bytes) {
     return encoded_row_size(table, key, row) <= row_room(scope, max_bytes) &&
-           !number_past_double(key) && !number_past_double(row);
+           !number_past_double(key) && !number_past_double(row) && !not_exact_reason(row);
 }
 
 std::string why_withheld(std::string_view key, std::string_view row) {
-    return number_past_double(key) || number_past_double(row) ? "number past double" : "too big";
+    if (number_past_double(key) || number_past_double(row)) return "number past double";
+    return not_exact_reason(row) ? "not exact" : "too big";
 }
 
 std::string withheld_reason(std::string_view scope, std::string_view table, std::string_view key,
                             std::string_view row, size_t max_bytes) {
+    if (std::optional<std::string> problem = not_exact_reason(row)) return *problem;
     for (std::string_view part : {key, row}) {
         if (std::optional<std::string> problem = number_past_double_problem(part)) {
             return *problem +

@@ -285,19 +285,21 @@ size_t chunk_overhead(std::string_view scope, int64_t from, int64_t to);  // a c
 size_t encoded_row_size(std::string_view table, std::string_view key,
                         std::optional<std::string_view> row);
 // Whether a row can travel at all: no number of its key or row is past a double (a replica may
-// read numbers as doubles), and it fits, with the comma before it, a chunk of its scope at the
-// largest seqs in a rows message that resets everything, and a repair message of its scope,
-// within `max_bytes`. A row that does not
-// is withheld (docs/DESIGN.md §4, §7): the rule depends on the row and its scope alone, never on
-// where a replica's cursor stands, so the server, the replica and an oracle agree on it.
+// read numbers as doubles), no value of its row is marked not exact (not_exact_reason), and it
+// fits, with the comma before it, a chunk of its scope at the largest seqs in a rows message that
+// resets everything, and a repair message of its scope, within `max_bytes`. A row that does not is
+// withheld (docs/DESIGN.md §4, §7): the rule depends on the row and its scope alone, never on where
+// a replica's cursor stands, so the server, the replica and an oracle agree on it.
 bool row_travels(std::string_view scope, std::string_view table, std::string_view key,
                  std::string_view row, size_t max_bytes);
 // The most bytes an encoded row of `scope` may take and still travel (row_travels).
 size_t row_room(std::string_view scope, size_t max_bytes);
 // Why a row that does not travel is withheld, as its note says: "number past double" when its key
-// or row holds a number no double holds, "too big" otherwise.
+// or row holds a number no double holds, "not exact" when its row holds a value marked so, "too
+// big" otherwise.
 std::string why_withheld(std::string_view key, std::string_view row);
-// The same, as the server sets the row aside: what is wrong, and what to do.
+// The same, as the server sets the row aside: what is wrong, and what to do (for a value not
+// exact, the marker's text).
 std::string withheld_reason(std::string_view scope, std::string_view table, std::string_view key,
                             std::string_view row, size_t max_bytes);
 

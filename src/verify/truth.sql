@@ -7,6 +7,45 @@
 -- held against each other: sync.expected() for one replica, sync.audit() for every scope. Values
 -- are written under the settings sync.pass pins (TimeZone, IntervalStyle, ...).
 
+-- Whether the value `expr` of type `type` cannot travel exactly, as SQL (a boolean expression, NULL
+-- when no value of the type is such): a jsonb holding JSON null, an array whose lower bound is
+-- not 1, at any depth of arrays and composites. The pass's encoder marks such values as it walks
+-- them (src/pg/jsonb_canonical.cpp, NotExact); this is the same rule in SQL, apart from it, for
+-- the truth functions.
+CREATE FUNCTION sync_internal.not_exact_sql(expr text, type oid, depth int DEFAULT 1) RETURNS text
+LANGUAGE plpgsql STABLE
+SET search_path = pg_catalog, pg_temp
+AS $$
+DECLARE
+    t pg_type;
+    element text;
+    parts text[];
+BEGIN
+    SELECT * INTO t FROM pg_type x WHERE x.oid = type;
+    WHILE t.typtype = 'd' LOOP
+        SELECT * INTO t FROM pg_type x WHERE x.oid = t.typbasetype;
+    END LOOP;
+    IF t.oid = 'jsonb'::regtype THEN
+        RETURN format('%s = ''null''::jsonb', expr);
+    ELSIF t.typcategory = 'A' AND t.typelem <> 0 AND depth < 10 THEN
+        element := sync_internal.not_exact_sql('e' || depth, t.typelem, depth + 1);
+        RETURN format('(array_dims(%s) !~ ''^(\[1:[0-9]+\])*$''%s)', expr,
+                      CASE WHEN element IS NOT NULL
+                           THEN format(' OR EXISTS (SELECT FROM unnest(%s) e%s WHERE %s)',
+                                       expr, depth, element) ELSE '' END);
+    ELSIF t.typtype = 'c' AND depth < 10 THEN
+        SELECT array_agg(x.part ORDER BY x.attnum) INTO parts
+        FROM (SELECT a.attnum, sync_internal.not_exact_sql(format('(%s).%I', expr, a.attname),
+                                                            a.atttypid, depth + 1) AS part
+              FROM pg_attribute a
+              WHERE a.attrelid = t.typrelid AND a.attnum > 0 AND NOT a.attisdropped) x
+        WHERE x.part IS NOT NULL;
+        RETURN '(' || array_to_string(parts, ' OR ') || ')';
+    END IF;
+    RETURN NULL;
+END
+$$;
+
 -- The rows a codec's declaration puts in scopes, read from its table aliased t, as SQL: table_name,
 -- key and body (canonical JSON), and the scope each row lives in (match, value, part; value NULL:
 -- in none). With `for_replica`, only the rows of the audience of the live replica $1.
@@ -19,6 +58,7 @@ DECLARE
     r sync.replica_set;
     key_object text;
     hidden name[];
+    not_exact text;
 BEGIN
     SELECT * INTO c FROM sync.codec x WHERE x.id = declared_rows_sql.codec;
     SELECT * INTO r FROM sync.replica_set;
@@ -28,10 +68,21 @@ BEGIN
     FROM pg_attribute a
     WHERE a.attrelid = c.relation AND a.attnum > 0 AND NOT a.attisdropped
       AND c.columns IS NOT NULL AND a.attname <> ALL (c.columns);
+    -- A row with a value that cannot travel exactly is withheld (protocol::not_exact_reason): its
+    -- body is only the marker.
+    SELECT string_agg(x.test, ' OR ' ORDER BY x.attnum) INTO not_exact
+    FROM (SELECT a.attnum, sync_internal.not_exact_sql(format('t.%I', a.attname), a.atttypid) AS test
+          FROM pg_attribute a
+          WHERE a.attrelid = c.relation AND a.attnum > 0 AND NOT a.attisdropped
+            AND a.attname <> ALL (hidden)) x
+    WHERE x.test IS NOT NULL;
     RETURN format('SELECT %L::text AS table_name, sync_internal.canonical(jsonb_build_object(%s)) AS key, '
-                  'sync_internal.canonical_row(to_json(t.*), %L::text[]) AS body, %L::text AS match, %s AS value, '
+                  '%s AS body, %L::text AS match, %s AS value, '
                   '%s AS part FROM %s t',
-                  c.table_name, key_object, hidden,
+                  c.table_name, key_object,
+                  format('CASE WHEN coalesce(%s, false) THEN %L ELSE '
+                         'sync_internal.canonical_row(to_json(t.*), %L::text[]) END',
+                         coalesce(not_exact, 'false'), '{"":"\u0000not exact"}', hidden),
                   CASE c.audience WHEN 'own' THEN 'id' WHEN 'group' THEN c.replica_column ELSE '*' END,
                   CASE c.audience WHEN 'all' THEN '''''::text' WHEN 'nobody' THEN 'NULL::text'
                                   ELSE format('t.%I::text', c.to_column) END,

@@ -768,6 +768,27 @@ TEST(Sizes, NoRowTravelsWithANumberPastADouble) {
     EXPECT_EQ(by_hash.key_hash, key_hash(table, R"({"id":1e400})"));
 }
 
+// A value the server cannot send exactly is marked in its row (a string that begins with NUL,
+// which no PostgreSQL text holds): the row does not travel, whatever its size, and its reason is
+// the marker's text. A NUL anywhere else, or an escaped backslash before u0000, is no marker.
+TEST(Sizes, NoRowTravelsWithAValueMarkedNotExact) {
+    const std::string table = "shop.notes";
+    const std::string marked =
+        R"({"id":1,"meta":)" + not_exact_marker("meta holds the \"JSON\" value null") + "}";
+    EXPECT_EQ(marked, R"({"id":1,"meta":"\u0000meta holds the \"JSON\" value null"})");
+    EXPECT_EQ(not_exact_reason(marked), "meta holds the \"JSON\" value null");
+    EXPECT_FALSE(row_travels("all", table, R"({"id":1})", marked, 4096));
+    EXPECT_EQ(why_withheld(R"({"id":1})", marked), "not exact");
+    EXPECT_EQ(withheld_reason("all", table, R"({"id":1})", marked, 4096),
+              "meta holds the \"JSON\" value null");
+    for (const char* plain : {R"({"id":1,"meta":null})", R"({"a":"x\\u0000","id":1})",
+                              R"({"a":"\\u0000","id":1})", R"({"a":"x\u0000","id":1})"}) {
+        EXPECT_EQ(not_exact_reason(plain), std::nullopt) << plain;
+        EXPECT_TRUE(row_travels("all", table, R"({"id":1})", plain, 4096)) << plain;
+    }
+    EXPECT_EQ(not_exact_reason(R"({"a":[1,{"b":"\u0000deep"}],"id":1})"), "deep");
+}
+
 // A message encoded before it was numbered takes its gen and seq as it enters the outbox, and is
 // then exactly the message encoded with them.
 TEST(Restamp, GivesAnEncodedMessageItsHeader) {
