@@ -1,10 +1,13 @@
 -- The fleet at a glance (the sender's page, magic-sync-sender --metrics: GET / and /fleet.json) ----
 --
--- One jsonb document: the replicas counted by state, the slowest of them with their lag, last
--- error and what their state means, the alarms (what the relay's report says needs someone, and
+-- One jsonb document: the replicas counted by state, the `slowest` live replicas (the worst state
+-- first, failing before lacking rows before repairing before catching up before waiting for its
+-- report before in sync, the longest lag first within one) with their lag, last error and what
+-- their state means, the alarms (what the relay's report says needs someone, and
 -- a relay that is not running), and what is set aside with what fixes it. One reading of
 -- sync.status per call, which compares every replica's holdings: the sender reads it at most once
 -- every few seconds, however many pages are open.
+
 -- What fixes an item set aside of `kind` (an upload `waits_for_data`: a row it references has not
 -- come, a limit may be raised), as sync_internal.report() says it for the relay's log.
 CREATE FUNCTION sync_internal.set_aside_fix(kind text, waits_for_data boolean) RETURNS text
@@ -97,7 +100,7 @@ SELECT jsonb_build_object(
                    ORDER BY r.ord, r.lag_seconds DESC, r.replica)
         FROM (SELECT r.*, t.ord FROM ranked r JOIN states t ON t.state = r.state
               WHERE r.live
-              ORDER BY t.state = 'in sync', r.lag_seconds DESC, t.ord, r.replica
+              ORDER BY t.ord, r.lag_seconds DESC, r.replica
               LIMIT greatest(slowest, 0)) r), '[]'),
     'relay', (SELECT jsonb_build_object(
                   'running', h.relay_pid IS NOT NULL,
