@@ -62,6 +62,13 @@ std::string tile_count(const std::string& dom, const std::string& state) {
     return dom.substr(text, dom.find("</span>", text) - text);
 }
 
+std::string file_text(const std::string& path) {
+    std::ifstream file(path);
+    std::stringstream text;
+    text << file.rdbuf();
+    return text.str();
+}
+
 std::string chromium_program() {
     std::string path;
     if (run("command -v chromium", &path) != 0) return "";
@@ -136,18 +143,16 @@ TEST(Fleet, ThePageShowsTheDeviceThatWasCutFailing) {
     std::remove(screenshot.c_str());
     std::string browser_log;
     const int status =
-        run("(" + chromium +
+        run("(timeout 120 " + chromium +
                 " --headless --no-sandbox --disable-gpu --user-data-dir=" + deployment.directory() +
                 "/chromium --window-size=1280,1000 --virtual-time-budget=3000 "
                 "--screenshot=" +
                 screenshot + " --dump-dom http://127.0.0.1:" + std::to_string(port) + "/ 2>" +
                 deployment.directory() + "/chromium.log >" + dom_file + ")",
             &browser_log);
-    std::ifstream file(dom_file);
-    std::stringstream read;
-    read << file.rdbuf();
-    const std::string dom = read.str();
-    ASSERT_EQ(status, 0) << browser_log << dom;
+    const std::string dom = file_text(dom_file);
+    ASSERT_EQ(status, 0) << browser_log << file_text(deployment.directory() + "/chromium.log")
+                         << dom;
     EXPECT_TRUE(std::ifstream(screenshot).good()) << "no screenshot at " << screenshot;
     std::cerr << "fleet page: " << screenshot << ", " << dom_file << std::endl;
 
