@@ -1,5 +1,6 @@
 #include "fleet.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -128,15 +129,18 @@ void FleetSource::sample() {
 
 std::string FleetSource::json() {
     std::lock_guard<std::mutex> lock(mutex_);
-    const Clock::time_point now = Clock::now();
-    if (!answer_.empty() && now - answered_at_ < fresh_for_) return answer_;
+    const Clock::time_point asked = Clock::now();
+    if (!answer_.empty() && asked < fresh_until_) return answer_;
     std::string fleet;
     std::string error;
     if (!query("SELECT sync.fleet(10)::text", fleet, error)) fleet.clear();
     const double read_at =
         std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     answer_ = fleet_json(read_at, fleet, error, backlog_);
-    answered_at_ = now;
+    // A fleet whose reading takes long is read less often: the database spends at most a fifth
+    // of one session's time on it, however many pages are open.
+    const Clock::time_point answered = Clock::now();
+    fresh_until_ = answered + std::max<Clock::duration>(fresh_for_, 4 * (answered - asked));
     return answer_;
 }
 

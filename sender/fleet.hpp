@@ -50,7 +50,8 @@ std::string fleet_json(double read_at, const std::string& fleet, const std::stri
 
 // The data behind the page, read on a database connection of its own: the backlog sampled every
 // `sample_every` from construction on, on a thread of its own, and sync.fleet() read when the page
-// asks, at most once every `fresh_for` (many open pages cost one reading).
+// asks, at most once every `fresh_for`, or every five times as long as it took to read when that
+// is longer (many open pages cost one reading; a big fleet is read less often).
 class FleetSource {
   public:
     FleetSource(std::string conninfo, std::chrono::seconds sample_every,
@@ -76,7 +77,7 @@ class FleetSource {
     PGconn* connection_ = nullptr;
     BacklogHistory backlog_;
     std::string answer_;
-    Clock::time_point answered_at_;
+    Clock::time_point fresh_until_;
     bool stopping_ = false;
     std::condition_variable wake_;
     std::thread sampler_;
