@@ -1,8 +1,9 @@
 // The fleet page (magic-sync-sender --metrics: GET / and /fleet.json) in a real browser: a fleet
 // of three replicas over http, one of them killed, and headless Chromium loading the page once,
 // running its script against the sender and dumping what it drew. The killed device is shown
-// failing, the others in sync. The screenshot and the DOM are kept in build/test-artifacts/
-// (fleet_page.png, fleet_page.html), whatever the outcome.
+// failing, the others in sync. A proxy on its line answers 503 with markup in the body: the page
+// shows that error as text, and runs none of it. The screenshot and the DOM are
+// kept in build/test-artifacts/ (fleet_page.png, fleet_page.html), whatever the outcome.
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <signal.h>
@@ -15,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "server/deployment.hpp"
@@ -107,8 +109,27 @@ TEST(Fleet, ThePageShowsTheDeviceThatWasCutFailing) {
         60s))
         << deployment.sender()->log();
 
-    // Replica 2's device dies; the prices change: its deliveries fail, the others take them.
+    // Replica 2's device dies, and what answers on its line now is a proxy's error page with a
+    // script in it; the prices change: its deliveries fail, the others take them.
     replicas[2].process->stop(SIGKILL);
+    const std::string hostile = "<img src=x onerror=\"document.title='run'\"> proxy & co";
+    httplib::Server proxy;
+    proxy.Post(".*", [&](const httplib::Request&, httplib::Response& response) {
+        response.status = 503;
+        response.set_content(hostile, "text/html");
+    });
+    const int proxy_port = free_port();
+    ASSERT_TRUE(proxy.bind_to_port("127.0.0.1", proxy_port));
+    deployment.router().route(replica_id(2), proxy_port);
+    std::thread proxying([&] { proxy.listen_after_bind(); });
+    struct Stop {
+        httplib::Server& server;
+        std::thread& thread;
+        ~Stop() {
+            server.stop();
+            thread.join();
+        }
+    } stop{proxy, proxying};
     db.query("UPDATE shop.products SET price = price + 1");
 
     // What the page will read says so first: one failing, two in sync (they confirmed).
@@ -122,6 +143,10 @@ TEST(Fleet, ThePageShowsTheDeviceThatWasCutFailing) {
     };
     const std::map<std::string, std::string> expected_states = {
         {replica_id(1), "in sync"}, {replica_id(2), "failing"}, {replica_id(3), "in sync"}};
+    const auto last_error = [&] {
+        const nlohmann::json& error = fleet["slowest"][0]["last_error"];
+        return error.is_string() ? error.get<std::string>() : "(none)";
+    };
     ASSERT_TRUE(eventually(
         [&] {
             const auto answer = sender.Get("/fleet.json");
@@ -129,7 +154,7 @@ TEST(Fleet, ThePageShowsTheDeviceThatWasCutFailing) {
             const nlohmann::json document = nlohmann::json::parse(answer->body);
             if (document["fleet"].is_null()) return false;
             fleet = document["fleet"];
-            return states() == expected_states;
+            return states() == expected_states && last_error() == "HTTP 503: " + hostile;
         },
         60s))
         << fleet.dump(2) << deployment.sender()->log();
@@ -161,15 +186,18 @@ TEST(Fleet, ThePageShowsTheDeviceThatWasCutFailing) {
     EXPECT_EQ(shown_state(dom, replica_id(3)), "in sync") << dom;
     EXPECT_EQ(tile_count(dom, "failing"), "1") << dom;
     EXPECT_EQ(tile_count(dom, "in sync"), "2") << dom;
-    // Its last error, as the sender recorded it, in its row.
-    const std::string error = fleet["slowest"][0]["last_error"].is_string()
-                                  ? fleet["slowest"][0]["last_error"].get<std::string>()
-                                  : "(none)";
+    // Its last error in its row, as text: the markup in it is shown, not made, and its script
+    // did not run.
     EXPECT_EQ(fleet["slowest"][0]["replica"], replica_id(2));
     const size_t row = dom.find("data-replica=\"" + replica_id(2) + "\"");
-    EXPECT_NE(dom.find("<td class=\"error\">" + error + "</td>", row), std::string::npos)
-        << error << "\n"
+    EXPECT_NE(
+        dom.find("<td class=\"error\">HTTP 503: &lt;img src=x onerror=\"document.title='run'\"&gt; "
+                 "proxy &amp; co</td>",
+                 row),
+        std::string::npos)
         << dom;
+    EXPECT_EQ(dom.find("<img"), std::string::npos) << dom;
+    EXPECT_NE(dom.find("<title>magic_sync fleet</title>"), std::string::npos) << dom;
     EXPECT_NE(dom.find("3 devices, read at"), std::string::npos) << dom;
 }
 
