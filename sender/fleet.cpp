@@ -93,9 +93,20 @@ FleetSource::~FleetSource() {
 bool FleetSource::query(const char* sql, std::string& value, std::string& error) {
     if (connection_ == nullptr) {
         try {
-            connection_ = libpq::connect(conninfo_);
+            libpq::check_conninfo(conninfo_);
         } catch (const libpq::Failure& e) {
             error = "cannot connect: " + libpq::first_line(e.what());
+            return false;
+        }
+        // A database that does not answer holds the page up 5 s at most, unless the connection
+        // string says otherwise (its settings come after, and win).
+        const char* const keywords[] = {"connect_timeout", "dbname", nullptr};
+        const char* const values[] = {"5", conninfo_.c_str(), nullptr};
+        connection_ = PQconnectdbParams(keywords, values, 1);
+        if (PQstatus(connection_) != CONNECTION_OK) {
+            error = "cannot connect: " + libpq::first_line(PQerrorMessage(connection_));
+            PQfinish(connection_);
+            connection_ = nullptr;
             return false;
         }
         // The page waits for what it reads: never long.
