@@ -20,7 +20,8 @@ FEATURES := state capture declare relay filing verify wire
 SQL_PARTS := src/state/schema.sql src/relay/relay_lock.sql src/declare/declare.sql \
 	src/state/codec.sql src/wire/wire.sql src/relay/relay.sql src/relay/outbox.sql \
 	src/filing/set_aside.sql src/filing/receive.sql src/relay/pass.sql src/relay/relay_loop.sql \
-	src/verify/repair.sql src/verify/truth.sql src/state/comments.sql src/state/privileges.sql
+	src/verify/repair.sql src/verify/truth.sql src/verify/fleet.sql src/state/comments.sql \
+	src/state/privileges.sql
 # The version being built: the control file's default_version, the one place it is written.
 EXT_VERSION := $(shell sed -n "s/^default_version = '\(.*\)'$$/\1/p" magic_sync.control)
 # The install script of this version, and an update script from each release before it: the part

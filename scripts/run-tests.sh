@@ -13,9 +13,10 @@
 #                                        conformance)
 #   MAGIC_SYNC_TEST_JOBS=1               one job at a time
 #   KEEP_TEST_OUTPUT=1                   keep the logs and the regress outputs
+# The fleet page's test keeps its screenshot in build/test-artifacts/ (fleet_page.png) anyway.
 set -uo pipefail
 case "${1:-}" in
-    -h | --help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     "") ;;
     *) echo "run-tests: no arguments are taken (see --help)" >&2; exit 2 ;;
 esac
@@ -181,6 +182,7 @@ declare -A server_weight=(
     [Worker.WaitsForItsRoleAndTheTemporaryPrivilege]=12
     [Worker.ALauncherStartedAgainLeavesOneRelay]=12
     [Pull.AHundredReplicasPullingFromOneSenderHoldWhatTheTablesSay]=11
+    [Fleet.ThePageShowsTheDeviceThatWasCutFailing]=11
 )
 if wanted server; then
     for test in $(build/tests/server_tests --gtest_list_tests |

@@ -83,7 +83,7 @@ Sender::Sender(const Options& options, std::unique_ptr<Transport> transport)
       metrics_server_(options.metrics.empty()
                           ? nullptr
                           : std::make_unique<MetricsServer>([this] { return metrics_.text(); },
-                                                            options.metrics)),
+                                                            options.metrics, options.db)),
       transport_(std::move(transport)) {}
 
 Sender::~Sender() { transport_.reset(); }

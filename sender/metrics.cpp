@@ -7,6 +7,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "fleet.hpp"
+
 namespace magic_sync::sender {
 
 namespace {
@@ -190,11 +192,18 @@ std::string PullMetrics::text() const {
 }
 
 struct MetricsServer::Serving {
+    std::unique_ptr<FleetSource> fleet;
     httplib::Server server;
     std::thread thread;
 };
 
-MetricsServer::MetricsServer(std::function<std::string()> exposition, const std::string& listen)
+// The fleet page's backlog: a sample every 15 s (240 over the hour it shows); sync.fleet() read at
+// most every 3 s, as often as the page asks.
+constexpr std::chrono::seconds kFleetSampleEvery{15};
+constexpr std::chrono::seconds kFleetFreshFor{3};
+
+MetricsServer::MetricsServer(std::function<std::string()> exposition, const std::string& listen,
+                             const std::string& fleet_db)
     : serving_(std::make_unique<Serving>()) {
     const size_t colon = listen.rfind(':');
     if (colon == std::string::npos || colon == 0 || colon + 1 == listen.size())
@@ -220,6 +229,23 @@ MetricsServer::MetricsServer(std::function<std::string()> exposition, const std:
         throw std::runtime_error("--metrics " + listen +
                                  ": cannot listen there (in use, or not "
                                  "an address of this host)");
+    if (!fleet_db.empty()) {
+        serving_->fleet =
+            std::make_unique<FleetSource>(fleet_db, kFleetSampleEvery, kFleetFreshFor);
+        serving_->server.Get("/", [](const httplib::Request&, httplib::Response& res) {
+            // Nothing but the page itself: its script and style are inline, it reads
+            // /fleet.json and nothing else.
+            res.set_header("Content-Security-Policy",
+                           "default-src 'none'; script-src 'unsafe-inline'; "
+                           "style-src 'unsafe-inline'; connect-src 'self'; img-src data:");
+            res.set_content(kFleetPage, "text/html; charset=utf-8");
+        });
+        serving_->server.Get("/fleet.json", [fleet = serving_->fleet.get()](
+                                                const httplib::Request&, httplib::Response& res) {
+            res.set_header("Cache-Control", "no-store");
+            res.set_content(fleet->json(), "application/json");
+        });
+    }
     serving_->thread = std::thread([this] { serving_->server.listen_after_bind(); });
 }
 

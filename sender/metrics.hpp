@@ -67,11 +67,14 @@ class PullMetrics {
     std::atomic<int64_t> wake_statements_{0}, wake_replicas_{0};
 };
 
-// Serves the text `exposition` makes at GET /metrics, on a thread of its own, until destroyed.
+// Serves the text `exposition` makes at GET /metrics, on a thread of its own, until destroyed;
+// with `fleet_db` (a libpq connection string) also the fleet page, GET / and GET /fleet.json
+// (fleet.hpp), read on a connection of its own to that database.
 class MetricsServer {
   public:
     // `listen` is HOST:PORT; throws std::runtime_error saying why when it cannot listen there.
-    MetricsServer(std::function<std::string()> exposition, const std::string& listen);
+    MetricsServer(std::function<std::string()> exposition, const std::string& listen,
+                  const std::string& fleet_db = "");
     ~MetricsServer();
     MetricsServer(const MetricsServer&) = delete;
     MetricsServer& operator=(const MetricsServer&) = delete;

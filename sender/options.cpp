@@ -32,7 +32,13 @@ replicas, one message at a time per replica, in order. Holds no state: kill it a
   --metrics HOST:PORT    serve GET /metrics for Prometheus there: messages sent, failed and
                          refused, bytes, send times, sends in flight, and the backlog read
                          with each progress line (--report); pull: requests by route and
-                         status, bytes read and written, devices connected, long polls waiting
+                         status, bytes read and written, devices connected, long polls waiting.
+                         Also the fleet page, GET / (a page for a browser: devices by state,
+                         the slowest with their lag and last error, the backlog over the last
+                         hour, alarms, what is set aside and its fix; refreshed every 5 s) and
+                         GET /fleet.json, its data: sync.fleet(), read on a connection of its
+                         own at most every 3 s (and a fifth of the time), and the unsent
+                         messages sampled every 15 s
   --help                 this text
 http:
   --url TEMPLATE         POST target, {replica} replaced by the replica's id; header message-id

@@ -1085,7 +1085,7 @@ PullServer::PullServer(const Options& options) {
     serving_ = std::make_unique<Serving>(options);
     if (!options.metrics.empty())
         serving_->metrics_server = std::make_unique<MetricsServer>(
-            [&metrics = serving_->metrics] { return metrics.text(); }, options.metrics);
+            [&metrics = serving_->metrics] { return metrics.text(); }, options.metrics, options.db);
     if (!is_loopback(options.listen))
         log_line("--listen " + options.listen +
                  " is not a loopback address: devices' tokens and data cross the network in "

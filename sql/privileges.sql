@@ -1,8 +1,8 @@
 -- Privileges (docs/DESIGN.md §10): PUBLIC can call nothing in schema sync; sync_sender calls only the
 -- sender's functions (next, sent, failed, backlog, and pull_head, pull_ack, pull_refused for
--- the pull transport), sync_receiver only sync.receive (which
--- runs its helpers as the extension's owner) and sync_monitor only the two monitoring functions
--- (sync.replica_counts, sync.relay_health); none reads a sync table or changes a declaration. The
+-- the pull transport, and fleet for its page), sync_receiver only sync.receive (which
+-- runs its helpers as the extension's owner) and sync_monitor only the monitoring functions
+-- (sync.replica_counts, sync.relay_health, sync.fleet); none reads a sync table or changes a declaration. The
 -- settings and hooks that choose a role cannot be turned into more privilege: magic_sync.role is
 -- a superuser's setting, SET ROLE to it needs membership, the hooks run as the caller, and the
 -- relay's retry files a kept upload as the role that sent it.

@@ -165,6 +165,12 @@ COMMENT ON FUNCTION sync.replica_counts() IS
 COMMENT ON FUNCTION sync.relay_health() IS
 'For monitoring: the notes backlog and its age, whether a relay holds the lock, the time since the '
 'last pass, what is set aside by kind, and how long the horizon has been held back.';
+COMMENT ON FUNCTION sync.fleet(integer) IS
+'The fleet at a glance, one jsonb document (src/verify/fleet.sql), for the sender''s page '
+'(magic-sync-sender --metrics: GET / and /fleet.json), executable by sync_sender and sync_monitor: '
+'the replicas counted by state, the slowest (at most slowest) with their lag, last error and what '
+'their state means, the relay, the alarms, and what is set aside with its fix. Reads sync.status '
+'once.';
 COMMENT ON VIEW sync.current_delivery IS
 'How delivering to each replica goes, as its senders recorded it (sync.delivery): backoff, last error, '
 'refusals in a row, for its generation now only (a replica provisioned again starts with none).';

@@ -5,8 +5,10 @@
 #include <httplib.h>
 
 #include <algorithm>
+#include <nlohmann/json.hpp>
 #include <set>
 
+#include "fleet.hpp"
 #include "sender/harness.hpp"
 #include "sender/sink.hpp"
 
@@ -552,6 +554,33 @@ TEST(Sender, ServesMetricsForPrometheus) {
              std::string("magic_sync_sender_replicas_backing_off 1"),
          })
         EXPECT_NE(text.find(line + "\n"), std::string::npos) << line << "\n" << text;
+
+    // The same port serves the fleet page and its data: sync.fleet(), read as the sender's role.
+    const auto page = client.Get("/");
+    ASSERT_TRUE(page);
+    EXPECT_EQ(page->status, 200);
+    EXPECT_EQ(page->get_header_value("Content-Type"), "text/html; charset=utf-8");
+    EXPECT_EQ(page->body, ::magic_sync::sender::kFleetPage);
+    const auto data = client.Get("/fleet.json");
+    ASSERT_TRUE(data);
+    EXPECT_EQ(data->status, 200);
+    EXPECT_EQ(data->get_header_value("Content-Type"), "application/json");
+    const nlohmann::json fleet = nlohmann::json::parse(data->body);
+    EXPECT_TRUE(fleet["error"].is_null()) << data->body;
+    EXPECT_EQ(fleet["fleet"]["replicas"], 3) << data->body;
+    EXPECT_EQ(fleet["fleet"]["unsent"], 4) << data->body;
+    const nlohmann::json& slowest = fleet["fleet"]["slowest"];
+    ASSERT_EQ(slowest.size(), 3u) << data->body;
+    EXPECT_EQ(slowest[0]["replica"], replica_id(3));
+    EXPECT_EQ(slowest[0]["state"], "failing");
+    EXPECT_EQ(slowest[0]["last_error"], "HTTP 400: answer 400 from the sink");
+    EXPECT_EQ(slowest[0]["outbox"], 4);
+    for (const int n : {1, 2}) {
+        EXPECT_EQ(slowest[n]["state"], "waiting for its report") << data->body;
+        EXPECT_EQ(slowest[n]["outbox"], 0) << data->body;
+    }
+    EXPECT_EQ(fleet["backlog"]["every"], 15);
+    EXPECT_EQ(fleet["backlog"]["span"], 3600);
 
     // A second sender cannot listen there: it says so, and stops.
     SenderProcess second(outbox, dir,
