@@ -255,6 +255,9 @@ fi
 # ---- the conformance suite (tests/conformance, docs/PROTOCOL.md) against the reference replica --
 if wanted conformance; then
     add_job conformance:reference 6 one build/tests/conformance --replica build/bin/magic-sync-replica
+    # The TypeScript replica (clients/js) under Node: a process per operation, sql.js's
+    # WebAssembly compiled by the baseline compiler only (a tenth of the CPU of tiering it up).
+    add_job conformance:js 10 one build/tests/conformance --replica "node --liftoff-only clients/js/dist/cli.js"
 fi
 
 # ---- the scheduler ---------------------------------------------------------------------------
