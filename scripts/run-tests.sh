@@ -10,7 +10,7 @@
 #
 #   MAGIC_SYNC_TESTS=regress,isolation   only these groups (format, schedules, regress,
 #                                        isolation, server, sanitizers, fuzz, shell, sim,
-#                                        conformance)
+#                                        conformance, browser)
 #   MAGIC_SYNC_TEST_JOBS=1               one job at a time
 #   KEEP_TEST_OUTPUT=1                   keep the logs and the regress outputs
 set -uo pipefail
@@ -183,7 +183,7 @@ declare -A server_weight=(
     [Pull.AHundredReplicasPullingFromOneSenderHoldWhatTheTablesSay]=11
 )
 if wanted server; then
-    for test in $(build/tests/server_tests --gtest_list_tests |
+    for test in $(build/tests/server_tests --gtest_list_tests --gtest_filter=-Browser.* |
                   awk '/^[A-Za-z]/ {suite = $1} /^  / {print suite $1}'); do
         add_job "server:$test" "${server_weight[$test]:-5}" gtest \
             build/tests/server_tests --gtest_brief=1 --gtest_filter="$test"
@@ -258,6 +258,13 @@ if wanted conformance; then
     # The TypeScript replica (clients/js) under Node: a process per operation, sql.js's
     # WebAssembly compiled by the baseline compiler only (a tenth of the CPU of tiering it up).
     add_job conformance:js 10 one build/tests/conformance --replica "node --liftoff-only clients/js/dist/cli.js"
+fi
+
+# ---- the TypeScript replica (clients/js): its unit tests under Node, and its page in chromium ----
+# (tests/server/browser_test.cpp: a real gateway with --cors-origin; one chromium launch).
+if wanted browser; then
+    add_job browser:unit 1 one node --test clients/js/test/unit.test.js
+    add_job browser:page 12 gtest build/tests/server_tests --gtest_brief=1 --gtest_filter='Browser.*'
 fi
 
 # ---- the scheduler ---------------------------------------------------------------------------
