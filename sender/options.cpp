@@ -162,9 +162,8 @@ Options parse_options(const std::vector<std::string>& arguments) {
              const bool origin = scheme != std::string::npos && scheme > 0 &&
                                  v.size() > scheme + 3 &&
                                  v.find('/', scheme + 3) == std::string::npos &&
-                                 std::all_of(v.begin(), v.end(), [](unsigned char c) {
-                                     return c > 0x20 && c < 0x7f;
-                                 });
+                                 std::all_of(v.begin(), v.end(),
+                                             [](unsigned char c) { return c > 0x20 && c < 0x7f; });
              if (!star && !origin)
                  throw UsageError(
                      "--cors-origin wants an origin, scheme://host[:port] without a path, or *");

@@ -461,12 +461,12 @@ TEST(PullSender, CorsOriginAnswersABrowsersPreflightAndEveryRequest) {
     PullSender sender(outbox, dir, "1", "", {"--cors-origin", origin});
     const std::string next = "/replicas/" + replica_id(1) + "/next";
 
-    auto preflight = sender.client().Options(next.c_str(),
-                                             httplib::Headers{
-                                                 {"Origin", origin},
-                                                 {"Access-Control-Request-Method", "GET"},
-                                                 {"Access-Control-Request-Headers", "authorization"},
-                                             });
+    auto preflight = sender.client().Options(
+        next.c_str(), httplib::Headers{
+                          {"Origin", origin},
+                          {"Access-Control-Request-Method", "GET"},
+                          {"Access-Control-Request-Headers", "authorization"},
+                      });
     ASSERT_TRUE(preflight);
     EXPECT_EQ(preflight->status, 204);
     EXPECT_EQ(preflight->get_header_value("Access-Control-Allow-Origin"), origin);

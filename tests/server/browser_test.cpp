@@ -182,9 +182,8 @@ class Browser : public ::testing::Test {
         driver_ = std::make_unique<Driver>(deployment_->directory() + "/browser.log");
         origin_ = driver_->line()["origin"];
         deployment_->sender() = std::make_unique<Process>(
-            pull_gateway_command(deployment_->bin() + "/magic-sync-sender",
-                                 deployment_->conninfo(), port_, kTokenQuery, "5",
-                                 {"--cors-origin", origin_}),
+            pull_gateway_command(deployment_->bin() + "/magic-sync-sender", deployment_->conninfo(),
+                                 port_, kTokenQuery, "5", {"--cors-origin", origin_}),
             deployment_->directory() + "/sender.log");
         artifacts_ = "build/artifacts/browser";
         run("mkdir -p " + artifacts_);
@@ -212,9 +211,10 @@ class Browser : public ::testing::Test {
         const bool converged = eventually(
             [&] {
                 return db().value("SELECT count(*) FROM sync.note") == "0" &&
-                       db().value("SELECT count(*) FROM sync.outbox WHERE sent_at IS NULL AND "
-                                  "replica = $1::uuid",
-                                  {kReplica}) == "0" &&
+                       db().value(
+                           "SELECT count(*) FROM sync.outbox WHERE sent_at IS NULL AND "
+                           "replica = $1::uuid",
+                           {kReplica}) == "0" &&
                        held() == expected();
             },
             60s);
@@ -241,8 +241,9 @@ TEST_F(Browser, ThePageConvergesUploadsAWriteAndSurvivesAReload) {
     ASSERT_EQ(split(expected()).size(), 60u);
 
     // A change of values of every kind, a delete and an insert.
-    db().query("UPDATE shop.products SET ratio = 'NaN', doc = '{\"s\": \"é\\\"q\"}', tags = '{}' "
-               "WHERE id = 1");
+    db().query(
+        "UPDATE shop.products SET ratio = 'NaN', doc = '{\"s\": \"é\\\"q\"}', tags = '{}' "
+        "WHERE id = 1");
     db().query("UPDATE shop.products SET price = NULL, name = 'renamed' WHERE id <= 5");
     db().query("DELETE FROM shop.products WHERE id BETWEEN 30 AND 34");
     db().query("INSERT INTO shop.products (id, name) VALUES (61, 'new')");
@@ -250,12 +251,12 @@ TEST_F(Browser, ThePageConvergesUploadsAWriteAndSurvivesAReload) {
 
     // A local write goes up through the gateway and is filed.
     const std::string sale = "10000000-0000-4000-8000-000000000001";
-    driver_->ask({{"do", "write"},
-                  {"table", "shop.sales"},
-                  {"row", json{{"id", sale}, {"register_id", kReplica}, {"product_id", 3},
-                               {"qty", 2}}
-                              .dump()},
-                  {"key", {"id"}}});
+    driver_->ask(
+        {{"do", "write"},
+         {"table", "shop.sales"},
+         {"row",
+          json{{"id", sale}, {"register_id", kReplica}, {"product_id", 3}, {"qty", 2}}.dump()},
+         {"key", {"id"}}});
     ASSERT_TRUE(eventually(
         [&] { return db().value("SELECT count(*) FROM shop.sales WHERE id = $1", {sale}) == "1"; },
         60s))
@@ -263,8 +264,7 @@ TEST_F(Browser, ThePageConvergesUploadsAWriteAndSurvivesAReload) {
     EXPECT_EQ(db().value("SELECT register_id || ' ' || product_id || ' ' || qty FROM shop.sales"),
               kReplica + " 3 2");
     // Its answer came down: no local write left, nothing kept.
-    ASSERT_TRUE(eventually([&] { return shown()["local_writes"].empty(); }, 60s))
-        << shown().dump();
+    ASSERT_TRUE(eventually([&] { return shown()["local_writes"].empty(); }, 60s)) << shown().dump();
     EXPECT_TRUE(shown()["kept"].empty()) << shown().dump();
     converge("the write filed");
     driver_->ask({{"do", "screenshot"}, {"file", artifacts_ + "/converged.png"}});
@@ -288,8 +288,7 @@ TEST_F(Browser, ThePageConvergesUploadsAWriteAndSurvivesAReload) {
     EXPECT_TRUE(eventually([&] {
         return db().value("SELECT sync FROM sync.status WHERE replica = $1::uuid", {kReplica}) ==
                "in sync";
-    }))
-        << db().value("SELECT row_to_json(s)::text FROM sync.status s");
+    })) << db().value("SELECT row_to_json(s)::text FROM sync.status s");
     driver_->ask({{"do", "screenshot"}, {"file", artifacts_ + "/after-reload.png"}});
 }
 
