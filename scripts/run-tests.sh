@@ -263,7 +263,7 @@ fi
 # ---- the TypeScript replica (clients/js): its unit tests under Node, and its page in chromium ----
 # (tests/server/browser_test.cpp: a real gateway with --cors-origin; one chromium launch).
 if wanted browser; then
-    add_job browser:unit 1 one node --test clients/js/test/unit.test.js
+    add_job browser:unit 1 one node --test clients/js/test/unit.test.js clients/js/test/replica.test.js
     add_job browser:page 12 gtest build/tests/server_tests --gtest_brief=1 --gtest_filter='Browser.*'
 fi
 
