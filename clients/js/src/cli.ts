@@ -1,7 +1,8 @@
 #!/usr/bin/env node
 // The replica's command line under Node: the conformance interface of docs/PROTOCOL.md §14 (the
 // reference replica's), and `pull`, the device's loop against a pull gateway.
-import { readFileSync } from "node:fs";
+import { readFileSync, realpathSync } from "node:fs";
+import { pathToFileURL } from "node:url";
 
 import { FileReplica } from "./node.js";
 import { PullClient } from "./pull.js";
@@ -59,9 +60,36 @@ function parse(argv: string[]): Arguments {
   return parsed;
 }
 
-async function main(argv: string[]): Promise<number> {
+/** Where an operation reads its input and writes its output: a process's, or a connection's. */
+export interface Io {
+  stdin: () => Uint8Array;
+  out: (text: string) => void;
+  err: (text: string) => void;
+}
+
+const kProcessIo: Io = {
+  stdin: () => new Uint8Array(readFileSync(0)),
+  out: (text) => process.stdout.write(text),
+  err: (text) => process.stderr.write(text),
+};
+
+/** Runs one operation of the command line; returns its exit status. */
+export async function operation(argv: string[], io: Io = kProcessIo): Promise<number> {
+  try {
+    return await main(argv, io);
+  } catch (error) {
+    if (error instanceof UsageError) {
+      io.err(`magic-sync-replica-js: ${error.message}\n${kUsage}`);
+      return 2;
+    }
+    io.err(`magic-sync-replica-js: ${error instanceof Error ? error.message : error}\n`);
+    return 1;
+  }
+}
+
+async function main(argv: string[], io: Io): Promise<number> {
   if (argv.includes("--help") || argv.includes("-h")) {
-    process.stdout.write(kUsage);
+    io.out(kUsage);
     return 0;
   }
   const args = parse(argv);
@@ -75,25 +103,25 @@ async function main(argv: string[]): Promise<number> {
         if (rest[0] !== "-") throw new UsageError("apply reads the message from standard input: apply -");
         let result;
         try {
-          result = replica.apply(new Uint8Array(readFileSync(0)));
+          result = replica.apply(io.stdin());
           file.save();
         } catch (error) {
           if (error instanceof StorageError || error instanceof Error) {
-            process.stderr.write(`storage failed: ${error.message}\n`);
+            io.err(`storage failed: ${error.message}\n`);
             return 75;
           }
           throw error;
         }
         const line = `${result.kind ?? "message"}: ${result.outcome}${result.detail ? ` (${result.detail})` : ""}`;
         if (taken(result.outcome)) {
-          process.stdout.write(line + "\n");
+          io.out(line + "\n");
           return 0;
         }
-        process.stderr.write(line + "\n");
+        io.err(line + "\n");
         return 65;
       }
       case "show":
-        process.stdout.write(replica.showJson() + "\n");
+        io.out(replica.showJson() + "\n");
         return 0;
       case "write": {
         if (rest.length !== 2) throw new UsageError("write TABLE JSON [--key COL,...]");
@@ -102,7 +130,7 @@ async function main(argv: string[]): Promise<number> {
         if (columns.some((column) => column === "")) throw new UsageError("--key has an empty column name");
         const written = replica.write(rest[0], rest[1], columns);
         file.save();
-        process.stdout.write(`queued ${rest[0]} ${written.key} (local write #${written.id})\n`);
+        io.out(`queued ${rest[0]} ${written.key} (local write #${written.id})\n`);
         return 0;
       }
       case "upload": {
@@ -114,8 +142,8 @@ async function main(argv: string[]): Promise<number> {
         }
         const prepared = replica.prepareUpload();
         file.save();
-        if (prepared === null) process.stderr.write("nothing to upload\n");
-        else process.stdout.write(prepared.body + "\n");
+        if (prepared === null) io.err("nothing to upload\n");
+        else io.out(prepared.body + "\n");
         return 0;
       }
       case "pull": {
@@ -128,7 +156,7 @@ async function main(argv: string[]): Promise<number> {
           url,
           token,
           save: () => file.save(),
-          log: (line) => process.stderr.write(line + "\n"),
+          log: (line) => io.err(line + "\n"),
         });
         const stop = new AbortController();
         process.on("SIGINT", () => stop.abort());
@@ -145,14 +173,6 @@ async function main(argv: string[]): Promise<number> {
   }
 }
 
-main(process.argv.slice(2)).then(
-  (status) => process.exit(status),
-  (error) => {
-    if (error instanceof UsageError) {
-      process.stderr.write(`magic-sync-replica-js: ${error.message}\n${kUsage}`);
-      process.exit(2);
-    }
-    process.stderr.write(`magic-sync-replica-js: ${error instanceof Error ? error.message : error}\n`);
-    process.exit(1);
-  },
-);
+// Run as a program (not imported by the operations server).
+if (process.argv[1] && import.meta.url === pathToFileURL(realpathSync(process.argv[1])).href)
+  operation(process.argv.slice(2)).then((status) => process.exit(status));
