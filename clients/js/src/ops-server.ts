@@ -3,7 +3,8 @@
 // which runs an operation per process: about 120 of them, and a Node process that loads sql.js
 // costs some 0.25 s of CPU, against a few ms for each operation itself. This process runs each
 // operation exactly as dist/cli.js would (the replica's file read, the operation, the file
-// written), one at a time, and ends once nothing asked for 10 s.
+// written), one at a time, and ends once nothing asked for 10 s, or at once when its port file
+// goes (the suite removes its directory when it ends).
 //
 //   node dist/ops-server.js --port-file FILE
 //
@@ -12,7 +13,7 @@
 // and a NUL, the standard input's length in bytes and a newline, the standard input. The answer:
 // the exit status and a newline, the standard error in base64 and a newline, then the standard
 // output until the connection closes.
-import { renameSync, writeFileSync } from "node:fs";
+import { existsSync, renameSync, writeFileSync } from "node:fs";
 import { createServer } from "node:net";
 
 import { operation } from "./cli.js";
@@ -83,4 +84,5 @@ server.listen(0, "127.0.0.1", () => {
   writeFileSync(`${portFile}.tmp`, `${address.port}\n`);
   renameSync(`${portFile}.tmp`, portFile);
   idle = setTimeout(() => process.exit(0), kIdle);
+  setInterval(() => existsSync(portFile) || process.exit(0), 50);
 });
