@@ -174,6 +174,16 @@ build/tests/conformance: $(call test_objs,build,tests/conformance/*.cpp) $(TEST_
 	@mkdir -p $(dir $@)
 	$(TEST_CXX) $(TEST_FLAGS) -o $@ $^ -lpq -lcrypto -lpthread
 
+# clients/js: the TypeScript replica (docs/PROTOCOL.md), its dependencies from the lock (npm ci)
+# and compiled once with tsc; the conformance suite runs its CLI (conformance:js) and the browser
+# test its page.
+clients/js/node_modules/.package-lock.json: clients/js/package.json clients/js/package-lock.json
+	cd clients/js && npm ci --no-audit --no-fund --loglevel=error
+clients/js/dist/cli.js: clients/js/node_modules/.package-lock.json clients/js/tsconfig.json \
+		$(wildcard clients/js/src/*.ts)
+	cd clients/js && node_modules/.bin/tsc -p .
+	@touch $@
+
 PROGRAMS := build/tests/unit_tests
 PROGRAMS += $(if $(SERVER_TEST_SRCS),build/tests/server_tests)
 PROGRAMS += $(if $(wildcard sender/main.cpp),build/bin/magic-sync-sender)
@@ -195,8 +205,8 @@ setup:
 # valgrind; the fuzz targets; and release 0.1.0's extension, for the update test.
 JOBS ?= $(shell nproc)
 TEST_BUILDS = all build/bin/magic-sync-sender build/bin/magic-sync-replica build/tests/server_tests \
-	build/tests/sim build/tests/replica_tests build/tests/conformance $(ASAN_BUILDS) fuzz-build \
-	release-builds
+	build/tests/sim build/tests/replica_tests build/tests/conformance clients/js/dist/cli.js \
+	$(ASAN_BUILDS) fuzz-build release-builds
 .PHONY: test-builds release-builds
 # A clone without the releases' history skips them here (the update test says so).
 release-builds:

@@ -10,7 +10,7 @@
 #
 #   MAGIC_SYNC_TESTS=regress,isolation   only these groups (format, schedules, regress,
 #                                        isolation, server, sanitizers, fuzz, shell, sim,
-#                                        conformance)
+#                                        conformance, browser)
 #   MAGIC_SYNC_TEST_JOBS=1               one job at a time
 #   KEEP_TEST_OUTPUT=1                   keep the logs and the regress outputs
 # The fleet page's test keeps its screenshot in build/test-artifacts/ (fleet_page.png) anyway.
@@ -185,7 +185,7 @@ declare -A server_weight=(
     [Fleet.ThePageShowsTheDeviceThatWasCutFailing]=11
 )
 if wanted server; then
-    for test in $(build/tests/server_tests --gtest_list_tests |
+    for test in $(build/tests/server_tests --gtest_list_tests --gtest_filter=-Browser.* |
                   awk '/^[A-Za-z]/ {suite = $1} /^  / {print suite $1}'); do
         add_job "server:$test" "${server_weight[$test]:-5}" gtest \
             build/tests/server_tests --gtest_brief=1 --gtest_filter="$test"
@@ -255,8 +255,32 @@ if wanted sim; then
 fi
 
 # ---- the conformance suite (tests/conformance, docs/PROTOCOL.md) against the reference replica --
+conformance_js() {
+    build/tests/conformance --replica clients/js/bin/conformance-replica
+    local status=$? i
+    # Its ops server ends within 50 ms of the suite's directory going: waited for, so that its
+    # CPU is the job's and nothing of the job outlives it.
+    for i in $(seq 100); do
+        pgrep -f "ops-server.js --port-file $TMPDIR/" >/dev/null || break
+        sleep 0.05
+    done
+    return $status
+}
 if wanted conformance; then
     add_job conformance:reference 6 one build/tests/conformance --replica build/bin/magic-sync-replica
+    # The TypeScript replica (clients/js) under Node. Its command line as a process per operation
+    # (node --liftoff-only clients/js/dist/cli.js) passes the same, at ~0.25 s of CPU each for
+    # Node and sql.js to start (38 s under the whole suite); bin/conformance-replica runs each in
+    # one Node process of its own instead, as dist/cli.js does (the file read, the operation, the
+    # file written).
+    add_job conformance:js 10 one conformance_js
+fi
+
+# ---- the TypeScript replica (clients/js): its unit tests under Node, and its page in chromium ----
+# (tests/server/browser_test.cpp: a real gateway with --cors-origin; one chromium launch).
+if wanted browser; then
+    add_job browser:unit 1 one node --test clients/js/test/unit.test.js clients/js/test/replica.test.js
+    add_job browser:page 16 gtest build/tests/server_tests --gtest_brief=1 --gtest_filter='Browser.*'
 fi
 
 # ---- the scheduler ---------------------------------------------------------------------------

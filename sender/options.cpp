@@ -1,5 +1,6 @@
 #include "options.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -70,6 +71,12 @@ pull (devices behind NAT ask this sender over HTTP; put TLS in front with a reve
                          a request's head must arrive within this (default 10), its body
                          within this and a second per 64 KiB it announces; else 408
   --idle-timeout SECONDS a kept-alive connection without a request is closed (default 60)
+  --cors-origin ORIGIN   let pages of ORIGIN (e.g. https://app.example.com, or * for any) call
+                         the gateway from a browser: every answer says
+                         Access-Control-Allow-Origin and the methods, headers (Authorization,
+                         Content-Type) and exposed header (message-id) a page needs, and a
+                         preflight OPTIONS of a gateway path is answered 204 without a token
+                         (default: none; an OPTIONS is then answered 405)
   GET  /replicas/{id}/next               the head message (header message-id), the same until
                                          acknowledged; 204 when none came within --wait
   POST /replicas/{id}/ack/{message-id}   200 taken; 409 not the head: nothing taken
@@ -153,6 +160,21 @@ Options parse_options(const std::vector<std::string>& arguments) {
          [&](const std::string& v) {
              options.idle_timeout_seconds = parse_seconds("--idle-timeout", v, false);
          }},
+        {"--cors-origin",
+         [&](const std::string& v) {
+             // It goes into a header as it is: an origin (scheme://host[:port]) or *.
+             const bool star = v == "*";
+             const size_t scheme = v.find("://");
+             const bool origin = scheme != std::string::npos && scheme > 0 &&
+                                 v.size() > scheme + 3 &&
+                                 v.find('/', scheme + 3) == std::string::npos &&
+                                 std::all_of(v.begin(), v.end(),
+                                             [](unsigned char c) { return c > 0x20 && c < 0x7f; });
+             if (!star && !origin)
+                 throw UsageError(
+                     "--cors-origin wants an origin, scheme://host[:port] without a path, or *");
+             options.cors_origin = v;
+         }},
     };
     for (size_t i = 0; i < arguments.size(); ++i) {
         const std::string& argument = arguments[i];
@@ -198,6 +220,8 @@ Options parse_options(const std::vector<std::string>& arguments) {
     } else {
         throw UsageError("--transport must be http, nats, exec or pull");
     }
+    if (!options.cors_origin.empty() && options.transport != "pull")
+        throw UsageError("--cors-origin is for --transport pull, which browsers call");
     if (options.lease_seconds && options.send_timeout_seconds &&
         *options.lease_seconds <= *options.send_timeout_seconds)
         throw UsageError(

@@ -35,6 +35,7 @@ struct Options {
     int devices = 10000;                 // connections held at once (each costs a socket)
     double header_timeout_seconds = 10;  // a request's head must come within this
     double idle_timeout_seconds = 60;    // a kept-alive connection with no request is closed
+    std::string cors_origin;             // the origin whose pages may call the gateway; empty: none
 
     bool help = false;
 };

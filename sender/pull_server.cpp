@@ -104,11 +104,23 @@ struct Refusal {
     std::string why;
 };
 
-// An answer as it goes on the wire.
+// With --cors-origin: what every answer says to a browser, so that a page of that origin may read
+// it (and the message-id header of a head).
+std::string cors_headers(const std::string& origin) {
+    if (origin.empty()) return "";
+    return "Access-Control-Allow-Origin: " + origin +
+           "\r\nAccess-Control-Allow-Methods: GET, POST, OPTIONS"
+           "\r\nAccess-Control-Allow-Headers: Authorization, Content-Type"
+           "\r\nAccess-Control-Expose-Headers: message-id\r\nVary: Origin\r\n";
+}
+
+// An answer as it goes on the wire; `cors`: what cors_headers() says, or nothing.
 std::string response(int status, const std::string& body, const std::string& content_type,
-                     const std::string& message_id, bool close) {
+                     const std::string& message_id, bool close, const std::string& cors = "") {
     std::string out =
         "HTTP/1.1 " + std::to_string(status) + " " + program::reason_phrase(status) + "\r\n";
+    out += cors;
+    if (status == 204 && !cors.empty()) out += "Access-Control-Max-Age: 600\r\n";
     if (status != 204) {
         out += "Content-Type: " + content_type + "\r\n";
         out += "Content-Length: " + std::to_string(body.size()) + "\r\n";
@@ -566,6 +578,7 @@ struct PullServer::Serving {
 
     explicit Serving(const Options& options)
         : lease(std::to_string(options.lease_seconds.value_or(60)) + " seconds"),
+          cors(cors_headers(options.cors_origin)),
           wait(std::chrono::duration_cast<Clock::duration>(
               std::chrono::duration<double>(options.wait_seconds))),
           header_timeout(std::chrono::duration_cast<Clock::duration>(
@@ -632,7 +645,7 @@ struct PullServer::Serving {
                 // Past --devices: answered at once, and not kept.
                 const std::string busy = response(
                     503, "this gateway serves " + std::to_string(devices) + " devices at once\n",
-                    "text/plain; charset=utf-8", "", true);
+                    "text/plain; charset=utf-8", "", true, cors);
                 [[maybe_unused]] const ssize_t sent =
                     send(fd, busy.data(), busy.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
                 close(fd);
@@ -674,7 +687,8 @@ struct PullServer::Serving {
         if (connection.state == State::waiting) stop_waiting(id, connection);
         connection.close_after = connection.close_after || !connection.head.keep_alive() ||
                                  status == 408 || status == 431 || status == 400;
-        connection.out = response(status, body, content_type, message_id, connection.close_after);
+        connection.out =
+            response(status, body, content_type, message_id, connection.close_after, cors);
         metrics.answered(connection.route.empty() ? "other" : connection.route, status);
         connection.written = 0;
         connection.state = State::writing;
@@ -767,6 +781,21 @@ struct PullServer::Serving {
             return;
         }
         connection.in.erase(0, *end);
+        // A browser's preflight (with --cors-origin): answered on its head, before any token,
+        // which a preflight never carries.
+        if (!cors.empty() && connection.head.method == "OPTIONS") {
+            try {
+                route(connection, true);
+            } catch (const Refusal& refusal) {
+                refuse(id, connection, refusal.status, refusal.why);
+                return;
+            }
+            connection.close_after = connection.close_after ||
+                                     connection.head.header("transfer-encoding") ||
+                                     connection.head.header("content-length").value_or("0") != "0";
+            answer(id, connection, 204, "");
+            return;
+        }
         try {
             route(connection);
         } catch (const Refusal& refusal) {
@@ -783,8 +812,9 @@ struct PullServer::Serving {
         workers.push(std::move(task));
     }
 
-    // What the request asks for, checked on its head alone; throws Refusal.
-    void route(Connection& connection) {
+    // What the request asks for, checked on its head alone; throws Refusal. `preflight`: an
+    // OPTIONS for the path, checked for the path alone.
+    void route(Connection& connection, bool preflight = false) {
         const HttpHead& head = connection.head;
         std::vector<std::string> parts;
         for (size_t at = 1; at <= head.path.size();) {
@@ -798,6 +828,10 @@ struct PullServer::Serving {
             replicas_path && ((parts.size() == 3 && (what == "next" || what == "up")) ||
                               (parts.size() == 4 && (what == "ack" || what == "refused")));
         if (!known) throw Refusal{404, "no such path: " + printable(head.path, "/")};
+        if (preflight) {
+            connection.route = "preflight";
+            return;
+        }
         const bool get = what == "next";
         if (head.method != (get ? "GET" : "POST"))
             throw Refusal{405, head.path + " is asked with " + (get ? "GET" : "POST")};
@@ -1035,6 +1069,7 @@ struct PullServer::Serving {
     }
 
     const std::string lease;
+    const std::string cors;  // the headers every answer carries with --cors-origin
     const Clock::duration wait;
     const Clock::duration header_timeout;
     const Clock::duration idle_timeout;

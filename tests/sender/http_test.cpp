@@ -502,8 +502,24 @@ TEST(Sender, RefusesBadOptions) {
     EXPECT_NE(output.find("--nats-replicas needs a whole number from 1 to 5, not '6'"),
               std::string::npos)
         << output;
+    EXPECT_EQ(
+        run(sender_binary() + " --db x --transport exec --exec true --cors-origin '*'", &output),
+        2);
+    EXPECT_NE(output.find("--cors-origin is for --transport pull"), std::string::npos) << output;
+    for (const char* origin :
+         {"app.example.com", "https://app.example.com/page", "''", "'https://a b'"}) {
+        EXPECT_EQ(run(sender_binary() +
+                          " --db x --transport pull --listen 127.0.0.1:1 --token-query 'SELECT "
+                          "$1' --cors-origin " +
+                          origin,
+                      &output),
+                  2)
+            << origin;
+        EXPECT_NE(output.find("--cors-origin wants an origin"), std::string::npos) << output;
+    }
     EXPECT_EQ(run(sender_binary() + " --help", &output), 0);
     EXPECT_NE(output.find("--concurrency"), std::string::npos);
+    EXPECT_NE(output.find("--cors-origin ORIGIN"), std::string::npos);
 }
 
 // --metrics serves Prometheus' text format: what was sent, failed and refused, the bytes, the

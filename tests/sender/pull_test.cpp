@@ -450,6 +450,68 @@ TEST(PullSender, AnAckWithoutABodyAndABodyOfAnyContentTypeAreServed) {
     EXPECT_NE(answer.find("send the body with a Content-Length, not chunked"), std::string::npos);
 }
 
+// --cors-origin: a page of that origin may call the gateway from a browser. A preflight of a
+// gateway path is answered 204 without a token, and every answer (a head, a 204, a refusal)
+// names the origin, and lets the page read message-id; without the option an OPTIONS is 405 and
+// no answer names an origin.
+TEST(PullSender, CorsOriginAnswersABrowsersPreflightAndEveryRequest) {
+    Outbox outbox("pull_cors", 1, 1);
+    TempDir dir;
+    const std::string origin = "http://127.0.0.1:8080";
+    PullSender sender(outbox, dir, "1", "", {"--cors-origin", origin});
+    const std::string next = "/replicas/" + replica_id(1) + "/next";
+
+    auto preflight = sender.client().Options(
+        next.c_str(), httplib::Headers{
+                          {"Origin", origin},
+                          {"Access-Control-Request-Method", "GET"},
+                          {"Access-Control-Request-Headers", "authorization"},
+                      });
+    ASSERT_TRUE(preflight);
+    EXPECT_EQ(preflight->status, 204);
+    EXPECT_EQ(preflight->get_header_value("Access-Control-Allow-Origin"), origin);
+    EXPECT_EQ(preflight->get_header_value("Access-Control-Allow-Methods"), "GET, POST, OPTIONS");
+    EXPECT_EQ(preflight->get_header_value("Access-Control-Allow-Headers"),
+              "Authorization, Content-Type");
+    EXPECT_EQ(preflight->get_header_value("Access-Control-Max-Age"), "600");
+    EXPECT_EQ(preflight->body, "");
+    auto up_preflight = sender.client().Options(("/replicas/" + replica_id(1) + "/up").c_str());
+    ASSERT_TRUE(up_preflight);
+    EXPECT_EQ(up_preflight->status, 204);
+    auto no_path = sender.client().Options("/elsewhere");
+    ASSERT_TRUE(no_path);
+    EXPECT_EQ(no_path->status, 404);
+    EXPECT_EQ(no_path->get_header_value("Access-Control-Allow-Origin"), origin);
+
+    auto head = sender.get_next(1, 1);
+    ASSERT_TRUE(head);
+    EXPECT_EQ(head->status, 200);
+    EXPECT_EQ(head->get_header_value("Access-Control-Allow-Origin"), origin);
+    EXPECT_EQ(head->get_header_value("Access-Control-Expose-Headers"), "message-id");
+    EXPECT_EQ(head->get_header_value("message-id"), message_id(1));
+    auto ack = sender.ack(1, message_id(1), 1);
+    ASSERT_TRUE(ack);
+    EXPECT_EQ(ack->status, 200);
+    EXPECT_EQ(ack->get_header_value("Access-Control-Allow-Origin"), origin);
+    auto none = sender.get_next(1, 1);
+    ASSERT_TRUE(none);
+    EXPECT_EQ(none->status, 204);
+    EXPECT_EQ(none->get_header_value("Access-Control-Allow-Origin"), origin);
+    auto no_token = sender.get_next(1, 0);
+    ASSERT_TRUE(no_token);
+    EXPECT_EQ(no_token->status, 401);
+    EXPECT_EQ(no_token->get_header_value("Access-Control-Allow-Origin"), origin);
+
+    PullSender plain(outbox, dir, "1");
+    auto refused = plain.client().Options(next.c_str());
+    ASSERT_TRUE(refused);
+    EXPECT_EQ(refused->status, 405);
+    EXPECT_FALSE(refused->has_header("Access-Control-Allow-Origin"));
+    auto asked = plain.get_next(1, 1);
+    ASSERT_TRUE(asked);
+    EXPECT_FALSE(asked->has_header("Access-Control-Allow-Origin"));
+}
+
 // --metrics works for pull (it was ignored): requests by route and status, bytes, devices
 // connected and long polls waiting.
 TEST(PullSender, MetricsCountRequestsByRouteAndStatus) {
