@@ -106,7 +106,7 @@ class Repair : public ::testing::Test {
         auto kept = say_.find(r.id);
         if (kept != say_.end()) return kept->second;
         return db().value(
-            "SELECT CASE WHEN bool_or(withheld) THEN 'lacks rows' ELSE 'in sync' END"
+            "SELECT CASE WHEN bool_or(withheld) THEN 'lacking rows' ELSE 'in sync' END"
             " FROM sync.expected($1::uuid)",
             {r.id});
     }
@@ -125,7 +125,7 @@ class Repair : public ::testing::Test {
     }
 
     std::string sync_state(const Register& r) {
-        return db().value("SELECT sync FROM sync.status WHERE replica = $1::uuid", {r.id});
+        return db().value("SELECT state FROM sync.status WHERE replica = $1::uuid", {r.id});
     }
 
     int64_t next_seq(const Register& r) {
@@ -338,7 +338,7 @@ TEST_F(Repair, AWithheldRowIsNotChased) {
               "t");
     // Nothing to repair, and status says what it lacks.
     std::this_thread::sleep_for(2s);
-    EXPECT_EQ(sync_state(r), "lacks rows");
+    EXPECT_EQ(sync_state(r), "lacking rows");
     EXPECT_EQ(db().value("SELECT lacks || ': ' || lacks_why FROM sync.status"),
               "1: 1 withheld as too big for a message");
     {
