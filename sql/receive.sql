@@ -76,6 +76,7 @@ SELECT sync.receive('00000000-0000-0000-0000-0000000000a1', up('10000000-0000-00
 SELECT backoff_until <= now() AS backoff_ended, backoff, last_error FROM sync.delivery
 WHERE replica = '00000000-0000-0000-0000-0000000000a1';
 DELETE FROM sync.delivery;
+DELETE FROM sync.upload WHERE id = '10000000-0000-0000-0000-0000000000b1';
 
 -- One upload, every rule of filing: a record is inserted with its travelling columns (audited,
 -- which does not travel, and the generated total_cents are ignored; note takes its default) and

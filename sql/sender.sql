@@ -115,6 +115,9 @@ SET magic_sync.probe_every = '5s';
 SELECT sync.failed('00000000-0000-0000-0000-00000000000b', 3, true, 'connection refused') AS started;
 SELECT backoff, probe_at - now() BETWEEN interval '4 seconds' AND interval '5 seconds' AS probe_in_5s
 FROM sync.delivery WHERE replica = '00000000-0000-0000-0000-00000000000b';
+-- What sync.status says of it (its seconds as N).
+SELECT state, regexp_replace(state_detail, '[0-9]+ s\M', 'N s', 'g') AS state_detail FROM sync.status
+WHERE replica = '00000000-0000-0000-0000-00000000000b';
 SELECT count(*) AS before_the_probe FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000b']::uuid[], 1);
 UPDATE sync.delivery SET probe_at = now() - interval '1 millisecond'
 WHERE replica = '00000000-0000-0000-0000-00000000000b';
@@ -128,6 +131,8 @@ WHERE replica = '00000000-0000-0000-0000-00000000000b';
 SELECT replica, seq, message_id AS probe FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000b']::uuid[], 1);
 SELECT sync.failed('00000000-0000-0000-0000-00000000000b', 3, false, 'HTTP 400: bad message') AS started;
 SELECT probe_at IS NULL AS refusal_not_probed FROM sync.delivery
+WHERE replica = '00000000-0000-0000-0000-00000000000b';
+SELECT state, regexp_replace(state_detail, '[0-9]+ s\M', 'N s', 'g') AS state_detail FROM sync.status
 WHERE replica = '00000000-0000-0000-0000-00000000000b';
 UPDATE sync.delivery SET backoff = NULL, backoff_until = NULL, last_error = NULL, refusals = 0,
                          probe_at = NULL

@@ -151,6 +151,16 @@ INSERT INTO sync.drifted_scope SELECT id FROM sync.scope WHERE match = '*';
 SELECT replica, state, lacks, lacks_why FROM sync.status ORDER BY replica;
 SELECT FROM sync.pass();
 SELECT replica, state, lacks, lacks_why FROM sync.status ORDER BY replica;
+-- Each state says its figures and what to do in one sentence (seconds shown as N here).
+SELECT replica, state, regexp_replace(state_detail, '[0-9]+ s\M', 'N s', 'g') AS state_detail
+FROM sync.status ORDER BY replica;
+-- A replica that is no longer live is forgotten: nothing is sent to it; its device keeps what it
+-- held.
+UPDATE fleet.vans SET active = false WHERE id = '00000000-0000-0000-0000-000000000002';
+SELECT forgotten FROM sync.pass();
+SELECT replica, state, state_detail FROM sync.status ORDER BY replica;
+UPDATE fleet.vans SET active = true WHERE id = '00000000-0000-0000-0000-000000000002';
+SELECT provisioned FROM sync.pass();
 
 -- A row's canonical form depends on no session's settings: a timestamptz key written from
 -- sessions in two time zones is one row, its update and its delete found by one key.
