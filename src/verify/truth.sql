@@ -405,8 +405,8 @@ CROSS JOIN LATERAL (SELECT CASE
                                                     ceil(extract(epoch FROM f.storm_until - now())))
         END)]
     WHEN f.delivery_failing THEN ARRAY['failing', format(
-        'delivery failing: %s; %s refusals; %s; %s', coalesce(f.last_error, 'no error recorded'),
-        f.refusals,
+        'delivery failing: %s; %s%s; %s', coalesce(f.last_error, 'no error recorded'),
+        CASE WHEN f.refusals > 0 THEN f.refusals || ' refusals in a row; ' END,
         CASE WHEN f.backoff_seconds IS NULL THEN 'next try now'
              ELSE format('next try in %s s', ceil(f.backoff_seconds)) END,
         CASE WHEN f.refusals > 0
