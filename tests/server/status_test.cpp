@@ -41,11 +41,10 @@ const std::set<std::string> kBusy{"in sync", "catching up", "waiting for its rep
 
 TEST(Status, ACutLineIsFailingWhileTheBusyFleetIsNotAndIsProbedWhenItAnswers) {
     // A first failure backs off for a minute: only a probe brings the healed line back sooner.
-    Deployment deployment(
-        "status",
-        {"magic_sync.idle = 100", "magic_sync.backoff = '60s'", "magic_sync.backoff_max = '10min'",
-         "magic_sync.probe_every = '1s'"},
-        "shop", kShop);
+    Deployment deployment("status",
+                          {"magic_sync.idle = 100", "magic_sync.backoff = '60s'",
+                           "magic_sync.backoff_max = '10min'", "magic_sync.probe_every = '1s'"},
+                          "shop", kShop);
     Connection& db = deployment.db();
     std::vector<ReplicaProcess> replicas;
     for (int n = 1; n <= 4; ++n) replicas.push_back(deployment.replica(replica_id(n)));
@@ -55,9 +54,7 @@ TEST(Status, ACutLineIsFailingWhileTheBusyFleetIsNotAndIsProbedWhenItAnswers) {
     deployment.start_http_replica(replicas[3], {}, "");
     deployment.start_http_sender({"--send-timeout", "5"});
     ASSERT_TRUE(eventually(
-        [&] {
-            return db.value("SELECT count(*) FROM sync.status WHERE state = 'in sync'") == "3";
-        },
+        [&] { return db.value("SELECT count(*) FROM sync.status WHERE state = 'in sync'") == "3"; },
         30s))
         << db.value("SELECT string_agg(replica || ': ' || state_detail, E'\\n') FROM sync.status");
 
@@ -127,17 +124,18 @@ TEST(Status, ACutLineIsFailingWhileTheBusyFleetIsNotAndIsProbedWhenItAnswers) {
         << "the load never showed";
 
     // Healed: delivered at its next probe, while its backoff (a minute at least) still runs.
-    const std::string backoff_until = db.value(
-        "SELECT backoff_until FROM sync.current_delivery WHERE replica = $1::uuid",
-        {replica_id(4)});
+    const std::string backoff_until =
+        db.value("SELECT backoff_until FROM sync.current_delivery WHERE replica = $1::uuid",
+                 {replica_id(4)});
     ASSERT_FALSE(backoff_until.empty());
     deployment.router().cut(replica_id(4), false);
     ASSERT_TRUE(eventually(
         [&] {
             // A delivery taken ends the backoff (sync.sent).
-            return db.value("SELECT backoff IS NULL FROM sync.current_delivery"
-                            " WHERE replica = $1::uuid",
-                            {replica_id(4)}) == "t";
+            return db.value(
+                       "SELECT backoff IS NULL FROM sync.current_delivery"
+                       " WHERE replica = $1::uuid",
+                       {replica_id(4)}) == "t";
         },
         30s))
         << "not delivered since the line healed: " << look().at(replica_id(4))[1];
@@ -157,8 +155,9 @@ TEST(Status, ACutLineIsFailingWhileTheBusyFleetIsNotAndIsProbedWhenItAnswers) {
                    said.at(replica_id(4))[0] == "waiting for its report";
         },
         30s))
-        << db.value("SELECT string_agg(replica || ': ' || state || ': ' || state_detail, E'\\n') "
-                    "FROM sync.status");
+        << db.value(
+               "SELECT string_agg(replica || ': ' || state || ': ' || state_detail, E'\\n') "
+               "FROM sync.status");
 }
 
 }  // namespace

@@ -473,9 +473,10 @@ TEST(Worker, RetriesWhatWasSetAsideAndReportsIt) {
     // Raised as an alarm too: the line the relay logs, as a NOTIFY.
     const auto payload = await_payload(pager.raw(), "magic_sync_alarm", 10s);
     ASSERT_TRUE(payload) << "no NOTIFY magic_sync_alarm";
-    EXPECT_EQ(payload->substr(0, 144),
-              R"({"alarm" : "set_aside", "level" : "WARNING", "replica" : null, )"
-              R"("detail" : "set aside: 1 rows that could not be sent (the first because too big: )");
+    EXPECT_EQ(
+        payload->substr(0, 144),
+        R"({"alarm" : "set_aside", "level" : "WARNING", "replica" : null, )"
+        R"("detail" : "set aside: 1 rows that could not be sent (the first because too big: )");
     // A deploy raises the limit: the next retry sends the row.
     db.query("ALTER SYSTEM SET magic_sync.bytes_per_message = '64kB'");
     db.query("SELECT pg_reload_conf()");
