@@ -25,28 +25,34 @@ published=$(
 )
 [ "$(wc -l <<<"$published")" -gt 20 ] || { echo "too few published metrics found: $published"; exit 1; }
 
-# The metric names of a PromQL expression: its identifiers, once strings, label matchers, ranges
-# and the label lists of by/without/on/ignoring/group_* are gone, that are neither a function
-# (followed by "(") nor a keyword.
+# Per expression of `file`, the metric names it uses ("<expression>\t<name>", or "\t" after
+# an expression naming none): its identifiers, once strings, label matchers, ranges and the label
+# lists of by/without/on/ignoring/group_* are gone, that are neither a function (followed by "(")
+# nor a keyword. One awk for them all.
 metric_names() {
-    sed -E -e 's/"[^"]*"//g' -e 's/\{[^}]*\}//g' -e 's/\[[^]]*\]//g' \
-        -e 's/\b(by|without|on|ignoring|group_left|group_right) *\([^)]*\)//g' <<<"$1" |
-        grep -oE '[A-Za-z_:][A-Za-z0-9_:]*[[:space:]]*\(?' |
-        grep -vE '\($' | sed -E 's/[[:space:]]+$//' | grep -vxE 'and|or|unless|bool|offset|inf|nan' || true
+    jq -r '.. | objects | select(has("expr")) | .expr' "$1" | awk '{
+        expr = $0; text = $0; named = 0
+        gsub(/"[^"]*"/, "", text); gsub(/\{[^}]*\}/, "", text); gsub(/\[[^]]*\]/, "", text)
+        gsub(/(by|without|on|ignoring|group_left|group_right) *\([^)]*\)/, "", text)
+        while (match(text, /[A-Za-z_:][A-Za-z0-9_:]*[ \t]*\(?/)) {
+            token = substr(text, RSTART, RLENGTH); text = substr(text, RSTART + RLENGTH)
+            if (token ~ /\($/) continue
+            sub(/[ \t]+$/, "", token)
+            if (token ~ /^(and|or|unless|bool|offset|inf|nan)$/) continue
+            print expr "\t" token; named = 1
+        }
+        if (!named) print expr "\t"
+    }'
 }
 
 # Every expression of `file` names at least one metric, and only published ones.
 check() {
-    local file=$1 status=0 expr names name
-    jq -e '.panels | length > 0' "$file" >/dev/null || { echo "$file: no panels"; return 1; }
-    while IFS= read -r expr; do
-        names=$(metric_names "$expr")
-        [ -n "$names" ] || { echo "names no metric: $expr"; status=1; }
-        for name in $names; do
-            grep -qxF "$name" <<<"$published" || { echo "not a metric we publish: $name (in $expr)"; status=1; }
-        done
-    done < <(jq -r '.. | objects | select(has("expr")) | .expr' "$file")
-    return $status
+    jq -e '.panels | length > 0' "$1" >/dev/null || { echo "$1: no panels"; return 1; }
+    metric_names "$1" | awk -F '\t' -v published="$published" '
+        BEGIN { n = split(published, names, "\n"); for (i = 1; i <= n; ++i) known[names[i]] = 1 }
+        $2 == "" { print "names no metric: " $1; bad = 1; next }
+        !($2 in known) { print "not a metric we publish: " $2 " (in " $1 ")"; bad = 1 }
+        END { exit bad }'
 }
 
 status=0
