@@ -359,7 +359,14 @@ TEST_F(Repair, ReplicaThatCannotTakeARowTripsTheBreaker) {
     db().query("INSERT INTO shop.fragile VALUES (1, 'one'), (2, 'two'), (3, 'three')");
     Register& healthy = add_register(1);
     Register& refusing = add_register(2, {"shop.fragile"});
-    ASSERT_TRUE(eventually([&] { return sync_state(refusing) == "storm"; }, 60s))
+    // The breaker tripped: failing, and saying why.
+    const auto storm = [&] {
+        return sync_state(refusing) == "failing" &&
+               db().value("SELECT state_detail FROM sync.status WHERE replica = $1::uuid",
+                          {refusing.id})
+                       .rfind("repairs do not converge: the breaker tripped ", 0) == 0;
+    };
+    ASSERT_TRUE(eventually(storm, 60s))
         << "state: " << sync_state(refusing) << "\n"
         << db().value("SELECT string_agg(row_to_json(p)::text, E'\\n') FROM sync.repair p") << "\n"
         << db().value(
@@ -411,7 +418,8 @@ TEST_F(Repair, ReplicaThatCannotTakeARowTripsTheBreaker) {
     int64_t seq = next_seq(refusing);
     std::this_thread::sleep_for(3s);
     EXPECT_EQ(next_seq(refusing), seq);
-    EXPECT_EQ(sync_state(refusing), "storm");
+    EXPECT_TRUE(storm()) << db().value(
+        "SELECT state_detail FROM sync.status WHERE replica = $1::uuid", {refusing.id});
     size_t storms = 0;
     for (size_t at = cluster().log().find("repair storm"); at != std::string::npos;
          at = cluster().log().find("repair storm", at + 1))
