@@ -292,8 +292,8 @@ $$;
 -- - in sync: the comparisons prove it: it is a member of exactly the scopes the declarations give
 --   it (read from the replicas relation, not from the relay's membership), it reported each of
 --   them at its head with the server's fingerprint (a scope it did not report holds no rows), no
---   audit found a scope of it drifted that the relay has not counted again (a message delivered
---   and not confirmed yet, or one unsent, carries nothing its report at the head lacks);
+--   audit found a scope of it drifted that the relay has not counted again. Messages delivered and
+--   not confirmed yet, or unsent, do not undo it: they carry nothing its report at the head lacks;
 -- - catching up: messages unsent (normal under load), or its scopes change at the next pass;
 -- - waiting for its report: delivered and not confirmed yet, or confirmed but its report of what
 --   it holds is behind.
