@@ -52,7 +52,7 @@ TEST(Status, ACutLineIsFailingWhileTheBusyFleetIsNotAndIsProbedWhenItAnswers) {
     // here only the probe may.
     for (int n = 0; n < 3; ++n) deployment.start_http_replica(replicas[n]);
     deployment.start_http_replica(replicas[3], {}, "");
-    deployment.start_http_sender({"--send-timeout", "5"});
+    deployment.start_http_sender({"--send-timeout", "10"});
     ASSERT_TRUE(eventually(
         [&] {
             // Proven by reports of the products, not only of scopes the relay has not filled.
