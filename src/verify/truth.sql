@@ -371,6 +371,7 @@ figures AS (
            o.awaiting, o.first_awaiting,
            d.backoff IS NOT NULL OR coalesce(d.refusals, 0) > 0 AS delivery_failing,
            coalesce(d.refusals, 0) AS refusals,
+           greatest(extract(epoch FROM d.probe_at - now()), 0) AS probe_seconds,
            p.storms, p.repairs, p.storm_until,
            EXISTS (SELECT FROM declared x WHERE x.replica = r.id) AS declared_live,
            EXISTS (SELECT FROM members m WHERE m.replica = r.id) AS member,
@@ -423,8 +424,8 @@ CROSS JOIN LATERAL (SELECT CASE
         CASE WHEN f.refusals > 0
              THEN 'its device refuses its messages: see its log (after magic_sync.max_refusals in a '
                   'row it is provisioned again)'
-             ELSE 'check its line; it is noticed as soon as it answers (probed every '
-                  'magic_sync.probe_every, or at its next ask or upload)' END)]
+             ELSE format('check its line; it is noticed once it answers, at its %snext ask or '
+                         'upload', 'next probe (in ' || ceil(f.probe_seconds) || ' s), ') END)]
     WHEN f.repairs > 0 OR f.differing > 0 THEN ARRAY['repairing', CASE WHEN f.repairs > 0
         THEN format('%s of its scopes are being repaired by range; nothing to do', f.repairs)
         ELSE format('its report differs from the server''s in %s scopes: the relay repairs it at '
