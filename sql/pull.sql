@@ -61,7 +61,13 @@ SELECT refusals, last_error, backoff IS NOT NULL AS backing_off FROM sync.delive
 WHERE replica = '00000000-0000-0000-0000-0000000000e1';
 SELECT seq, sent_at IS NOT NULL AS sent, lease_until IS NULL AS unleased
 FROM sync.outbox WHERE replica = '00000000-0000-0000-0000-0000000000e1' ORDER BY seq;
+SELECT backoff_until > now() AS backing_off FROM sync.delivery
+WHERE replica = '00000000-0000-0000-0000-0000000000e1';
+-- The device asks again: answered at once, and its ask ends the backoff (the device is there);
+-- the refusals and the error stay until a delivery is taken.
 SELECT seq, message_id FROM sync.pull_head('00000000-0000-0000-0000-0000000000e1', '1 minute');
+SELECT backoff_until <= now() AS backoff_ended, refusals, last_error FROM sync.delivery
+WHERE replica = '00000000-0000-0000-0000-0000000000e1';
 
 -- A head a push sender's live session holds is not served: that sender is delivering it.
 SELECT replica, seq FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-0000000000e2']::uuid[], 1);

@@ -66,6 +66,18 @@ SELECT count(*) AS lines, (SELECT count(*) FROM sync.upload) AS uploads,
 SELECT provisioned FROM sync.pass();
 SELECT r.label, x.next_seq FROM sync.replica x JOIN shop.registers r ON r.id = x.id ORDER BY 1;
 
+-- An upload from a device whose deliveries back off (its line was cut, and answers again) ends the
+-- backoff at once: its next message goes at the sender's next look, not at the end of a backoff
+-- of up to magic_sync.backoff_max. The failure's figures stay until a delivery is taken.
+INSERT INTO sync.delivery (replica, gen, backoff, backoff_until, last_error)
+SELECT id, gen, '10 minutes', now() + interval '10 minutes', 'connection refused'
+FROM sync.replica WHERE id = '00000000-0000-0000-0000-0000000000a1';
+SELECT sync.receive('00000000-0000-0000-0000-0000000000a1', up('10000000-0000-0000-0000-0000000000b1', '[]'));
+SELECT backoff_until <= now() AS backoff_ended, backoff, last_error FROM sync.delivery
+WHERE replica = '00000000-0000-0000-0000-0000000000a1';
+DELETE FROM sync.delivery;
+DELETE FROM sync.upload WHERE id = '10000000-0000-0000-0000-0000000000b1';
+
 -- One upload, every rule of filing: a record is inserted with its travelling columns (audited,
 -- which does not travel, and the generated total_cents are ignored; note takes its default) and
 -- company is stamped from known() (the default knows nothing: NULL, whatever the replica said);

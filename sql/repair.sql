@@ -63,7 +63,7 @@ SELECT g.label AS register, p.phase, p.level, cardinality(p.ranges) AS asked, p.
        p.storm_until IS NOT NULL AS backing_off, p.ranges_asked, p.rows_sent
 FROM sync.repair p JOIN shop.registers g ON g.id = p.replica ORDER BY 1;
 CREATE VIEW status AS
-SELECT g.label AS register, s.sync FROM sync.status s JOIN shop.registers g ON g.id = s.replica ORDER BY 1;
+SELECT g.label AS register, s.state FROM sync.status s JOIN shop.registers g ON g.id = s.replica ORDER BY 1;
 
 -- Provisioned, sent and confirmed: nothing reported yet, so nothing known.
 SELECT deliver() > 0 AS provisioned;

@@ -105,6 +105,42 @@ SELECT backoff, last_error FROM sync.delivery WHERE replica = '00000000-0000-000
 SELECT * FROM sync.sent(ARRAY['00000000-0000-0000-0000-00000000000a']::uuid[], ARRAY[3, 4]);
 SELECT count(*) AS among_nobody FROM sync.next(10, '1 minute', '{}', 1);
 
+-- A backoff longer than magic_sync.probe_every after a transient failure (the line) is probed:
+-- every probe_every the head may go early, though the backoff has not ended, so a device whose
+-- line answers again is delivered within probe_every. A probe that fails backs off further and
+-- is probed again; a refusal (the line answered, the device said no) is not probed.
+SET magic_sync.backoff = '10min';
+SET magic_sync.backoff_max = '1h';
+SET magic_sync.probe_every = '5s';
+SELECT sync.failed('00000000-0000-0000-0000-00000000000b', 3, true, 'connection refused') AS started;
+SELECT backoff, probe_at - now() BETWEEN interval '4 seconds' AND interval '5 seconds' AS probe_in_5s
+FROM sync.delivery WHERE replica = '00000000-0000-0000-0000-00000000000b';
+-- What sync.status says of it (its seconds as N).
+SELECT state, regexp_replace(state_detail, '[0-9]+ s\M', 'N s', 'g') AS state_detail FROM sync.status
+WHERE replica = '00000000-0000-0000-0000-00000000000b';
+SELECT count(*) AS before_the_probe FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000b']::uuid[], 1);
+UPDATE sync.delivery SET probe_at = now() - interval '1 millisecond'
+WHERE replica = '00000000-0000-0000-0000-00000000000b';
+SELECT replica, seq, message_id AS probe FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000b']::uuid[], 1);
+SELECT sync.failed('00000000-0000-0000-0000-00000000000b', 3, true, 'connection refused') AS started;
+SELECT backoff, backoff_until > now() + interval '19 minutes' AS backing_off,
+       probe_at - now() BETWEEN interval '4 seconds' AND interval '5 seconds' AS probe_in_5s
+FROM sync.delivery WHERE replica = '00000000-0000-0000-0000-00000000000b';
+UPDATE sync.delivery SET probe_at = now() - interval '1 millisecond'
+WHERE replica = '00000000-0000-0000-0000-00000000000b';
+SELECT replica, seq, message_id AS probe FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000b']::uuid[], 1);
+SELECT sync.failed('00000000-0000-0000-0000-00000000000b', 3, false, 'HTTP 400: bad message') AS started;
+SELECT probe_at IS NULL AS refusal_not_probed FROM sync.delivery
+WHERE replica = '00000000-0000-0000-0000-00000000000b';
+SELECT state, regexp_replace(state_detail, '[0-9]+ s\M', 'N s', 'g') AS state_detail FROM sync.status
+WHERE replica = '00000000-0000-0000-0000-00000000000b';
+UPDATE sync.delivery SET backoff = NULL, backoff_until = NULL, last_error = NULL, refusals = 0,
+                         probe_at = NULL
+WHERE replica = '00000000-0000-0000-0000-00000000000b';
+SET magic_sync.backoff = '100ms';
+SET magic_sync.backoff_max = '350ms';
+RESET magic_sync.probe_every;
+
 -- Runs: with run > 1 the head is leased and returned with the messages after it, in order; the
 -- lease is held by the head alone, and covers the run: nobody else gets any of it.
 INSERT INTO sync.replica (id, gen) VALUES ('00000000-0000-0000-0000-00000000000d', 2);

@@ -122,7 +122,7 @@ INSERT INTO sync.holding (replica, scope, through, fp, n)
 SELECT m.replica, sync_internal.scope_name(s.match, s.value, s.partition), s.head, s.fp, s.n
 FROM sync.member m JOIN sync.scope s ON s.id = m.scope
 WHERE m.replica = '00000000-0000-0000-0000-000000000001';
-SELECT replica, sync, lacks, lacks_why FROM sync.status ORDER BY replica;
+SELECT replica, state, lacks, lacks_why FROM sync.status ORDER BY replica;
 -- ...until the row fits again and it reports the scope with it.
 UPDATE fleet.depots SET city = 'Caen' WHERE id = 4;
 SELECT rows_changed FROM sync.pass();
@@ -131,13 +131,13 @@ UPDATE sync.holding h SET through = s.head, fp = s.fp, n = s.n
 FROM sync.scope s
 WHERE h.replica = '00000000-0000-0000-0000-000000000001'
   AND h.scope = sync_internal.scope_name(s.match, s.value, s.partition);
-SELECT replica, sync, lacks, lacks_why FROM sync.status ORDER BY replica;
+SELECT replica, state, lacks, lacks_why FROM sync.status ORDER BY replica;
 -- ...but not when it is missing from a scope the declarations give it, whatever the relay's
 -- own records say...
 DELETE FROM sync.member m USING sync.scope s
 WHERE s.id = m.scope AND m.replica = '00000000-0000-0000-0000-000000000001' AND s.match = 'depot';
 DELETE FROM sync.holding WHERE scope LIKE 'depot=%';
-SELECT replica, sync, lacks, lacks_why FROM sync.status ORDER BY replica;
+SELECT replica, state, lacks, lacks_why FROM sync.status ORDER BY replica;
 SELECT replica, problem FROM sync.audit();
 SELECT provisioned FROM sync.pass();
 INSERT INTO sync.holding (replica, scope, through, fp, n)
@@ -145,12 +145,22 @@ SELECT m.replica, sync_internal.scope_name(s.match, s.value, s.partition), s.hea
 FROM sync.member m JOIN sync.scope s ON s.id = m.scope
 WHERE m.replica = '00000000-0000-0000-0000-000000000001'
 ON CONFLICT (replica, scope) DO UPDATE SET through = excluded.through, fp = excluded.fp, n = excluded.n;
-SELECT replica, sync, lacks, lacks_why FROM sync.status ORDER BY replica;
+SELECT replica, state, lacks, lacks_why FROM sync.status ORDER BY replica;
 -- ...nor while an audit found one of its scopes drifted and the relay has not counted it again.
 INSERT INTO sync.drifted_scope SELECT id FROM sync.scope WHERE match = '*';
-SELECT replica, sync, lacks, lacks_why FROM sync.status ORDER BY replica;
+SELECT replica, state, lacks, lacks_why FROM sync.status ORDER BY replica;
 SELECT FROM sync.pass();
-SELECT replica, sync, lacks, lacks_why FROM sync.status ORDER BY replica;
+SELECT replica, state, lacks, lacks_why FROM sync.status ORDER BY replica;
+-- Each state says its figures and what to do in one sentence (seconds shown as N here).
+SELECT replica, state, regexp_replace(state_detail, '[0-9]+ s\M', 'N s', 'g') AS state_detail
+FROM sync.status ORDER BY replica;
+-- A replica that is no longer live is forgotten: nothing is sent to it; its device keeps what it
+-- held.
+UPDATE fleet.vans SET active = false WHERE id = '00000000-0000-0000-0000-000000000002';
+SELECT forgotten FROM sync.pass();
+SELECT replica, state, state_detail FROM sync.status ORDER BY replica;
+UPDATE fleet.vans SET active = true WHERE id = '00000000-0000-0000-0000-000000000002';
+SELECT provisioned FROM sync.pass();
 
 -- A row's canonical form depends on no session's settings: a timestamptz key written from
 -- sessions in two time zones is one row, its update and its delete found by one key.

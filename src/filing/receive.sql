@@ -189,6 +189,9 @@ BEGIN
                             AND sync_internal.scope_name(s.match, s.value, s.partition) = e.key)
         ON CONFLICT DO NOTHING;
     END IF;
+
+    -- The device is there: a backoff its deliveries wait out ends now.
+    PERFORM sync_internal.device_heard(upload_end.replica);
 END
 $$;
 

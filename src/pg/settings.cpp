@@ -27,6 +27,7 @@ int report_every_s = 300;
 int send_timeout_ms = 30000;
 int backoff_ms = 1000;
 int backoff_max_ms = 600000;
+int probe_every_ms = 10000;
 int unconfirmed_after_s = 86400;
 int max_refusals = 10;
 int max_upload_bytes = 16 * 1024 * 1024;
@@ -106,6 +107,9 @@ void define() {
                &backoff_ms, 1, kHour * 1000, GUC_UNIT_MS);
     define_int("magic_sync.backoff_max", "Longest wait after failed sends.", &backoff_max_ms, 1,
                kDay * 1000, GUC_UNIT_MS);
+    define_int("magic_sync.probe_every",
+               "A replica backing off after its line failed is probed this often; 0: never.",
+               &probe_every_ms, 0, kHour * 1000, GUC_UNIT_MS);
     define_int("magic_sync.unconfirmed_after",
                "A replica leaving what it was sent unconfirmed this long is provisioned again.",
                &unconfirmed_after_s, 1, 365 * kDay, GUC_UNIT_S);

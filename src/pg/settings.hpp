@@ -18,6 +18,7 @@ extern int report_every_s;
 extern int send_timeout_ms;
 extern int backoff_ms;
 extern int backoff_max_ms;
+extern int probe_every_ms;
 extern int unconfirmed_after_s;
 extern int max_refusals;
 extern int max_upload_bytes;

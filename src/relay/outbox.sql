@@ -101,7 +101,7 @@ SET search_path = pg_catalog, pg_temp
 AS $$ SELECT gen || '.' || seq $$;
 
 -- Leases the head message (lowest unsent seq) of up to `n` live replicas that are not in backoff
--- and whose head's lease does not hold (sync_internal.lease_holds), oldest first, to this session: the
+-- (or whose probe is due: sync.failed) and whose head's lease does not hold (sync_internal.lease_holds), oldest first, to this session: the
 -- lease holds for `lease` and ends at once with the session. A replica whose head is leased or
 -- locked by another sender is skipped, never served its second message: one message at a time per
 -- replica, in order.
@@ -153,7 +153,7 @@ BEGIN
             WHERE h.replica = r.id AND h.sent_at IS NULL
             ORDER BY h.seq LIMIT 1
         ) head
-        WHERE r.live AND (d.backoff_until IS NULL OR d.backoff_until <= now())
+        WHERE r.live AND (d.backoff_until IS NULL OR d.backoff_until <= now() OR d.probe_at <= now())
           AND (r.transport IS NULL OR r.transport = next.transport)
     ),
     chosen AS (
@@ -253,7 +253,7 @@ BEGIN
     ),
     ended AS (
         UPDATE sync.delivery d SET backoff = NULL, backoff_until = NULL, last_error = NULL,
-                                   refusals = 0
+                                   refusals = 0, probe_at = NULL
         FROM ending
         WHERE d.replica = ending.replica
     )
@@ -273,6 +273,11 @@ AS $$ SELECT EXISTS (SELECT FROM sync.sent(ARRAY[replica], ARRAY[seq])) $$;
 -- The message could not be delivered: the lease ends and the replica waits out a backoff that
 -- starts at magic_sync.backoff and doubles up to magic_sync.backoff_max, while every other
 -- replica carries on. `retry` false means the other side refused it (counted in `refusals`).
+-- After a transient failure (the line: no answer, a timeout) a backoff longer than
+-- magic_sync.probe_every is probed: every probe_every its head may go early (sync.next), so a
+-- device whose line answers again is delivered within probe_every, not at the end of a backoff of
+-- up to backoff_max. A probe that fails backs off as any failure does, and is probed again. A
+-- refusal is not probed: the line answered.
 -- Returns true when this failure started the replica's backoff, for the sender's log.
 CREATE FUNCTION sync.failed(replica uuid, seq bigint, retry boolean, error text,
                             origin text DEFAULT NULL) RETURNS boolean
@@ -283,6 +288,7 @@ AS $$
 DECLARE
     first_wait interval := sync.setting('backoff')::interval;
     longest_wait interval := sync.setting('backoff_max')::interval;
+    probe_every interval := sync.setting('probe_every')::interval;
     generation int;
     previous sync.delivery;
     wait interval;
@@ -303,12 +309,16 @@ BEGIN
     FOR UPDATE;
     wait := least(coalesce(previous.backoff * 2, first_wait), longest_wait);
     refused_in_a_row := coalesce(previous.refusals, 0) + CASE WHEN failed.retry THEN 0 ELSE 1 END;
-    INSERT INTO sync.delivery AS d (replica, gen, backoff, backoff_until, last_error, refusals)
+    INSERT INTO sync.delivery AS d (replica, gen, backoff, backoff_until, last_error, refusals,
+                                    probe_at)
     VALUES (failed.replica, generation, wait, now() + wait,
-            left(coalesce(failed.error, 'unknown error'), 1000), refused_in_a_row)
+            left(coalesce(failed.error, 'unknown error'), 1000), refused_in_a_row,
+            CASE WHEN failed.retry AND probe_every > interval '0' AND wait > probe_every
+                 THEN now() + probe_every END)
     ON CONFLICT ON CONSTRAINT delivery_pkey DO UPDATE
     SET gen = excluded.gen, backoff = excluded.backoff, backoff_until = excluded.backoff_until,
-        last_error = excluded.last_error, refusals = excluded.refusals;
+        last_error = excluded.last_error, refusals = excluded.refusals,
+        probe_at = excluded.probe_at;
     -- Refused as often as magic_sync.max_refusals allows: the relay's alarm is due now.
     IF refused_in_a_row >= sync.setting('max_refusals')::int THEN
         PERFORM sync_internal.wake();
@@ -333,6 +343,20 @@ AS $$
             WHERE r.live AND o.sent_at IS NULL)
 $$;
 
+-- The replica's device was heard from (it asked for a message, or an upload of it came): a
+-- backoff its deliveries wait out ends now, so its head goes at the next look (a push sender looks
+-- every second at least). The figures of the failure (backoff, refusals, last error) stay until a
+-- delivery is taken (sync.sent). Called in the transaction that heard it.
+CREATE FUNCTION sync_internal.device_heard(replica uuid) RETURNS void
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    UPDATE sync.delivery d SET backoff_until = now(), probe_at = NULL
+    FROM sync.replica r
+    WHERE d.replica = device_heard.replica AND r.id = d.replica AND r.gen = d.gen
+      AND d.backoff_until > now()
+$$;
+
 -- The pull transport (magic-sync-sender --transport pull): a device behind NAT asks for its
 -- replica's head message and acknowledges it, through the sender's HTTP server.
 -- pull_head leases the replica's head (its lowest unsent seq) for `lease` and returns it, when the
@@ -344,7 +368,7 @@ $$;
 -- (apply_confirmations), so its message_id stays valid until pull_ack. A head a push sender's
 -- session holds (sync.next) is not served: that sender is delivering it. A replica another
 -- transport delivers (sync.replica.transport) is refused. The replica's backoff is not looked at:
--- it is for failed pushes, and a device asks when it can.
+-- a device asks when it can, and its ask ends the backoff (sync_internal.device_heard).
 CREATE FUNCTION sync.pull_head(replica uuid, lease interval)
 RETURNS TABLE (seq bigint, message_id text, message bytea, origin text)
 LANGUAGE plpgsql
@@ -374,6 +398,7 @@ BEGIN
         WHERE o.replica = pull_head.replica AND o.sent_at IS NULL AND r.live
         ORDER BY o.seq LIMIT 1;
         IF NOT FOUND THEN
+            PERFORM sync_internal.device_heard(pull_head.replica);
             RETURN;
         END IF;
         -- Locked, it is still the head unless it was acknowledged meanwhile: then look again.
@@ -382,6 +407,8 @@ BEGIN
         FOR UPDATE;
         EXIT WHEN FOUND;
     END LOOP;
+    -- The head first, then the delivery row: the order sync.sent takes them in.
+    PERFORM sync_internal.device_heard(pull_head.replica);
     IF head.lease_pid IS NOT NULL AND sync_internal.lease_holds(head) THEN
         RETURN;
     END IF;
@@ -489,6 +516,7 @@ REVOKE ALL ON FUNCTION sync.pull_head(uuid, interval) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.pull_ack(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.pull_refused(uuid, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.pull_waiting(uuid[]) FROM PUBLIC;
+REVOKE ALL ON FUNCTION sync_internal.device_heard(uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sync.next(int, interval) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.next(int, interval, uuid[], int, text) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.sent(uuid, bigint) TO sync_sender;

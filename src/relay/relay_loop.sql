@@ -12,6 +12,25 @@ AS 'MODULE_PATHNAME', 'magic_sync_start_relay'
 LANGUAGE C VOLATILE
 SET search_path = pg_catalog, pg_temp;
 
+-- Raises an alarm, the one way the relay does: a NOTIFY on channel magic_sync_alarm whose payload
+-- is a JSON object {"alarm": name, "level": "WARNING" or "LOG", "replica": its uuid or null,
+-- "detail": the line, "at": when}, for a listener to wire to a pager (README.md, "Alarms"), and
+-- the line, which the relay logs at `severity` ("magic_sync relay: <line>"). Sent when the
+-- relay's transaction commits. Names: backlog_not_draining, set_aside, provisioned_again,
+-- state_drifted.
+CREATE FUNCTION sync_internal.alarm(alarm text, severity text, detail text, replica uuid DEFAULT NULL)
+RETURNS TABLE (level text, line text)
+LANGUAGE sql
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT pg_notify('magic_sync_alarm',
+                     json_build_object('alarm', alarm.alarm, 'level', alarm.severity,
+                                       'replica', alarm.replica,
+                                       -- a NOTIFY payload holds less than 8000 bytes
+                                       'detail', left(alarm.detail, 6000), 'at', now())::text);
+    SELECT alarm.severity, alarm.detail;
+$$;
+
 -- What needs someone, one line each, saying whether to wait (the network) or deploy a fix (a bug).
 CREATE FUNCTION sync_internal.report() RETURNS TABLE (level text, line text)
 LANGUAGE plpgsql
@@ -26,11 +45,10 @@ DECLARE
 BEGIN
     SELECT coalesce(sum(key_count), 0), now() - min(noted_at) INTO backlog, oldest FROM sync.note;
     IF oldest > every THEN
-        level := 'WARNING';
-        line := format('%s changes are waiting to be planned, the oldest for %s: the relay is behind. '
-                       'Wait while the backlog shrinks; if it does not, deploy a fix (look for relay '
-                       'errors above)', backlog, date_trunc('second', oldest));
-        RETURN NEXT;
+        RETURN QUERY SELECT * FROM sync_internal.alarm('backlog_not_draining', 'WARNING', format(
+            '%s changes are waiting to be planned, the oldest for %s: the relay is behind. Wait '
+            'while the backlog shrinks; if it does not, deploy a fix (look for relay errors above)',
+            backlog, date_trunc('second', oldest)));
     END IF;
     SELECT count(*), string_agg(DISTINCT coalesce(d.last_error, 'no error yet'), '; ')
     INTO stuck, sample
@@ -55,8 +73,9 @@ BEGIN
     -- Kept uploads that may be filed as they are (next_try_at set: a row they reference has not
     -- come, a duplicate may go, a limit may be raised) wait, backed off; only what a change must
     -- cure asks for a fix.
-    FOR level, line IN
-        SELECT CASE WHEN waits_for_data THEN 'LOG' ELSE 'WARNING' END,
+    RETURN QUERY
+    SELECT a.* FROM (
+        SELECT CASE WHEN waits_for_data THEN 'LOG' ELSE 'WARNING' END AS severity,
                CASE WHEN waits_for_data
                     THEN format('set aside: %s uploads that wait (the first because %s): they may '
                                 'be filed as they are once what they need comes, a row they '
@@ -70,13 +89,13 @@ BEGIN
                                           ELSE 'rows their replica could not take' END,
                                 min(reason),
                                 CASE kind WHEN 'upload' THEN 'once the fix is deployed'
-                                          ELSE 'every magic_sync.retry_every' END) END
+                                          ELSE 'every magic_sync.retry_every' END) END AS detail,
+               kind, waits_for_data
         FROM (SELECT s.kind, s.reason, s.kind = 'upload' AND s.next_try_at IS NOT NULL AS waits_for_data
-              FROM sync.set_aside s) a
-        GROUP BY kind, waits_for_data ORDER BY kind, waits_for_data
-    LOOP
-        RETURN NEXT;
-    END LOOP;
+              FROM sync.set_aside s) kept
+        GROUP BY kind, waits_for_data) x
+    CROSS JOIN LATERAL sync_internal.alarm('set_aside', x.severity, x.detail) a
+    ORDER BY x.kind, x.waits_for_data;
 END
 $$;
 
@@ -128,7 +147,8 @@ $$;
 
 -- Alarms: a replica that left what it was sent unconfirmed longer than
 -- magic_sync.unconfirmed_after, or whose head message was refused magic_sync.max_refusals times,
--- is dropped and provisioned again by the next pass. Returns one line per replica, and why.
+-- is dropped and provisioned again by the next pass. Returns one line per replica, and why, each
+-- raised as an alarm (sync_internal.alarm).
 CREATE FUNCTION sync_internal.alarms() RETURNS TABLE (replica uuid, line text)
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -157,7 +177,10 @@ BEGIN
     PERFORM sync_internal.end_generation(alarmed);
     INSERT INTO sync.note (codec, key) SELECT 0, jsonb_build_object('id', a) FROM unnest(alarmed) a;
     RETURN QUERY
-    SELECT a.id, format('replica %s is provisioned again: %s', a.id, a.why)
-    FROM unnest(alarmed, reasons) AS a(id, why);
+    SELECT x.id, a.line
+    FROM unnest(alarmed, reasons) AS x(id, why)
+    CROSS JOIN LATERAL sync_internal.alarm('provisioned_again', 'WARNING',
+                                           format('replica %s is provisioned again: %s', x.id, x.why),
+                                           x.id) a;
 END
 $$;

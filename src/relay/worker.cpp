@@ -110,7 +110,8 @@ char* single_value(const char* sql, int nargs, Oid* types, Datum* values) {
     return SPI_getvalue(SPI_tuptable->vals[0], SPI_tuptable->tupdesc, 1);
 }
 
-// Logs each line a reporting function returns: (level text, line text).
+// Logs each line a reporting function returns: (level text, line text). An alarm's line comes
+// from sync_internal.alarm, which also sends it as a NOTIFY magic_sync_alarm.
 void log_lines(const char* sql) {
     if (SPI_execute(sql, false, 0) < 0) elog(ERROR, "magic_sync relay: \"%s\" failed", sql);
     for (uint64 i = 0; i < SPI_processed; ++i) {
@@ -311,10 +312,11 @@ bool relay_step(RelayState* state) {
     if (settings::audit_every_s > 0 && due(state->last_audit, settings::audit_every_s)) {
         pgstat_report_activity(STATE_RUNNING, "magic_sync relay: audit");
         log_lines(
-            "SELECT 'WARNING', format('the relay''s state had drifted from the tables (scope "
-            "%s%s): "
-            "%s; planned again from the tables. Deploy a fix: this is a bug', scope,"
-            " coalesce(', replica ' || replica, ''), problem) FROM sync.audit()");
+            "SELECT a.level, a.line FROM sync.audit() x CROSS JOIN LATERAL "
+            "sync_internal.alarm('state_drifted', 'WARNING', format('the relay''s state had "
+            "drifted from the tables (scope %s%s): %s; planned again from the tables. Deploy a "
+            "fix: this is a bug', x.scope, coalesce(', replica ' || x.replica, ''), x.problem), "
+            "x.replica) a");
         state->last_audit = GetCurrentTimestamp();
     }
     if (due(state->last_prune, settings::prune_every_s)) {

@@ -149,8 +149,10 @@ COMMENT ON FUNCTION sync.verify(uuid) IS
 COMMENT ON VIEW sync.status IS
 'Per replica: live, generation, outbox depth, how long the oldest message has waited to be sent and '
 'to be confirmed, backoff, last error, what is set aside, the rows it lacks and why (withheld as too '
-'big, set aside by the pass, not taken by it), and sync: in sync (proven by its reports against the '
-'server''s fingerprints, and lacking no row), lacks rows, repairing, storm or unknown; and how many of '
+'big, set aside by the pass, not taken by it); its state: in sync (proven by its reports against '
+'the server''s fingerprints), catching up (messages unsent), waiting for its report (delivered, not '
+'confirmed), failing (deliveries fail, or repairs do not converge), lacking rows, repairing or '
+'forgotten (not live), with state_detail, a sentence of its figures and what to do; and how many of '
 'its uploads were refused because they would have kept more than magic_sync.max_kept_items or '
 'max_kept_bytes allow (sync.upload_refusal says why).';
 COMMENT ON TABLE sync.repair IS

@@ -262,7 +262,11 @@ CREATE TABLE sync.delivery (
     backoff interval,
     backoff_until timestamptz,
     last_error text,
-    refusals int NOT NULL DEFAULT 0
+    refusals int NOT NULL DEFAULT 0,
+    -- In a backoff after a transient failure: when its head may go early, as a probe of whether
+    -- its line answers again (magic_sync.probe_every). NULL: no probe (a refusal: the line
+    -- answers, the device said no).
+    probe_at timestamptz
 );
 -- The delivery rows that count: of each replica's generation now. Every reader goes through it
 -- (in schema sync with the tables, so that a relay role granted them may read it).

@@ -332,16 +332,34 @@ END
 $$;
 
 -- One row per replica: live, generation, outbox depth and age, what is unconfirmed, backoff, the
--- last error, what is set aside for it, the rows it lacks and why, and whether it is in sync,
--- lacks rows, is repairing, in a storm (the breaker tripped and it has not converged since), or
--- unknown. In sync only when the comparisons prove it: it is a member of exactly the scopes the
--- declarations give it (read from the replicas relation, not from the relay's membership), it
--- reported each of them at its head with the server's fingerprint (a scope it did not report
--- holds no rows), no audit found a scope of it drifted that the relay has not counted again, and
--- it lacks no row: none of its scopes' rows is withheld as too big for a message (outside the
--- fingerprints on both sides), none it should hold is set aside by the pass, and it reported none
--- it could not take.
-CREATE VIEW sync.status AS
+-- last error, what is set aside for it, the rows it lacks and why, and its state with a sentence
+-- of its figures and what to do (README.md, "What sync.status says"). The first that holds:
+-- - forgotten: not live (deleted from the replicas relation, or its live condition false);
+-- - failing: its deliveries fail (a backoff, refusals in a row: sync.current_delivery), or its
+--   repairs do not converge (the storm breaker tripped);
+-- - repairing: a repair is under way, or its report at the head differs from the server's;
+-- - lacking rows: rows it should hold are withheld as too big, set aside by the pass, or it
+--   reported it could not take them;
+-- - in sync: the comparisons prove it: it is a member of exactly the scopes the declarations give
+--   it (read from the replicas relation, not from the relay's membership), it reported each of
+--   them at its head with the server's fingerprint (a scope it did not report holds no rows), no
+--   audit found a scope of it drifted that the relay has not counted again. Messages delivered and
+--   not confirmed yet, or unsent, do not undo it: they carry nothing its report at the head lacks;
+-- - catching up: messages unsent (normal under load), or its scopes change at the next pass;
+-- - waiting for its report: delivered and not confirmed yet, or confirmed but its report of what
+--   it holds is behind.
+-- Read through sync_internal.status(), without JIT: the planner's estimates of this query (its
+-- set-returning functions at 1000 rows each) asked for JIT, whose compiling took 4.5 s a look
+-- under load (tests/server/status_test.cpp) where the query itself took milliseconds.
+CREATE FUNCTION sync_internal.status()
+RETURNS TABLE (replica uuid, live boolean, gen int, outbox bigint, oldest_unsent_seconds numeric,
+               unconfirmed_seconds numeric, backoff_seconds numeric, last_error text,
+               set_aside bigint, lacks bigint, lacks_why text, state text, state_detail text,
+               uploads_refused bigint)
+LANGUAGE sql STABLE
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $status$
 WITH declared AS MATERIALIZED (
     SELECT d.replica, sync_internal.scope_name(d.match, d.value, d.part) AS scope
     FROM sync_internal.declared_members() d),
@@ -349,17 +367,21 @@ members AS MATERIALIZED (
     SELECT m.replica, m.scope AS id, sync_internal.scope_name(s.match, s.value, s.partition) AS scope,
            s.head, s.fp, s.n
     FROM sync.member m JOIN sync.scope s ON s.id = m.scope),
-unproven AS (
+moving AS (  -- its scopes change, or are counted again, at the next pass
     SELECT coalesce(d.replica, m.replica) AS replica
     FROM declared d FULL JOIN members m ON m.replica = d.replica AND m.scope = d.scope
     WHERE d.replica IS NULL OR m.replica IS NULL
     UNION
-    SELECT m.replica
-    FROM members m LEFT JOIN sync.holding h ON h.replica = m.replica AND h.scope = m.scope
-    WHERE CASE WHEN h.replica IS NULL THEN m.n <> 0
-               ELSE h.through <> m.head OR h.fp <> m.fp OR h.n <> m.n END
-    UNION
     SELECT m.replica FROM members m JOIN sync.drifted_scope d ON d.scope = m.id),
+reports AS (  -- per replica, its scopes' reports against the server's head
+    SELECT m.replica,
+           count(*) FILTER (WHERE CASE WHEN h.replica IS NULL THEN m.n <> 0
+                                       ELSE h.through <> m.head OR h.fp <> m.fp OR h.n <> m.n END)
+               AS unproven,
+           count(*) FILTER (WHERE h.through = m.head AND (h.fp <> m.fp OR h.n <> m.n)) AS differing,
+           max(h.reported_at) AS last_report
+    FROM members m LEFT JOIN sync.holding h ON h.replica = m.replica AND h.scope = m.scope
+    GROUP BY m.replica),
 withheld AS MATERIALIZED (
     SELECT m.replica, count(*) AS n
     FROM sync.row w JOIN sync.member m ON m.scope = w.scope
@@ -374,54 +396,128 @@ lacks AS (
     SELECT r.id AS replica, coalesce(w.n, 0) + coalesce(a.lacked, 0) + coalesce(u.n, 0) AS n,
            nullif(concat_ws(', ', w.n || ' withheld as too big for a message',
                             a.lacked || ' set aside by the pass (sync.set_aside)',
-                            u.n || ' it could not take'), '') AS why
+                            u.n || ' it could not take'), '') AS why,
+           nullif(concat_ws('; ',
+                            CASE WHEN w.n > 0 THEN 'raise magic_sync.bytes_per_message or make the '
+                                                   'rows smaller' END,
+                            CASE WHEN a.lacked > 0 THEN 'deploy a fix (the relay''s log says why; '
+                                                        'sync.set_aside kind note)' END,
+                            CASE WHEN u.n > 0 THEN 'see why in sync.set_aside (kind untaken) and '
+                                                   'the device''s log, and fix the device or the rows'
+                                 END), '') AS fix
     FROM sync.replica r
     LEFT JOIN withheld w ON w.replica = r.id
     LEFT JOIN set_aside_lacked a ON a.replica = r.id
-    LEFT JOIN untaken u ON u.replica = r.id)
-SELECT r.id AS replica,
-       r.live,
-       r.gen,
-       count(o.seq) FILTER (WHERE o.sent_at IS NULL) AS outbox,
-       extract(epoch FROM now() - min(o.created_at) FILTER (WHERE o.sent_at IS NULL))
-           AS oldest_unsent_seconds,
-       extract(epoch FROM now() - min(o.sent_at)) AS unconfirmed_seconds,
-       CASE WHEN d.backoff_until > now() THEN extract(epoch FROM d.backoff_until - now()) END
-           AS backoff_seconds,
-       d.last_error,
-       (SELECT count(*) FROM sync.set_aside s WHERE s.replica = r.id) AS set_aside,
-       l.n AS lacks,
-       l.why AS lacks_why,
-       CASE
-           WHEN EXISTS (SELECT FROM sync.repair p WHERE p.replica = r.id AND p.attempts > 0)
-               THEN 'storm'
-           WHEN EXISTS (SELECT FROM sync.repair p WHERE p.replica = r.id) THEN 'repairing'
-           WHEN r.live AND EXISTS (SELECT FROM members m WHERE m.replica = r.id)
-                AND NOT EXISTS (SELECT FROM unproven u WHERE u.replica = r.id)
-               THEN CASE WHEN l.n = 0 THEN 'in sync' ELSE 'lacks rows' END
-           ELSE 'unknown'
-       END AS sync,
-       coalesce(f.refused, 0) AS uploads_refused
-FROM sync.replica r
-JOIN lacks l ON l.replica = r.id
-LEFT JOIN sync.current_delivery d ON d.replica = r.id
-LEFT JOIN sync.upload_refusal f ON f.replica = r.id
-LEFT JOIN sync.outbox o ON o.replica = r.id
-GROUP BY r.id, l.n, l.why, f.refused, d.backoff_until, d.last_error;
+    LEFT JOIN untaken u ON u.replica = r.id),
+figures AS (
+    SELECT r.id AS replica, r.live, r.gen, o.unsent AS outbox,
+           extract(epoch FROM now() - o.oldest_unsent) AS oldest_unsent_seconds,
+           extract(epoch FROM now() - o.first_sent) AS unconfirmed_seconds,
+           CASE WHEN d.backoff_until > now() THEN extract(epoch FROM d.backoff_until - now()) END
+               AS backoff_seconds,
+           d.last_error,
+           (SELECT count(*) FROM sync.set_aside s WHERE s.replica = r.id) AS set_aside,
+           l.n AS lacks, l.why AS lacks_why, l.fix AS lacks_fix,
+           coalesce(f.refused, 0) AS uploads_refused,
+           o.awaiting, o.first_awaiting,
+           d.backoff IS NOT NULL OR coalesce(d.refusals, 0) > 0 AS delivery_failing,
+           coalesce(d.refusals, 0) AS refusals,
+           greatest(extract(epoch FROM d.probe_at - now()), 0) AS probe_seconds,
+           p.storms, p.repairs, p.storm_until,
+           EXISTS (SELECT FROM declared x WHERE x.replica = r.id) AS declared_live,
+           EXISTS (SELECT FROM members m WHERE m.replica = r.id) AS member,
+           EXISTS (SELECT FROM moving x WHERE x.replica = r.id) AS moving,
+           coalesce(rp.unproven, 0) AS unproven, coalesce(rp.differing, 0) AS differing,
+           rp.last_report,
+           (SELECT sum(h.n) FROM sync.holding h WHERE h.replica = r.id) AS last_held
+    FROM sync.replica r
+    JOIN lacks l ON l.replica = r.id
+    LEFT JOIN sync.current_delivery d ON d.replica = r.id
+    LEFT JOIN sync.upload_refusal f ON f.replica = r.id
+    LEFT JOIN reports rp ON rp.replica = r.id
+    CROSS JOIN LATERAL (
+        -- A message the replica confirmed in an upload the relay has not taken yet is confirmed.
+        SELECT count(*) FILTER (WHERE o.sent_at IS NULL) AS unsent,
+               min(o.created_at) FILTER (WHERE o.sent_at IS NULL) AS oldest_unsent,
+               min(o.sent_at) AS first_sent,
+               count(*) FILTER (WHERE o.sent_at IS NOT NULL AND o.seq > c.applied) AS awaiting,
+               min(o.sent_at) FILTER (WHERE o.seq > c.applied) AS first_awaiting
+        FROM sync.outbox o
+        CROSS JOIN (SELECT coalesce(max(x.applied), 0) AS applied FROM sync.confirmation x
+                    WHERE x.replica = r.id) c
+        WHERE o.replica = r.id) o
+    CROSS JOIN LATERAL (
+        SELECT count(*) FILTER (WHERE x.attempts > 0) AS storms, count(*) AS repairs,
+               max(x.storm_until) AS storm_until
+        FROM sync.repair x WHERE x.replica = r.id) p)
+SELECT f.replica, f.live, f.gen, f.outbox, f.oldest_unsent_seconds, f.unconfirmed_seconds,
+       f.backoff_seconds, f.last_error, f.set_aside, f.lacks, f.lacks_why,
+       s.said[1] AS state, s.said[2] AS state_detail, f.uploads_refused
+FROM figures f
+CROSS JOIN LATERAL (SELECT CASE
+    WHEN NOT f.live AND f.declared_live THEN ARRAY['catching up',
+        'provisioned again at the relay''s next pass: it starts over with a reset']
+    WHEN NOT f.live THEN ARRAY['forgotten', format(
+        'not live (deleted from the replicas relation, or its live condition is false): nothing is '
+        'sent to it; its device keeps what it held%s until it is wiped or made live again (then '
+        'it starts over)', ' (' || f.last_held || ' rows at its last report)')]
+    WHEN f.storms > 0 THEN ARRAY['failing', format(
+        'repairs do not converge: the breaker tripped %s times%s; look in the log for "repair '
+        'storm" (its scope and tables) and deploy a fix', f.storms,
+        CASE WHEN f.storm_until > now() THEN format(', the next repair in %s s',
+                                                    ceil(extract(epoch FROM f.storm_until - now())))
+        END)]
+    WHEN f.delivery_failing THEN ARRAY['failing', format(
+        'delivery failing: %s; %s%s; %s', coalesce(f.last_error, 'no error recorded'),
+        CASE WHEN f.refusals > 0 THEN f.refusals || ' refusals in a row; ' END,
+        CASE WHEN f.backoff_seconds IS NULL THEN 'next try now'
+             ELSE format('next try in %s s', ceil(f.backoff_seconds)) END,
+        CASE WHEN f.refusals > 0
+             THEN 'its device refuses its messages: see its log (after magic_sync.max_refusals in a '
+                  'row it is provisioned again)'
+             ELSE format('check its line; it is noticed once it answers, at its %snext ask or '
+                         'upload', 'next probe (in ' || ceil(f.probe_seconds) || ' s), ') END)]
+    WHEN f.repairs > 0 OR f.differing > 0 THEN ARRAY['repairing', CASE WHEN f.repairs > 0
+        THEN format('%s of its scopes are being repaired by range; nothing to do', f.repairs)
+        ELSE format('its report differs from the server''s in %s scopes: the relay repairs it at '
+                    'its next pass; nothing to do', f.differing) END]
+    WHEN f.lacks > 0 THEN ARRAY['lacking rows', format('lacks %s rows: %s; %s', f.lacks,
+                                                        f.lacks_why, f.lacks_fix)]
+    WHEN f.member AND NOT f.moving AND f.unproven = 0 THEN ARRAY['in sync',
+        CASE WHEN f.awaiting > 0
+             THEN format('its last report matches the server; %s messages delivered are not '
+                         'confirmed yet', f.awaiting)
+             ELSE 'its last report matches the server' END]
+    WHEN f.outbox > 0 THEN ARRAY['catching up', format(
+        '%s messages unsent, the oldest %s s; normal under load, look again if the oldest keeps '
+        'growing', f.outbox, floor(f.oldest_unsent_seconds))]
+    WHEN f.moving OR NOT f.member THEN ARRAY['catching up',
+        'its scopes change at the relay''s next pass']
+    WHEN f.awaiting > 0 THEN ARRAY['waiting for its report', format(
+        '%s messages delivered and not confirmed yet, the oldest sent %s s ago; it confirms in '
+        'its next upload', f.awaiting, floor(extract(epoch FROM now() - f.first_awaiting)))]
+    ELSE ARRAY['waiting for its report', format(
+        'everything delivered is confirmed; its report of what it holds is behind in %s scopes '
+        '(last report %s); it reports in its next upload', f.unproven,
+        coalesce(floor(extract(epoch FROM now() - f.last_report)) || ' s ago', 'none yet'))]
+END AS said) s
+$status$;
+
+CREATE VIEW sync.status AS SELECT * FROM sync_internal.status();
 
 -- For monitoring (packaging/postgres_exporter_queries.yaml, for prometheus-postgres-exporter):
 -- the replicas counted by what sync.status says of them, and the relay's health, which the
 -- role sync_monitor may read and nothing else of sync. One reading of sync.status per call: it
 -- compares every replica's holdings, so scrape it every 15 s or slower.
 CREATE FUNCTION sync.replica_counts()
-RETURNS TABLE (sync text, live boolean, replicas bigint, unsent bigint,
+RETURNS TABLE (state text, live boolean, replicas bigint, unsent bigint,
                oldest_unsent_seconds float8, set_aside bigint)
 LANGUAGE sql STABLE SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT s.sync, s.live, count(*), sum(s.outbox)::bigint,
+    SELECT s.state, s.live, count(*), sum(s.outbox)::bigint,
            coalesce(max(s.oldest_unsent_seconds), 0)::float8, sum(s.set_aside)::bigint
-    FROM sync.status s GROUP BY s.sync, s.live ORDER BY s.sync, s.live
+    FROM sync.status s GROUP BY s.state, s.live ORDER BY s.state, s.live
 $$;
 
 CREATE FUNCTION sync.relay_health()

@@ -198,7 +198,7 @@ class Suite {
             {"fingerprints: what it reports holding is what the server proves",
              [&] {
                  compare_holds();
-                 require(db_->value("SELECT sync FROM sync.status WHERE replica = $1::uuid",
+                 require(db_->value("SELECT state FROM sync.status WHERE replica = $1::uuid",
                                     {kReplicaId}) == "in sync",
                          "sync.status does not say in sync: " +
                              db_->value("SELECT row_to_json(s)::text FROM sync.status s"));

@@ -22,13 +22,13 @@ inline const char* const kExpectedHoldings = R"sql(
         SELECT e.table_name || ' ' || e.key || ' ' || e.h AS line
         FROM sync.expected($1::uuid) e WHERE NOT e.withheld) held
 )sql";
-// kExpectedHoldings and what sync.status must say of the replica once it holds that ('lacks rows'
+// kExpectedHoldings and what sync.status must say of the replica once it holds that ('lacking rows'
 // when the oracle withholds some of its rows as too big): one reading of the oracle for both.
 inline const char* const kExpectedHoldingsAndState = R"sql(
     SELECT coalesce(string_agg(e.table_name || ' ' || e.key || ' ' || e.h, E'\n'
                                ORDER BY e.table_name || ' ' || e.key || ' ' || e.h)
                         FILTER (WHERE NOT e.withheld), ''),
-           CASE WHEN bool_or(e.withheld) THEN 'lacks rows' ELSE 'in sync' END
+           CASE WHEN bool_or(e.withheld) THEN 'lacking rows' ELSE 'in sync' END
     FROM sync.expected($1::uuid) e
 )sql";
 

@@ -97,4 +97,30 @@ inline bool await_notify(PGconn* connection, std::chrono::milliseconds timeout) 
     }
 }
 
+// Waits for a notification on `channel` on `connection` (one that LISTENs) and returns its
+// payload; nullopt after `timeout`. Notifications on other channels are skipped.
+inline std::optional<std::string> await_payload(PGconn* connection, const std::string& channel,
+                                                std::chrono::milliseconds timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+        PQconsumeInput(connection);
+        while (PGnotify* notify = PQnotifies(connection)) {
+            std::optional<std::string> payload;
+            if (channel == notify->relname) payload = notify->extra;
+            PQfreemem(notify);
+            if (payload) return payload;
+        }
+        auto left = std::chrono::duration_cast<std::chrono::microseconds>(
+            deadline - std::chrono::steady_clock::now());
+        if (left.count() <= 0) return std::nullopt;
+        int socket = PQsocket(connection);
+        fd_set readable;
+        FD_ZERO(&readable);
+        FD_SET(socket, &readable);
+        timeval wait{static_cast<long>(left.count() / 1000000),
+                     static_cast<long>(left.count() % 1000000)};
+        select(socket + 1, &readable, nullptr, nullptr, &wait);
+    }
+}
+
 }  // namespace magic_sync::test

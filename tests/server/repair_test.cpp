@@ -106,7 +106,7 @@ class Repair : public ::testing::Test {
         auto kept = say_.find(r.id);
         if (kept != say_.end()) return kept->second;
         return db().value(
-            "SELECT CASE WHEN bool_or(withheld) THEN 'lacks rows' ELSE 'in sync' END"
+            "SELECT CASE WHEN bool_or(withheld) THEN 'lacking rows' ELSE 'in sync' END"
             " FROM sync.expected($1::uuid)",
             {r.id});
     }
@@ -125,7 +125,7 @@ class Repair : public ::testing::Test {
     }
 
     std::string sync_state(const Register& r) {
-        return db().value("SELECT sync FROM sync.status WHERE replica = $1::uuid", {r.id});
+        return db().value("SELECT state FROM sync.status WHERE replica = $1::uuid", {r.id});
     }
 
     int64_t next_seq(const Register& r) {
@@ -339,7 +339,7 @@ TEST_F(Repair, AWithheldRowIsNotChased) {
               "t");
     // Nothing to repair, and status says what it lacks.
     std::this_thread::sleep_for(2s);
-    EXPECT_EQ(sync_state(r), "lacks rows");
+    EXPECT_EQ(sync_state(r), "lacking rows");
     EXPECT_EQ(db().value("SELECT lacks || ': ' || lacks_why FROM sync.status"),
               "1: 1 withheld as too big for a message");
     {
@@ -360,7 +360,14 @@ TEST_F(Repair, ReplicaThatCannotTakeARowTripsTheBreaker) {
     db().query("INSERT INTO shop.fragile VALUES (1, 'one'), (2, 'two'), (3, 'three')");
     Register& healthy = add_register(1);
     Register& refusing = add_register(2, {"shop.fragile"});
-    ASSERT_TRUE(eventually([&] { return sync_state(refusing) == "storm"; }, 60s))
+    // The breaker tripped: failing, and saying why.
+    const auto storm = [&] {
+        return sync_state(refusing) == "failing" &&
+               db().value("SELECT state_detail FROM sync.status WHERE replica = $1::uuid",
+                          {refusing.id})
+                       .rfind("repairs do not converge: the breaker tripped ", 0) == 0;
+    };
+    ASSERT_TRUE(eventually(storm, 60s))
         << "state: " << sync_state(refusing) << "\n"
         << db().value("SELECT string_agg(row_to_json(p)::text, E'\\n') FROM sync.repair p") << "\n"
         << db().value(
@@ -412,7 +419,8 @@ TEST_F(Repair, ReplicaThatCannotTakeARowTripsTheBreaker) {
     int64_t seq = next_seq(refusing);
     std::this_thread::sleep_for(3s);
     EXPECT_EQ(next_seq(refusing), seq);
-    EXPECT_EQ(sync_state(refusing), "storm");
+    EXPECT_TRUE(storm()) << db().value(
+        "SELECT state_detail FROM sync.status WHERE replica = $1::uuid", {refusing.id});
     size_t storms = 0;
     for (size_t at = cluster().log().find("repair storm"); at != std::string::npos;
          at = cluster().log().find("repair storm", at + 1))

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -416,6 +417,9 @@ TEST(Worker, ReprovisionsAReplicaThatRefusesOrDoesNotConfirm) {
     Shop shop({"magic_sync.idle = 100", "magic_sync.max_refusals = 3",
                "magic_sync.unconfirmed_after = '2s'"});
     Connection db(shop.cluster.conninfo("shop"));
+    // An operator's pager, listening for the relay's alarms.
+    Connection pager(shop.cluster.conninfo("shop"));
+    pager.query("LISTEN magic_sync_alarm");
     db.query("INSERT INTO products VALUES (1, 'tea')");
     ASSERT_TRUE(eventually([&] { return deliveries(db) == "1:1"; }));
     // A sender's refusals, the third of which wakes the relay for its alarm.
@@ -431,6 +435,14 @@ TEST(Worker, ReprovisionsAReplicaThatRefusesOrDoesNotConfirm) {
                      "is provisioned again: its messages were refused 3 times (last: HTTP "
                      "400: bad request)"),
         1);
+    // The same alarm, as a NOTIFY magic_sync_alarm with a JSON payload.
+    const auto payload = await_payload(pager.raw(), "magic_sync_alarm", 10s);
+    ASSERT_TRUE(payload) << "no NOTIFY magic_sync_alarm";
+    EXPECT_EQ(std::regex_replace(*payload, std::regex(R"("at" : "[-0-9T:.+]+")"), R"("at" : "…")"),
+              R"({"alarm" : "provisioned_again", "level" : "WARNING", )"
+              R"("replica" : "00000000-0000-0000-0000-000000000001", )"
+              R"("detail" : "replica 00000000-0000-0000-0000-000000000001 is provisioned again: )"
+              R"x(its messages were refused 3 times (last: HTTP 400: bad request)", "at" : "…"})x");
     ASSERT_TRUE(eventually([&] { return deliveries(db) == "1:1"; })) << "provisioned again";
     db.query("SELECT sync.sent(o.replica, o.seq) FROM sync.outbox o");
     ASSERT_TRUE(eventually([&] { return db.value("SELECT gen FROM sync.replica") == "3"; }, 10s))
@@ -446,6 +458,8 @@ TEST(Worker, RetriesWhatWasSetAsideAndReportsIt) {
                "magic_sync.window = 1000", "magic_sync.retry_every = '2s'",
                "magic_sync.report_every = '1s'"});
     Connection db(shop.cluster.conninfo("shop"));
+    Connection pager(shop.cluster.conninfo("shop"));
+    pager.query("LISTEN magic_sync_alarm");
     db.query("INSERT INTO products VALUES (1, repeat('x', 1000))");
     ASSERT_TRUE(eventually([&] {
         return db.value("SELECT count(*) FROM sync.set_aside WHERE kind = 'row'") == "1";
@@ -456,6 +470,13 @@ TEST(Worker, RetriesWhatWasSetAsideAndReportsIt) {
                    shop.cluster,
                    "set aside: 1 rows that could not be sent (the first because too big: ") >= 1;
     })) << shop.cluster.log();
+    // Raised as an alarm too: the line the relay logs, as a NOTIFY.
+    const auto payload = await_payload(pager.raw(), "magic_sync_alarm", 10s);
+    ASSERT_TRUE(payload) << "no NOTIFY magic_sync_alarm";
+    EXPECT_EQ(
+        payload->substr(0, 144),
+        R"({"alarm" : "set_aside", "level" : "WARNING", "replica" : null, )"
+        R"("detail" : "set aside: 1 rows that could not be sent (the first because too big: )");
     // A deploy raises the limit: the next retry sends the row.
     db.query("ALTER SYSTEM SET magic_sync.bytes_per_message = '64kB'");
     db.query("SELECT pg_reload_conf()");

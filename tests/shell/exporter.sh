@@ -63,20 +63,20 @@ for _ in $(seq 100); do
     sleep 0.1
 done
 status=0
-# Three live replicas, each with one message planned and unsent, none proven in sync yet. The
+# Three live replicas, each with one message planned and unsent: catching up. The
 # exporter labels each series with the server it scraped.
 server="server=\"$PGHOST:$PGPORT\""
 for line in \
-    "magic_sync_replicas_replicas{live=\"true\",$server,sync=\"unknown\"} 3" \
-    "magic_sync_replicas_unsent{live=\"true\",$server,sync=\"unknown\"} 3" \
-    "magic_sync_replicas_set_aside{live=\"true\",$server,sync=\"unknown\"} 0" \
+    "magic_sync_replicas_replicas{live=\"true\",$server,state=\"catching up\"} 3" \
+    "magic_sync_replicas_unsent{live=\"true\",$server,state=\"catching up\"} 3" \
+    "magic_sync_replicas_set_aside{live=\"true\",$server,state=\"catching up\"} 0" \
     "magic_sync_relay_relay_running{$server} 1" \
     "magic_sync_relay_notes_backlog{$server} 0" \
     "magic_sync_relay_set_aside_uploads{$server} 0" \
     "pg_exporter_user_queries_load_error{filename=\"packaging/postgres_exporter_queries.yaml\",hashsum=\"$(sha256sum packaging/postgres_exporter_queries.yaml | cut -d' ' -f1)\"} 0"; do
     grep -qxF "$line" <<<"$scraped" || { echo "missing: $line"; status=1; }
 done
-grep -q "^magic_sync_replicas_oldest_unsent_seconds{live=\"true\",$server,sync=\"unknown\"} [0-9]" <<<"$scraped" ||
+grep -q "^magic_sync_replicas_oldest_unsent_seconds{live=\"true\",$server,state=\"catching up\"} [0-9]" <<<"$scraped" ||
     { echo "missing: magic_sync_replicas_oldest_unsent_seconds"; status=1; }
 if [ $status -ne 0 ]; then
     echo "scraped:"

@@ -264,9 +264,9 @@ class Checkpoint {
         std::vector<std::vector<std::optional<std::string>>> says;
         try {
             says = world_.db().query(
-                "SELECT s.replica, s.sync FROM sync.status s WHERE s.live AND s.sync <> CASE"
+                "SELECT s.replica, s.state FROM sync.status s WHERE s.live AND s.state <> CASE"
                 " WHEN (SELECT bool_or(e.withheld) FROM sync.expected(s.replica) e)"
-                " THEN 'lacks rows' ELSE 'in sync' END");
+                " THEN 'lacking rows' ELSE 'in sync' END");
         } catch (const std::exception&) {
             world_.db().query("ROLLBACK");
             throw;
