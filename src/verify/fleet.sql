@@ -26,8 +26,9 @@ AS $$
                  'magic_sync.retry_every, or now with SELECT * FROM sync.retry_set_aside().'
         WHEN kind = 'row'
             THEN 'Withheld from its replicas: make the row fit magic_sync.bytes_per_message (or '
-                 'raise it), or bring its number within a double''s range; planned again when '
-                 'the row or the limit changes.'
+                 'raise it), bring its number within a double''s range, or store the value its '
+                 'reason names so that it travels exactly; planned again when the row or the '
+                 'limit changes.'
         ELSE 'Deploy a fix (its replica could not take this row: a bug of the replica or of the '
              'declaration); tried again every magic_sync.retry_every.'
     END
@@ -37,43 +38,7 @@ CREATE FUNCTION sync.fleet(slowest int DEFAULT 10) RETURNS jsonb
 LANGUAGE sql SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$
-WITH status AS MATERIALIZED (
-    -- >>> THE STATE OF A REPLICA, DERIVED HERE UNTIL sync.status HAS ITS OWN `state` AND
-    -- `state_detail` COLUMNS. This CTE is the only place the page's states are made; once
-    -- sync.status has them, it becomes `SELECT s.* FROM sync.status s`.
-    SELECT s.*,
-           CASE WHEN NOT s.live THEN 'forgotten'
-                WHEN s.backoff_seconds IS NOT NULL OR s.last_error IS NOT NULL THEN 'failing'
-                WHEN s.sync IN ('repairing', 'storm') THEN 'repairing'
-                WHEN s.lacks > 0 THEN 'lacking rows'
-                WHEN s.outbox > 0 THEN 'catching up'
-                WHEN s.sync = 'in sync' THEN 'in sync'
-                ELSE 'waiting for its report' END AS state,
-           CASE WHEN NOT s.live
-                    THEN 'Not live: it is sent nothing. Make it live in the replicas relation to '
-                         'provision it again.'
-                WHEN s.backoff_seconds IS NOT NULL OR s.last_error IS NOT NULL
-                    THEN format('Its deliveries fail (%s): %s messages wait, the oldest %s s; '
-                                'the next try %s. Check the device and its line.',
-                                coalesce(s.last_error, 'no error said'), s.outbox,
-                                round(coalesce(s.oldest_unsent_seconds, 0)::numeric),
-                                CASE WHEN s.backoff_seconds IS NULL THEN 'is due now'
-                                     ELSE format('in %s s', round(s.backoff_seconds::numeric, 1)) END)
-                WHEN s.sync = 'storm'
-                    THEN 'Its repairs keep failing (sync.repair): look at its log.'
-                WHEN s.sync = 'repairing'
-                    THEN 'What it holds differs from what it should: a repair is under way. Wait.'
-                WHEN s.lacks > 0
-                    THEN format('It lacks %s rows (%s): see sync.set_aside.', s.lacks, s.lacks_why)
-                WHEN s.outbox > 0
-                    THEN format('%s messages are being delivered, the oldest %s s old. Wait.',
-                                s.outbox, round(coalesce(s.oldest_unsent_seconds, 0)::numeric))
-                WHEN s.sync = 'in sync' THEN 'It holds what it should.'
-                ELSE 'It has not yet confirmed what it was sent: wait for its next upload.' END
-               AS state_detail
-    FROM sync.status s
-    -- <<< END OF THE DERIVED STATE
-),
+WITH status AS MATERIALIZED (SELECT s.* FROM sync.status s),
 states(state, ord) AS (
     VALUES ('failing', 1), ('lacking rows', 2), ('repairing', 3), ('catching up', 4),
            ('waiting for its report', 5), ('in sync', 6), ('forgotten', 7)),
