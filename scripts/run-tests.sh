@@ -210,14 +210,14 @@ if wanted sanitizers; then
         build/tests/replica_tests --gtest_brief=1 --gtest_filter='ReplicaTest.*'
 fi
 
-# ---- the bounded fuzz run: each libFuzzer target for FUZZ_SECONDS (20) from the seed corpus ----
+# ---- the bounded fuzz run: each libFuzzer target for FUZZ_SECONDS (10) from the seed corpus ----
 # (scripts/fuzz.sh; a crash, hang, leak or broken property fails it; `make fuzz` runs longer).
-# Each target has a core for 20 s: the 60 CPU-seconds the three had when they shared two cores
-# for 30 s.
+# 10 s each, the seed corpus and then new inputs: the suite's budget went to the browser and
+# conformance jobs, and `make fuzz-quick` (20 s) or `make fuzz` (600 s) fuzz for longer.
 if wanted fuzz; then
     for target in decode canonical upload; do
-        add_job "fuzz:$target" "${FUZZ_SECONDS:-20}" one \
-            scripts/fuzz.sh --seconds "${FUZZ_SECONDS:-20}" --jobs 1 "$target"
+        add_job "fuzz:$target" "${FUZZ_SECONDS:-10}" one \
+            scripts/fuzz.sh --seconds "${FUZZ_SECONDS:-10}" --jobs 1 "$target"
     done
 fi
 

@@ -117,7 +117,7 @@ class Rig {
     void check() {
         if (held() != expected()) throw std::runtime_error("the replica's rows differ");
         std::string state =
-            db_->value("SELECT sync FROM sync.status WHERE replica = $1::uuid", {replica_});
+            db_->value("SELECT state FROM sync.status WHERE replica = $1::uuid", {replica_});
         if (state != "in sync") throw std::runtime_error("the replica is " + state);
     }
 

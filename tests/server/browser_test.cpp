@@ -286,7 +286,7 @@ TEST_F(Browser, ThePageConvergesUploadsAWriteAndSurvivesAReload) {
     EXPECT_GT(shown()["position"]["seq"].get<int64_t>(), before["position"]["seq"].get<int64_t>());
     // Its uploads confirmed what it applied and proved what it holds.
     EXPECT_TRUE(eventually([&] {
-        return db().value("SELECT sync FROM sync.status WHERE replica = $1::uuid", {kReplica}) ==
+        return db().value("SELECT state FROM sync.status WHERE replica = $1::uuid", {kReplica}) ==
                "in sync";
     })) << db().value("SELECT row_to_json(s)::text FROM sync.status s");
     driver_->ask({{"do", "screenshot"}, {"file", artifacts_ + "/after-reload.png"}});
