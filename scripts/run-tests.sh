@@ -174,7 +174,7 @@ fi
 # ---- the server tests: a job per test, each with its own cluster ----------------------------
 # Their weights: seconds each took here, for the order (the rest take a few).
 declare -A server_weight=(
-    [Repair.DriftOfEverySizeInAHundredThousandRows]=120
+    [Repair.DriftOfEverySizeInThirtyThousandRows]=40
     [Fault.EveryReplicaConvergesAfterEachFaultUnderLoad]=65
     [Worker.WaitsForItsDatabaseWithoutCrashLooping]=17
     [NatsCluster.ANodeKilledUnderLoadLosesNothingAndAppliesNothingTwice]=15
