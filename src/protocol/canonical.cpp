@@ -138,20 +138,22 @@ void append_json_object(std::string& out,
     out += '}';
 }
 
+namespace {
+
+// The index of the quote that closes the string of valid JSON `json` opened at `at`.
+size_t string_end(std::string_view json, size_t at) {
+    for (++at; at < json.size() && json[at] != '"'; ++at)
+        if (json[at] == '\\') ++at;  // the escaped character
+    return at;
+}
+
+}  // namespace
+
 std::optional<std::string> number_past_double(std::string_view json) {
-    bool in_string = false;
     for (size_t at = 0; at < json.size(); ++at) {
         const char c = json[at];
-        if (in_string) {
-            if (c == '\\') {
-                ++at;  // the escaped character
-            } else if (c == '"') {
-                in_string = false;
-            }
-            continue;
-        }
         if (c == '"') {
-            in_string = true;
+            at = string_end(json, at);
         } else if (c == '-' || (c >= '0' && c <= '9')) {
             size_t end = at + 1;
             while (end < json.size() &&
@@ -182,26 +184,15 @@ std::string not_exact_marker(std::string_view reason) {
 
 std::optional<std::string> not_exact_reason(std::string_view json) {
     static constexpr std::string_view kMarker = "\"\\u0000";
-    bool in_string = false;
     for (size_t at = 0; at < json.size(); ++at) {
-        const char c = json[at];
-        if (in_string) {
-            if (c == '\\') {
-                ++at;  // the escaped character
-            } else if (c == '"') {
-                in_string = false;
-            }
-            continue;
-        }
-        if (c != '"') continue;
+        if (json[at] != '"') continue;
+        const size_t end = string_end(json, at);
         if (json.substr(at, kMarker.size()) == kMarker) {
-            size_t end = at + kMarker.size();
-            while (end < json.size() && json[end] != '"') end += json[end] == '\\' ? 2 : 1;
             const JsonNode marker = parse_json_tree(json.substr(at, end + 1 - at), Limits{},
                                                     PayloadPlacement::kRowFields);
             return marker.text.substr(1);
         }
-        in_string = true;
+        at = end;
     }
     return std::nullopt;
 }
