@@ -4,41 +4,26 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <stdexcept>
 
 #include "libpq/connection.hpp"
+#include "protocol/canonical.hpp"
 
 namespace magic_sync::sender {
 
 std::string json_string(const std::string& text) {
-    std::string out = "\"";
-    for (const char c : text) {
-        switch (c) {
-            case '"':
-                out += "\\\"";
-                break;
-            case '\\':
-                out += "\\\\";
-                break;
-            case '\n':
-                out += "\\n";
-                break;
-            case '\r':
-                out += "\\r";
-                break;
-            case '\t':
-                out += "\\t";
-                break;
-            default:
-                if (static_cast<unsigned char>(c) < 0x20) {
-                    char escaped[8];
-                    std::snprintf(escaped, sizeof escaped, "\\u%04x", c);
-                    out += escaped;
-                } else {
-                    out += c;
-                }
-        }
+    std::string out;
+    try {
+        protocol::append_json_string(out, text);
+    } catch (const std::invalid_argument&) {
+        // Not UTF-8 (an error text from outside): its bytes past ASCII shown as '?'.
+        std::string ascii = text;
+        for (char& c : ascii)
+            if (static_cast<unsigned char>(c) >= 0x80) c = '?';
+        out.clear();
+        protocol::append_json_string(out, ascii);
     }
-    return out + "\"";
+    return out;
 }
 
 BacklogHistory::BacklogHistory(std::chrono::seconds span, std::chrono::seconds every)

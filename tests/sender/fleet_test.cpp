@@ -25,6 +25,8 @@ TEST(FleetJson, EscapesTextAsAJsonString) {
     // Whatever the text, the result parses back to it.
     const std::string hostile = "</script><img src=x onerror=alert(1)>\"\\\x01";
     EXPECT_EQ(nlohmann::json::parse(json_string(hostile)).get<std::string>(), hostile);
+    // Bytes that are not UTF-8 still give JSON.
+    EXPECT_EQ(json_string("bad \xff\xfe byte"), "\"bad ?? byte\"");
 }
 
 TEST(FleetJson, TheBacklogKeepsAnHourOfSamplesOldestFirst) {
