@@ -86,7 +86,12 @@ bool note_table_exists() { return find_note_table(); }
 void write_note(Oid function, int32 codec, bytea* keys, int32 count) {
     if (!find_note_table())
         elog(ERROR, "magic_sync capture: sync.note is missing; reinstall the extension");
-    Relation note = table_open(note_table, RowExclusiveLock);
+    // Kept apart: taking the table's lock reads the invalidations other sessions sent, and one
+    // that names sync.note (an ANALYZE of it) makes forget_note_table clear the globals while the
+    // table is being opened.
+    const Oid table = note_table;
+    const Oid sequence = note_sequence;
+    Relation note = table_open(table, RowExclusiveLock);
     if (RelationGetDescr(note)->natts == kReleaseNoteColumns) {
         table_close(note, NoLock);
         write_release_note(function, codec);
@@ -104,7 +109,7 @@ void write_note(Oid function, int32 codec, bytea* keys, int32 count) {
                         errhint("Reinstall the extension.")));
     Datum values[kNoteColumns] = {};
     bool nulls[kNoteColumns] = {};
-    values[kSeq] = Int64GetDatum(nextval_internal(note_sequence, false));
+    values[kSeq] = Int64GetDatum(nextval_internal(sequence, false));
     values[kCodec] = Int32GetDatum(codec);
     nulls[kKey] = true;
     nulls[kKeys] = keys == nullptr;
