@@ -196,6 +196,37 @@ SELECT sent_at IS NOT NULL AS sent FROM sync.outbox WHERE replica = '00000000-00
 -- The backlog, for the sender's progress line.
 SELECT unsent, in_backoff, oldest_unsent IS NOT NULL AS has_oldest FROM sync.backlog();
 
+-- A look at every replica walks the unsent messages oldest first (outbox_unsent_age), a batch of
+-- n * 8 + 64 at a time, and stops once it holds `n` heads: with 2,000 replicas waiting, each with
+-- two messages, the two oldest and half of the others in backoff, leasing 3 (replicas 3, 4 and 5)
+-- reads one batch of 88 entries and a few replicas, not every replica's head (the look found all
+-- of them and sorted them: O(replicas) per look).
+INSERT INTO sync.replica (id, gen)
+SELECT ('00000000-0000-0000-0001-' || lpad(g::text, 12, '0'))::uuid, 1 FROM generate_series(1, 2000) g;
+INSERT INTO sync.outbox (replica, seq, gen, kind, body, created_at)
+SELECT ('00000000-0000-0000-0001-' || lpad(g::text, 12, '0'))::uuid, s, 1, 'rows', '\x00',
+       timestamptz '2026-01-01 00:00:00+00' + g * interval '1 second'
+FROM generate_series(1, 2000) g, generate_series(1, 2) s;
+INSERT INTO sync.delivery (replica, gen, backoff, backoff_until)
+SELECT ('00000000-0000-0000-0001-' || lpad(g::text, 12, '0'))::uuid, 1, interval '1 minute',
+       now() + interval '1 minute'
+FROM generate_series(1, 2000) g WHERE g <= 2 OR g >= 1000;
+ANALYZE sync.replica, sync.outbox, sync.delivery;
+-- The backend's counts of what was read, before and after (they hold what earlier statements
+-- read too until they are reported).
+CREATE TEMP VIEW reads AS
+SELECT pg_stat_get_xact_tuples_returned('sync.outbox_unsent_age'::regclass) AS walked,
+       pg_stat_get_xact_tuples_returned('sync.replica'::regclass)
+       + pg_stat_get_xact_tuples_fetched('sync.replica'::regclass) AS replicas;
+BEGIN;
+SELECT walked AS walked_before, replicas AS replicas_before FROM reads \gset
+SELECT replica, seq FROM sync.next(3, '1 minute') ORDER BY replica;
+SELECT walked - :walked_before AS entries_walked, replicas - :replicas_before < 20 AS few_replicas_read
+FROM reads;
+ROLLBACK;
+DROP VIEW reads;
+DELETE FROM sync.replica WHERE id::text LIKE '00000000-0000-0000-0001-%';
+
 -- Only sync_sender may call them; they run as the extension's owner with a pinned search_path.
 SELECT p.proname, p.prosecdef AS security_definer, p.proconfig,
        has_function_privilege('sync_sender', p.oid, 'EXECUTE') AS sender_can,

@@ -92,6 +92,12 @@ RETURN o.sent_at IS NULL AND coalesce(o.lease_until > now(), false)
 
 -- Finds each replica's head message without walking what was sent and is not confirmed yet.
 CREATE INDEX outbox_unsent ON sync.outbox (replica, seq) WHERE sent_at IS NULL;
+-- The unsent messages oldest first, for a sender's look at every replica (sync.next): it walks
+-- them until it has the heads it wants, instead of finding the head of every replica and sorting
+-- them (at 10,000 replicas that look cost 27-55 ms and a sender made one per exchange). A
+-- replica's messages are written in the order of their seqs, so the first of its messages the
+-- walk meets is its head.
+CREATE INDEX outbox_unsent_age ON sync.outbox (created_at, replica, seq) WHERE sent_at IS NULL;
 
 -- A message's id, as senders send it (header message-id) and the pull transport's devices name it:
 -- the replica's generation and the message's seq.
@@ -111,14 +117,19 @@ AS $$ SELECT gen || '.' || seq $$;
 -- another), because recording the head sent ends the lease of the whole run. One row is leased
 -- per run, so a long outbox costs one lease per run instead of one per message.
 -- `among`, when given, limits the look to those replicas: a sender that has just recorded their
--- messages sent asks only for their next ones, without looking at every live replica's head.
+-- messages sent asks only for their next ones. Without it the look is at every replica: it walks
+-- the unsent messages oldest first (outbox_unsent_age) a batch at a time and stops once it holds
+-- `n` heads, so it costs the heads it takes and the messages it passes over (those that are not
+-- their replica's head, whose lease holds, or whose replica may not be sent to now), not a look
+-- at every replica's head (which cost 27-55 ms at 10,000 replicas, once per sender exchange).
 -- `transport` is the sender's (http, nats, exec): it leases only the replicas that transport
 -- delivers (sync.replica.transport), and those any sender delivers.
 -- plpgsql, so that sync.message (the relay's assembly of a message from its chunks) is resolved
--- when the query is first planned, not when this function is created. Its plan is generic: the
+-- when the query is first planned, not when this function is created. Its plans are generic: the
 -- planner would otherwise plan it afresh at every call (its estimate of a custom plan is lower),
--- which costs more than all the rest of a call. Every step reaches the outbox through a LATERAL
--- lookup by key, so that no plan, generic or not, reads the whole outbox to find a few heads.
+-- which costs more than all the rest of a call. No plan may choose to read the whole outbox or
+-- every replica, whatever the statistics say: the walk is a LIMIT on the one index it follows,
+-- and every other step reaches a row through a LATERAL lookup by key.
 CREATE FUNCTION sync.next(n int, lease interval, among uuid[], run int, transport text DEFAULT NULL)
 RETURNS TABLE (replica uuid, seq bigint, message_id text, message bytea, origin text)
 LANGUAGE plpgsql
@@ -128,6 +139,18 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
     sent_from CONSTANT text := sync_internal.origin();
+    -- The walk's batch: enough entries for n heads when each replica has a window of messages.
+    batch CONSTANT int := greatest(n, 1) * 8 + 64;
+    chosen_replicas uuid[] := '{}';
+    chosen_seqs bigint[] := '{}';
+    chosen_at timestamptz[] := '{}';
+    walked_replicas uuid[];
+    walked_seqs bigint[];
+    walked_at timestamptz[];
+    -- Where the walk goes on from: the last entry of the batch before.
+    after_at timestamptz := '-infinity';
+    after_replica uuid := '00000000-0000-0000-0000-000000000000';
+    after_seq bigint := -1;
 BEGIN
     PERFORM sync_internal.relay_guard();
     IF n IS NULL OR n < 1 OR lease IS NULL OR lease <= interval '0' OR run IS NULL OR run < 1 THEN
@@ -136,40 +159,88 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     PERFORM sync_internal.lease_commits_durably();
+    IF among IS NULL THEN
+        LOOP
+            SELECT array_agg(w.replica), array_agg(w.seq), array_agg(w.created_at)
+            INTO walked_replicas, walked_seqs, walked_at
+            FROM (SELECT h.replica, h.seq, h.created_at FROM sync.outbox h
+                  WHERE h.sent_at IS NULL
+                    AND (h.created_at, h.replica, h.seq) > (after_at, after_replica, after_seq)
+                  ORDER BY h.created_at, h.replica, h.seq
+                  LIMIT batch) w;
+            EXIT WHEN walked_replicas IS NULL;
+            -- The batch's first message of each replica, in the walk's order, taken while it is
+            -- its replica's head, free, and of a replica that may be sent to now; locked as it is
+            -- taken (SKIP LOCKED: a head another sender is leasing is passed over; the conditions
+            -- are checked again on the locked row version), until the look holds n.
+            WITH taken AS (
+                SELECT free.replica, free.seq, w.created_at
+                FROM (SELECT * FROM (SELECT DISTINCT ON (w.replica) w.*
+                                     FROM unnest(walked_replicas, walked_seqs, walked_at)
+                                          WITH ORDINALITY AS w(replica, seq, created_at, position)
+                                     ORDER BY w.replica, w.position) firsts
+                      ORDER BY firsts.position OFFSET 0) w
+                CROSS JOIN LATERAL (
+                    SELECT o.replica, o.seq FROM sync.outbox o
+                    JOIN sync.replica r ON r.id = o.replica
+                    -- sync.current_delivery, through the replica at hand.
+                    LEFT JOIN sync.delivery d ON d.replica = r.id AND d.gen = r.gen
+                    WHERE o.replica = w.replica AND o.seq = w.seq AND o.sent_at IS NULL
+                      AND NOT sync_internal.lease_holds(o)
+                      AND NOT EXISTS (SELECT FROM sync.outbox before
+                                      WHERE before.replica = o.replica AND before.sent_at IS NULL
+                                        AND before.seq < o.seq)
+                      AND r.live
+                      AND (d.backoff_until IS NULL OR d.backoff_until <= now() OR d.probe_at <= now())
+                      AND (r.transport IS NULL OR r.transport = next.transport)
+                    FOR UPDATE OF o SKIP LOCKED
+                ) free
+                LIMIT n - cardinality(chosen_replicas)
+            )
+            SELECT chosen_replicas || coalesce(array_agg(taken.replica), '{}'),
+                   chosen_seqs || coalesce(array_agg(taken.seq), '{}'),
+                   chosen_at || coalesce(array_agg(taken.created_at), '{}')
+            INTO chosen_replicas, chosen_seqs, chosen_at
+            FROM taken;
+            EXIT WHEN cardinality(chosen_replicas) >= n OR cardinality(walked_replicas) < batch;
+            after_at := walked_at[cardinality(walked_at)];
+            after_replica := walked_replicas[cardinality(walked_replicas)];
+            after_seq := walked_seqs[cardinality(walked_seqs)];
+        END LOOP;
+    ELSE
+        -- The head of each replica named, found by key, oldest first, locked as above.
+        WITH heads AS MATERIALIZED (
+            SELECT r.id AS replica, head.seq, head.created_at
+            FROM (SELECT DISTINCT unnest(among) AS id) given
+            JOIN sync.replica r ON r.id = given.id
+            LEFT JOIN sync.current_delivery d ON d.replica = r.id
+            CROSS JOIN LATERAL (
+                SELECT h.seq, h.created_at FROM sync.outbox h
+                WHERE h.replica = r.id AND h.sent_at IS NULL
+                ORDER BY h.seq LIMIT 1
+            ) head
+            WHERE r.live AND (d.backoff_until IS NULL OR d.backoff_until <= now() OR d.probe_at <= now())
+              AND (r.transport IS NULL OR r.transport = next.transport)
+        ),
+        taken AS (
+            SELECT free.replica, free.seq, heads.created_at
+            FROM (SELECT * FROM heads ORDER BY heads.created_at, heads.replica) heads
+            CROSS JOIN LATERAL (
+                SELECT o.replica, o.seq FROM sync.outbox o
+                WHERE o.replica = heads.replica AND o.seq = heads.seq AND o.sent_at IS NULL
+                  AND NOT sync_internal.lease_holds(o)
+                FOR UPDATE SKIP LOCKED
+            ) free
+            LIMIT n
+        )
+        SELECT coalesce(array_agg(taken.replica), '{}'), coalesce(array_agg(taken.seq), '{}'),
+               coalesce(array_agg(taken.created_at), '{}')
+        INTO chosen_replicas, chosen_seqs, chosen_at
+        FROM taken;
+    END IF;
     RETURN QUERY
-    WITH candidates AS (
-        SELECT r.id FROM sync.replica r WHERE among IS NULL
-        UNION ALL
-        SELECT given.id FROM (SELECT DISTINCT unnest(among) AS id) given
-    ),
-    heads AS MATERIALIZED (
-        -- Computed once per replica, whatever the planner's statistics say.
-        SELECT r.id AS replica, head.seq, head.created_at
-        FROM candidates
-        JOIN sync.replica r ON r.id = candidates.id
-        LEFT JOIN sync.current_delivery d ON d.replica = r.id
-        CROSS JOIN LATERAL (
-            SELECT h.seq, h.created_at FROM sync.outbox h
-            WHERE h.replica = r.id AND h.sent_at IS NULL
-            ORDER BY h.seq LIMIT 1
-        ) head
-        WHERE r.live AND (d.backoff_until IS NULL OR d.backoff_until <= now() OR d.probe_at <= now())
-          AND (r.transport IS NULL OR r.transport = next.transport)
-    ),
-    chosen AS (
-        -- The oldest heads, locked one by one until n are: a head another sender holds is
-        -- skipped, and one leased or sent since this statement's snapshot is skipped too (the
-        -- conditions are checked again on the locked row version). A lease whose session has
-        -- ended does not hold: its sender died.
-        SELECT free.replica, free.seq, heads.created_at
-        FROM (SELECT * FROM heads ORDER BY heads.created_at, heads.replica) heads
-        CROSS JOIN LATERAL (
-            SELECT o.replica, o.seq FROM sync.outbox o
-            WHERE o.replica = heads.replica AND o.seq = heads.seq AND o.sent_at IS NULL
-              AND NOT sync_internal.lease_holds(o)
-            FOR UPDATE SKIP LOCKED
-        ) free
-        LIMIT n
+    WITH chosen AS (
+        SELECT * FROM unnest(chosen_replicas, chosen_seqs, chosen_at) AS c(replica, seq, created_at)
     ),
     leased AS (
         -- Held by this session: it ends with it.
