@@ -224,6 +224,20 @@ SELECT replica, seq FROM sync.next(3, '1 minute') ORDER BY replica;
 SELECT walked - :walked_before AS entries_walked, replicas - :replicas_before < 20 AS few_replicas_read
 FROM reads;
 ROLLBACK;
+-- When the oldest messages wait for replicas in backoff (here 600, 1,200 messages: more than
+-- eight batches), the look does not walk past them all but looks at every replica's head.
+UPDATE sync.delivery SET backoff = interval '1 minute', backoff_until = now() + interval '1 minute'
+WHERE replica::text LIKE '00000000-0000-0000-0001-%';
+INSERT INTO sync.delivery (replica, gen, backoff, backoff_until)
+SELECT ('00000000-0000-0000-0001-' || lpad(g::text, 12, '0'))::uuid, 1, interval '1 minute',
+       now() + interval '1 minute'
+FROM generate_series(3, 600) g;
+BEGIN;
+SELECT walked AS walked_before, replicas AS replicas_before FROM reads \gset
+SELECT replica, seq FROM sync.next(3, '1 minute') ORDER BY replica;
+SELECT walked - :walked_before AS entries_walked, replicas - :replicas_before >= 2000 AS every_replica_read
+FROM reads;
+ROLLBACK;
 DROP VIEW reads;
 DELETE FROM sync.replica WHERE id::text LIKE '00000000-0000-0000-0001-%';
 

@@ -122,6 +122,8 @@ AS $$ SELECT gen || '.' || seq $$;
 -- `n` heads, so it costs the heads it takes and the messages it passes over (those that are not
 -- their replica's head, whose lease holds, or whose replica may not be sent to now), not a look
 -- at every replica's head (which cost 27-55 ms at 10,000 replicas, once per sender exchange).
+-- When eight batches pass without n heads (the oldest messages wait for replicas in backoff: a
+-- fleet offline), it looks at every replica's head after all.
 -- `transport` is the sender's (http, nats, exec): it leases only the replicas that transport
 -- delivers (sync.replica.transport), and those any sender delivers.
 -- plpgsql, so that sync.message (the relay's assembly of a message from its chunks) is resolved
@@ -147,6 +149,8 @@ DECLARE
     walked_replicas uuid[];
     walked_seqs bigint[];
     walked_at timestamptz[];
+    batches int := 0;
+    everyone boolean := false;
     -- Where the walk goes on from: the last entry of the batch before.
     after_at timestamptz := '-infinity';
     after_replica uuid := '00000000-0000-0000-0000-000000000000';
@@ -161,6 +165,7 @@ BEGIN
     PERFORM sync_internal.lease_commits_durably();
     IF among IS NULL THEN
         LOOP
+            batches := batches + 1;
             SELECT array_agg(w.replica), array_agg(w.seq), array_agg(w.created_at)
             INTO walked_replicas, walked_seqs, walked_at
             FROM (SELECT h.replica, h.seq, h.created_at FROM sync.outbox h
@@ -203,15 +208,26 @@ BEGIN
             INTO chosen_replicas, chosen_seqs, chosen_at
             FROM taken;
             EXIT WHEN cardinality(chosen_replicas) >= n OR cardinality(walked_replicas) < batch;
+            -- Eight batches passed over and n not found: most of the oldest messages wait for
+            -- replicas that may not be sent to now (a fleet offline, in backoff), and walking on
+            -- would cost more than the look at every replica's head below.
+            IF batches = 8 THEN
+                everyone := true;
+                EXIT;
+            END IF;
             after_at := walked_at[cardinality(walked_at)];
             after_replica := walked_replicas[cardinality(walked_replicas)];
             after_seq := walked_seqs[cardinality(walked_seqs)];
         END LOOP;
-    ELSE
-        -- The head of each replica named, found by key, oldest first, locked as above.
+    END IF;
+    IF among IS NOT NULL OR everyone THEN
+        -- The head of each replica named (or of every replica), found by key, oldest first,
+        -- locked as above. Those the walk locked are found again: this session holds them.
         WITH heads AS MATERIALIZED (
             SELECT r.id AS replica, head.seq, head.created_at
-            FROM (SELECT DISTINCT unnest(among) AS id) given
+            FROM (SELECT DISTINCT unnest(among) AS id
+                  UNION ALL
+                  SELECT r.id FROM sync.replica r WHERE everyone) given
             JOIN sync.replica r ON r.id = given.id
             LEFT JOIN sync.current_delivery d ON d.replica = r.id
             CROSS JOIN LATERAL (
