@@ -217,7 +217,9 @@ ANALYZE sync.replica, sync.outbox, sync.delivery;
 CREATE TEMP VIEW reads AS
 SELECT pg_stat_get_xact_tuples_returned('sync.outbox_unsent_age'::regclass) AS walked,
        pg_stat_get_xact_tuples_returned('sync.replica'::regclass)
-       + pg_stat_get_xact_tuples_fetched('sync.replica'::regclass) AS replicas;
+       + pg_stat_get_xact_tuples_fetched('sync.replica'::regclass) AS replicas,
+       pg_stat_get_xact_tuples_returned('sync.outbox'::regclass)
+       + pg_stat_get_xact_tuples_fetched('sync.outbox'::regclass) AS messages;
 BEGIN;
 SELECT walked AS walked_before, replicas AS replicas_before FROM reads \gset
 SELECT replica, seq FROM sync.next(3, '1 minute') ORDER BY replica;
@@ -236,6 +238,17 @@ BEGIN;
 SELECT walked AS walked_before, replicas AS replicas_before FROM reads \gset
 SELECT replica, seq FROM sync.next(3, '1 minute') ORDER BY replica;
 SELECT walked - :walked_before AS entries_walked, replicas - :replicas_before >= 2000 AS every_replica_read
+FROM reads;
+ROLLBACK;
+-- The relay's look for a message left unconfirmed too long, at every pass (when it is next due,
+-- sync_internal.next_due, and whether to alarm, sync_internal.alarms), reads the oldest sent
+-- message through outbox_sent, not every sent message nor every replica.
+UPDATE sync.outbox SET sent_at = now() WHERE replica::text LIKE '00000000-0000-0000-0001-%';
+BEGIN;
+SELECT replicas AS replicas_before, messages AS messages_before FROM reads \gset
+SELECT pass_at IS NOT NULL AS due FROM sync_internal.next_due('1 hour', '1 day', 10, '2 days');
+SELECT count(*) AS alarmed FROM sync_internal.alarms();
+SELECT replicas - :replicas_before < 20 AS few_replicas_read, messages - :messages_before < 20 AS few_messages_read
 FROM reads;
 ROLLBACK;
 DROP VIEW reads;

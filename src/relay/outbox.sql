@@ -98,6 +98,11 @@ CREATE INDEX outbox_unsent ON sync.outbox (replica, seq) WHERE sent_at IS NULL;
 -- replica's messages are written in the order of their seqs, so the first of its messages the
 -- walk meets is its head.
 CREATE INDEX outbox_unsent_age ON sync.outbox (created_at, replica, seq) WHERE sent_at IS NULL;
+-- The messages sent and not confirmed yet, oldest first: the relay looks for the oldest (when a
+-- replica leaves one unconfirmed too long, sync_internal.next_due and sync_internal.alarms) at
+-- every pass, which read every sent message of the outbox (80,000 in a fan-out to 10,000
+-- replicas: 28 ms a pass).
+CREATE INDEX outbox_sent ON sync.outbox (sent_at) WHERE sent_at IS NOT NULL;
 
 -- A message's id, as senders send it (header message-id) and the pull transport's devices name it:
 -- the replica's generation and the message's seq.

@@ -771,18 +771,22 @@ BEGIN
     DELETE FROM pg_temp.magic_sync_picked;
     DELETE FROM pg_temp.magic_sync_pick;
     -- The cursors behind first (OFFSET 0 keeps them apart): each one's room is looked up, not
-    -- every member's (at 10,000 idle replicas, 20,000 lookups were most of a pass).
+    -- every member's (at 10,000 idle replicas, 20,000 lookups were most of a pass); then the
+    -- scope's name and whether a sender is delivering, only for those with room (OFFSET 0 again:
+    -- in a fan-out to 10,000 replicas nearly every cursor is behind and nearly every window full,
+    -- and a pass's every round looked at each one's name and leases too).
     INSERT INTO pg_temp.magic_sync_need (replica, scope, sent, head, scope_name, room, in_flight)
     SELECT b.replica, b.scope, b.sent, b.head, sync_internal.scope_name(b.match, b.value, b.partition),
-           u.room, u.in_flight
-    FROM (SELECT m.replica, m.scope, m.sent, s.head, s.match, s.value, s.partition
-          FROM sync.member m JOIN sync.scope s ON s.id = m.scope
-          WHERE m.sent < s.head OFFSET 0) b
+           b.room,
+           coalesce((SELECT bool_or(sync_internal.lease_holds(o)) FROM sync.outbox o
+                     WHERE o.replica = b.replica AND o.sent_at IS NULL), false)
+    FROM (SELECT behind.*, sync_internal.outbox_room(behind.replica, window_size) AS room
+          FROM (SELECT m.replica, m.scope, m.sent, s.head, s.match, s.value, s.partition
+                FROM sync.member m JOIN sync.scope s ON s.id = m.scope
+                WHERE m.sent < s.head OFFSET 0) behind
+          OFFSET 0) b
     JOIN sync.replica r ON r.id = b.replica AND r.live AND NOT r.proving
-    CROSS JOIN LATERAL (SELECT sync_internal.outbox_room(b.replica, window_size) AS room,
-     coalesce((SELECT bool_or(sync_internal.lease_holds(o)) FROM sync.outbox o
-               WHERE o.replica = b.replica AND o.sent_at IS NULL), false) AS in_flight) u
-    WHERE u.room > 0;
+    WHERE b.room > 0;
 END
 $$;
 
@@ -975,10 +979,13 @@ BEGIN
      reset, drops, table_drops, advances) SELECT c.replica, 1, 'rows', c.chunks,
      CASE WHEN c.reset_pending THEN '{*}'::text[] ELSE '{}' END, c.pending_drops[1:c.n],
      c.pending_table_drops[1:c.n - c.scope_drops], c.advances FROM cut c),
+    -- Only the replicas whose message carried a reset or drops: the others' rows stay as they
+    -- are (rewriting every replica that got a message was a new version of each, every round).
     counted AS (UPDATE sync.replica r SET reset_pending = false,
      pending_drops = c.pending_drops[c.n + 1:],
      pending_table_drops = c.pending_table_drops[greatest(c.n - c.scope_drops, 0) + 1:]
-     FROM cut c WHERE r.id = c.replica)
+     FROM cut c WHERE r.id = c.replica AND (c.reset_pending OR cardinality(c.pending_drops) > 0
+      OR cardinality(c.pending_table_drops) > 0))
     UPDATE sync.member m SET sent = p.chunk_to
     FROM pg_temp.magic_sync_picked p WHERE m.replica = p.replica AND m.scope = p.scope;
     RETURN sync_internal.enqueue();

@@ -135,8 +135,8 @@ AS $$
         (SELECT st.replicas_scanned_at + replica_scan
          FROM sync.replica_set s JOIN pg_class v ON v.oid = s.relation AND v.relkind NOT IN ('r', 'p')
          CROSS JOIN sync.relay_state st),
-        (SELECT min(o.sent_at) + unconfirmed FROM sync.outbox o JOIN sync.replica r
-         ON r.id = o.replica AND r.live WHERE o.sent_at IS NOT NULL),
+        (SELECT o.sent_at + unconfirmed FROM sync.outbox o JOIN sync.replica r
+         ON r.id = o.replica AND r.live WHERE o.sent_at IS NOT NULL ORDER BY o.sent_at LIMIT 1),
         (SELECT min(p.storm_until) FROM sync.repair p WHERE p.storm_until > now()),
         now() + longest),
         least((SELECT min(s.next_try_at) FROM sync.set_aside s WHERE s.kind = 'upload'),
@@ -165,7 +165,12 @@ BEGIN
                           THEN format('its messages were refused %s times (last: %s)', d.refusals, d.last_error)
                           ELSE format('it left messages unconfirmed for more than %s', unconfirmed) END)
     INTO alarmed, reasons
-    FROM sync.replica r
+    -- From the replicas that may be alarmed (refused, or with a message sent before the bound,
+    -- found through outbox_sent), not from every replica: this runs at every pass.
+    FROM (SELECT d.replica FROM sync.delivery d WHERE d.refusals >= max_refusals
+          UNION
+          SELECT o.replica FROM sync.outbox o WHERE o.sent_at < now() - unconfirmed) may
+    JOIN sync.replica r ON r.id = may.replica
     LEFT JOIN sync.current_delivery d ON d.replica = r.id
     WHERE r.live AND (d.refusals >= max_refusals
                       OR EXISTS (SELECT FROM sync.outbox o WHERE o.replica = r.id

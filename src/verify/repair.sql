@@ -86,6 +86,11 @@ LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 BEGIN
+    -- Every pass asks; nearly always there is no repair, and the joins below cost a pass 23 ms at
+    -- 10,000 replicas even then.
+    IF NOT EXISTS (SELECT FROM sync.repair) THEN
+        RETURN;
+    END IF;
     DELETE FROM sync.repair p
     WHERE NOT EXISTS (SELECT FROM sync.replica r WHERE r.id = p.replica AND r.live AND r.gen = p.gen)
        OR NOT EXISTS (SELECT FROM sync.member m WHERE m.replica = p.replica AND m.scope = p.scope);
