@@ -254,6 +254,20 @@ ROLLBACK;
 DROP VIEW reads;
 DELETE FROM sync.replica WHERE id::text LIKE '00000000-0000-0000-0001-%';
 
+-- The window rule (sync_internal.outbox_room) counts a replica's messages from its first unsent
+-- one to its last, by key: a message left unsent between sent ones (sync.sent skipped it while
+-- another transaction held it) counts until it goes, so the window is never overrun.
+INSERT INTO sync.replica (id, gen, next_seq) VALUES ('00000000-0000-0000-0002-000000000001', 1, 4);
+INSERT INTO sync.outbox (replica, seq, gen, kind, body, sent_at)
+VALUES ('00000000-0000-0000-0002-000000000001', 1, 1, 'rows', '\x00', NULL),
+       ('00000000-0000-0000-0002-000000000001', 2, 1, 'rows', '\x00', now()),
+       ('00000000-0000-0000-0002-000000000001', 3, 1, 'rows', '\x00', NULL);
+SELECT sync_internal.outbox_room('00000000-0000-0000-0002-000000000001', 8) AS room_with_a_hole,
+       sync_internal.outbox_room('00000000-0000-0000-0002-00000000ffff', 8) AS room_of_no_replica;
+UPDATE sync.outbox SET sent_at = now() WHERE replica = '00000000-0000-0000-0002-000000000001';
+SELECT sync_internal.outbox_room('00000000-0000-0000-0002-000000000001', 8) AS room_all_sent;
+DELETE FROM sync.replica WHERE id = '00000000-0000-0000-0002-000000000001';
+
 -- Only sync_sender may call them; they run as the extension's owner with a pinned search_path.
 SELECT p.proname, p.prosecdef AS security_definer, p.proconfig,
        has_function_privilege('sync_sender', p.oid, 'EXECUTE') AS sender_can,

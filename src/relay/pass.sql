@@ -18,11 +18,18 @@ AS $$
 $$;
 
 -- The window rule: how many more messages a replica's outbox takes (magic_sync.window less the
--- unsent ones). A body of SQL's standard form, inlined where it is used.
+-- unsent ones). A replica's messages go in order, so the unsent ones are those from its first
+-- unsent seq to its last (next_seq - 1): two lookups by key, not a count that reads each unsent
+-- message (a pass asks it for every cursor behind: 10,000 in a fan-out, where counting took
+-- 12 µs each). A message left unsent between sent ones (sync.sent skipped it: another
+-- transaction held it) counts as unsent until it goes: the window is never overrun. A body of
+-- SQL's standard form, inlined where it is used.
 CREATE FUNCTION sync_internal.outbox_room(replica uuid, window_size int) RETURNS bigint
 LANGUAGE sql STABLE
-RETURN window_size - (SELECT count(*) FROM sync.outbox o
-                      WHERE o.replica = outbox_room.replica AND o.sent_at IS NULL);
+RETURN window_size - (SELECT r.next_seq - coalesce((SELECT o.seq FROM sync.outbox o
+                                                     WHERE o.replica = r.id AND o.sent_at IS NULL
+                                                     ORDER BY o.seq LIMIT 1), r.next_seq)
+                      FROM sync.replica r WHERE r.id = outbox_room.replica);
 
 -- Takes the relay lock and readies the working tables: made once per session, emptied at the
 -- start of every pass. Not ON COMMIT DELETE ROWS: truncating ten tables at every commit would cost
