@@ -331,6 +331,11 @@ BEGIN
 END
 $$;
 
+-- A count and its noun, for the sentences sync.status says: "1 message", "2 messages".
+CREATE FUNCTION sync_internal.counted(n bigint, noun text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+RETURN n || ' ' || noun || CASE WHEN n = 1 THEN '' ELSE 's' END;
+
 -- One row per replica: live, generation, outbox depth and age, what is unconfirmed, backoff, the
 -- last error, what is set aside for it, the rows it lacks and why, and its state with a sentence
 -- of its figures and what to do (README.md, "What sync.status says"). The first that holds:
@@ -467,14 +472,15 @@ CROSS JOIN LATERAL (SELECT CASE
         'sent to it; its device keeps what it held%s until it is wiped or made live again (then '
         'it starts over)', ' (' || f.last_held || ' rows at its last report)')]
     WHEN f.storms > 0 THEN ARRAY['failing', format(
-        'repairs do not converge: the breaker tripped %s times%s; look in the log for "repair '
-        'storm" (its scope and tables) and deploy a fix', f.storms,
+        'repairs do not converge: the breaker tripped %s%s; look in the log for "repair '
+        'storm" (its scope and tables) and deploy a fix',
+        CASE WHEN f.storms = 1 THEN 'once' ELSE f.storms || ' times' END,
         CASE WHEN f.storm_until > now() THEN format(', the next repair in %s s',
                                                     ceil(extract(epoch FROM f.storm_until - now())))
         END)]
     WHEN f.delivery_failing THEN ARRAY['failing', format(
         'delivery failing: %s; %s%s; %s', coalesce(f.last_error, 'no error recorded'),
-        CASE WHEN f.refusals > 0 THEN f.refusals || ' refusals in a row; ' END,
+        CASE WHEN f.refusals > 0 THEN sync_internal.counted(f.refusals, 'refusal') || ' in a row; ' END,
         CASE WHEN f.backoff_seconds IS NULL THEN 'next try now'
              ELSE format('next try in %s s', ceil(f.backoff_seconds)) END,
         CASE WHEN f.refusals > 0
@@ -483,27 +489,31 @@ CROSS JOIN LATERAL (SELECT CASE
              ELSE format('check its line; it is noticed once it answers, at its %snext ask or '
                          'upload', 'next probe (in ' || ceil(f.probe_seconds) || ' s), ') END)]
     WHEN f.repairs > 0 OR f.differing > 0 THEN ARRAY['repairing', CASE WHEN f.repairs > 0
-        THEN format('%s of its scopes are being repaired by range; nothing to do', f.repairs)
-        ELSE format('its report differs from the server''s in %s scopes: the relay repairs it at '
-                    'its next pass; nothing to do', f.differing) END]
-    WHEN f.lacks > 0 THEN ARRAY['lacking rows', format('lacks %s rows: %s; %s', f.lacks,
+        THEN format('%s of its scopes %s repaired by range; nothing to do', f.repairs,
+                    CASE WHEN f.repairs = 1 THEN 'is being' ELSE 'are being' END)
+        ELSE format('its report differs from the server''s in %s: the relay repairs it at '
+                    'its next pass; nothing to do', sync_internal.counted(f.differing, 'scope')) END]
+    WHEN f.lacks > 0 THEN ARRAY['lacking rows', format('lacks %s: %s; %s',
+                                                        sync_internal.counted(f.lacks, 'row'),
                                                         f.lacks_why, f.lacks_fix)]
     WHEN f.member AND NOT f.moving AND f.unproven = 0 THEN ARRAY['in sync',
         CASE WHEN f.awaiting > 0
-             THEN format('its last report matches the server; %s messages delivered are not '
-                         'confirmed yet', f.awaiting)
+             THEN format('its last report matches the server; %s delivered %s not confirmed yet',
+                         sync_internal.counted(f.awaiting, 'message'),
+                         CASE WHEN f.awaiting = 1 THEN 'is' ELSE 'are' END)
              ELSE 'its last report matches the server' END]
     WHEN f.outbox > 0 THEN ARRAY['catching up', format(
-        '%s messages unsent, the oldest %s s; normal under load, look again if the oldest keeps '
-        'growing', f.outbox, floor(f.oldest_unsent_seconds))]
+        '%s unsent, the oldest %s s; normal under load, look again if the oldest keeps '
+        'growing', sync_internal.counted(f.outbox, 'message'), floor(f.oldest_unsent_seconds))]
     WHEN f.moving OR NOT f.member THEN ARRAY['catching up',
         'its scopes change at the relay''s next pass']
     WHEN f.awaiting > 0 THEN ARRAY['waiting for its report', format(
-        '%s messages delivered and not confirmed yet, the oldest sent %s s ago; it confirms in '
-        'its next upload', f.awaiting, floor(extract(epoch FROM now() - f.first_awaiting)))]
+        '%s delivered and not confirmed yet, the oldest sent %s s ago; it confirms in '
+        'its next upload', sync_internal.counted(f.awaiting, 'message'),
+        floor(extract(epoch FROM now() - f.first_awaiting)))]
     ELSE ARRAY['waiting for its report', format(
-        'everything delivered is confirmed; its report of what it holds is behind in %s scopes '
-        '(last report %s); it reports in its next upload', f.unproven,
+        'everything delivered is confirmed; its report of what it holds is behind in %s '
+        '(last report %s); it reports in its next upload', sync_internal.counted(f.unproven, 'scope'),
         coalesce(floor(extract(epoch FROM now() - f.last_report)) || ' s ago', 'none yet'))]
 END AS said) s;
 END
