@@ -47,8 +47,12 @@ Outcome http_outcome(long status, const std::string& body) {
     std::string first_line = body.substr(0, body.find('\n'));
     std::string why =
         "HTTP " + std::to_string(status) + (first_line.empty() ? "" : ": " + first_line);
-    // Only a 4xx says the message itself is wrong; 408 and 429 say "not now".
-    if (status >= 400 && status < 500 && status != 408 && status != 429)
+    // Only a 4xx says the message itself is wrong; 408 and 429 say "not now", and so does 422: the
+    // device does not speak the message's protocol version yet (docs/PROTOCOL.md §10), and takes
+    // it after its upgrade. A refusal would count toward magic_sync.max_refusals, which provisions
+    // the replica again from scratch with messages it cannot read either: a fleet not yet
+    // upgraded would be wiped over and over instead of waiting.
+    if (status >= 400 && status < 500 && status != 408 && status != 429 && status != 422)
         return Outcome::refused(std::move(why));
     return Outcome::transient(std::move(why));
 }

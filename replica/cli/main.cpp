@@ -132,8 +132,8 @@ records why on the server, and it is asked for again after a wait. Backs off
 
 Applies one down message read from FILE (or stdin for -) and prints the outcome. Exit status 0
 when it is applied (or was before, or is of an older generation), 65 when it can never be
-applied or speaks an unknown protocol version, 75 when the local database failed: the codes of
-the sender's exec transport, so `apply -` can be its command.
+applied, 75 when the local database failed or it speaks an unknown protocol version (taken after
+an upgrade): the codes of the sender's exec transport, so `apply -` can be its command.
 )"},
     {"show", R"(usage: magic-sync-replica --id UUID --db FILE show [--json]
 
@@ -338,6 +338,7 @@ int apply(Replica& replica, const Arguments& arguments) {
         return kExitTransient;
     }
     std::cout << describe(result) << std::endl;
+    if (result.outcome == Outcome::kUnknownVersion) return kExitTransient;
     return result.taken() ? kExitOk : kExitRefused;
 }
 

@@ -102,8 +102,9 @@ TEST(HttpSender, ARunGoesInOrderOnOneLease) {
 }
 
 TEST(HttpSender, ClassifiesAnswersAsTakenTransientOrRefused) {
-    // replica 1 is answered 200; the others with these statuses.
-    const std::vector<int> statuses = {200, 503, 429, 408, 500, 400, 404, 409};
+    // replica 1 is answered 200; the others with these statuses. 422 (a protocol version the
+    // device does not speak yet) is not a refusal: refusals in a row provision a replica again.
+    const std::vector<int> statuses = {200, 503, 429, 408, 500, 400, 404, 409, 422};
     const std::set<int> refused = {400, 404, 409};
     Outbox outbox("http_classify", static_cast<int>(statuses.size()), 2);
     // A backoff --once cannot wait out however slowly it runs (the harness's 200 ms ran out

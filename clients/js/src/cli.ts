@@ -13,8 +13,8 @@ const kUsage = `usage: magic-sync-replica-js --id UUID --db FILE OPERATION
 A magic_sync device replica (docs/PROTOCOL.md) in TypeScript on sql.js, its database in FILE.
 Operations (the conformance interface, docs/PROTOCOL.md §14):
   apply -                          apply the down message on standard input; exit 0 taken,
-                                   65 never applicable (malformed, another replica's, a newer v),
-                                   75 try again (storage failed)
+                                   65 never applicable (malformed, another replica's),
+                                   75 try again (storage failed, or a newer v: after an upgrade)
   show --json                      what it holds: held, local_writes, kept, holds, position
   write TABLE JSON [--key COL,...] queue a local row of a record or both table
   upload                           print the next upload, or nothing when there is none
@@ -118,7 +118,8 @@ async function main(argv: string[], io: Io): Promise<number> {
           return 0;
         }
         io.err(line + "\n");
-        return 65;
+        // A newer protocol version is taken after this replica's upgrade: not now, not never.
+        return result.outcome === "unknown version" ? 75 : 65;
       }
       case "show":
         io.out(replica.showJson() + "\n");
