@@ -17,7 +17,7 @@ SET search_path = pg_catalog, pg_temp;
 -- "detail": the line, "at": when}, for a listener to wire to a pager (README.md, "Alarms"), and
 -- the line, which the relay logs at `severity` ("magic_sync relay: <line>"). Sent when the
 -- relay's transaction commits. Names: backlog_not_draining, set_aside, provisioned_again,
--- state_drifted.
+-- state_drifted, repair_storm.
 CREATE FUNCTION sync_internal.alarm(alarm text, severity text, detail text, replica uuid DEFAULT NULL)
 RETURNS TABLE (level text, line text)
 LANGUAGE sql

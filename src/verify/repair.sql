@@ -53,7 +53,9 @@ AS $$
     ORDER BY 1
 $$;
 
--- The breaker tripped: said once per trip, with the scope and the tables it holds rows of.
+-- The breaker tripped: said once per trip, with the scope and the tables it holds rows of, in the
+-- log and as the alarm repair_storm (sync_internal.alarm: a NOTIFY for an operator's pager). A
+-- storm means a bug to fix (a row the device cannot take), so it is alarmed like a refusal.
 CREATE FUNCTION sync_internal.repair_storm(replica uuid, scope bigint, rounds int, attempts int,
                                   backoff interval) RETURNS void
 LANGUAGE plpgsql
@@ -62,14 +64,20 @@ AS $$
 DECLARE
     name text;
     tables text;
+    said text;
 BEGIN
     SELECT sync_internal.scope_name(s.match, s.value, s.partition) INTO name
     FROM sync.scope s WHERE s.id = repair_storm.scope;
     SELECT string_agg(t, ', ' ORDER BY t) INTO tables
     FROM (SELECT DISTINCT c.table_name AS t FROM sync.row r JOIN sync.codec c ON c.id = r.codec
           WHERE r.scope = repair_storm.scope) x;
-    RAISE LOG 'magic_sync: repair storm: replica % scope "%" (tables %) did not converge after % repair rounds; nothing more is sent to repair it for % (attempt %)',
-              repair_storm.replica, name, coalesce(tables, 'none'), rounds, backoff, attempts;
+    SELECT a.line INTO said
+    FROM sync_internal.alarm('repair_storm', 'LOG', format(
+        'repair storm: replica %s scope "%s" (tables %s) did not converge after %s repair rounds; '
+        'nothing more is sent to repair it for %s (attempt %s)',
+        repair_storm.replica, name, coalesce(tables, 'none'), rounds, backoff, attempts),
+        repair_storm.replica) a;
+    RAISE LOG 'magic_sync relay: %', said;
 END
 $$;
 

@@ -357,6 +357,9 @@ TEST_F(Repair, AWithheldRowIsNotChased) {
 }
 
 TEST_F(Repair, ReplicaThatCannotTakeARowTripsTheBreaker) {
+    // An operator's pager, listening for the relay's alarms.
+    Connection pager(cluster().conninfo("shop"));
+    pager.query("LISTEN magic_sync_alarm");
     db().query("DELETE FROM shop.items WHERE id > 300");
     db().query("INSERT INTO shop.fragile VALUES (1, 'one'), (2, 'two'), (3, 'three')");
     Register& healthy = add_register(1);
@@ -416,6 +419,14 @@ TEST_F(Repair, ReplicaThatCannotTakeARowTripsTheBreaker) {
               std::string::npos)
         << log;
     EXPECT_NE(log.find("shop.fragile"), std::string::npos);
+    // And alarmed once, as a NOTIFY magic_sync_alarm naming the replica.
+    const auto payload = await_payload(pager.raw(), "magic_sync_alarm", 10s);
+    ASSERT_TRUE(payload) << "no NOTIFY magic_sync_alarm";
+    EXPECT_NE(payload->find(R"("alarm" : "repair_storm", "level" : "LOG", "replica" : ")" +
+                            refusing.id + R"(", "detail" : "repair storm: replica )" + refusing.id +
+                            R"( scope \"all\" (tables )"),
+              std::string::npos)
+        << *payload;
     // Nothing more is sent to it while the breaker holds: no endless loop.
     int64_t seq = next_seq(refusing);
     std::this_thread::sleep_for(3s);
