@@ -88,7 +88,9 @@ $$;
 
 -- A temporary table is never analyzed by autovacuum: after one is filled with many rows, it is
 -- analyzed, so the next statements join it by plan rather than by guess. `known_rows`: its rows,
--- when the caller counted them.
+-- when the caller counted them. Only the columns the next statements join or filter on: the
+-- row count comes with any column, and sorting the sample of the bodies, hashes and jsonb keys
+-- (text under the collation) was most of an analyze (12 ms of 10,000 changes, 2 ms without).
 CREATE FUNCTION sync_internal.pass_analyze_if_large(working_table text, known_rows bigint DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
@@ -97,12 +99,17 @@ AS $$
 DECLARE
     large CONSTANT bigint := 1000;
     counted bigint := known_rows;
+    columns CONSTANT text := CASE working_table
+        WHEN 'magic_sync_note' THEN '(codec)'
+        WHEN 'magic_sync_row' THEN '(codec, k, match, value, part)'
+        WHEN 'magic_sync_change' THEN '(k, old_scope, new_scope, tomb_seq)'
+        ELSE '' END;
 BEGIN
     IF counted IS NULL THEN
         EXECUTE format('SELECT count(*) FROM pg_temp.%I', working_table) INTO counted;
     END IF;
     IF counted > large THEN
-        EXECUTE format('ANALYZE pg_temp.%I', working_table);
+        EXECUTE format('ANALYZE pg_temp.%I %s', working_table, columns);
     END IF;
 END
 $$;
