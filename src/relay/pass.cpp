@@ -265,10 +265,8 @@ int64_t record_changes(Spi& spi) {
 int64_t write_messages(Spi& spi, int rounds_left) {
     spi.execute("SELECT sync_internal.pass_find_needs($1::int)", {settings::window});
     if (spi.flag("SELECT sync_internal.pass_attach_chunks()")) {
-        spi.execute("SELECT sync_internal.pass_pick_rows($1::int, $2::int, $3::int)",
+        spi.execute("SELECT sync_internal.pass_build_chunks($1::int, $2::int, $3::int)",
                     {settings::rows_per_message, settings::bytes_per_message, rounds_left});
-        spi.execute("SELECT sync_internal.pass_build_chunks($1::int)",
-                    {settings::bytes_per_message});
         spi.execute("SELECT sync_internal.pass_attach_chunks()");
     }
     spi.execute("SELECT sync_internal.pass_pick_chunks($1::int, $2::int)",
