@@ -161,10 +161,9 @@ std::string noted_rows(const Codec& codec, const std::string& only_key, std::str
     key += ")";
     // The table is read only between the least and the greatest key noted, by its first key
     // column, where that column's order is one every session agrees on (no collation) and has
-    // min and max (uuid has none in PostgreSQL 15): a merge
-    // join read the primary key from its start to the last key noted, so a backlog of new rows
-    // taken 10,000 a pass read every row before the pass's own again (5.5 times the rows over
-    // the 10 passes of 100,000).
+    // min and max (uuid has none in PostgreSQL 15): a merge join read the primary key from its
+    // start to the last key noted, so a backlog of new rows taken 10,000 a pass read every row
+    // before the pass's own again (5.5 times the rows over the 10 passes of 100,000).
     static const char* const kRanged[] = {"smallint",
                                           "integer",
                                           "bigint",
