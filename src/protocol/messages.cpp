@@ -513,6 +513,14 @@ std::string withheld_reason(std::string_view scope, std::string_view table, std:
 }
 
 size_t row_room(std::string_view scope, size_t max_bytes) {
+    // Asked for every row a pass plans (row_travels), nearly always of one scope and one limit:
+    // the last answer is kept (per thread: the programs share this code), where encoding the two
+    // frames took most of a call.
+    thread_local std::string last_scope;
+    thread_local size_t last_max_bytes = 0;
+    thread_local size_t last_room = 0;
+    thread_local bool known = false;
+    if (known && max_bytes == last_max_bytes && scope == last_scope) return last_room;
     constexpr int64_t kLargestSeq = std::numeric_limits<int64_t>::max();
     static const size_t envelope = rows_envelope_size({"*"}, {}, {});
     RepairMessage repair;
@@ -524,7 +532,12 @@ size_t row_room(std::string_view scope, size_t max_bytes) {
     const size_t around = std::max(envelope + chunk_overhead(scope, kLargestSeq, kLargestSeq),
                                    encode(repair).size()) +
                           1;
-    return around < max_bytes ? max_bytes - around - 1 : 0;  // its comma
+    const size_t room = around < max_bytes ? max_bytes - around - 1 : 0;  // its comma
+    last_scope.assign(scope);
+    last_max_bytes = max_bytes;
+    last_room = room;
+    known = true;
+    return room;
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -45,7 +45,7 @@ AS $$
 DECLARE
     emptied CONSTANT text[] := ARRAY['magic_sync_note', 'magic_sync_row', 'magic_sync_change',
         'magic_sync_replica', 'magic_sync_want', 'magic_sync_need',
-        'magic_sync_pick', 'magic_sync_answer_seen', 'magic_sync_picked', 'magic_sync_written'];
+        'magic_sync_answer_seen', 'magic_sync_picked', 'magic_sync_written'];
     large text[];
     working_table text;
 BEGIN
@@ -68,10 +68,6 @@ BEGIN
             sent bigint NOT NULL, head bigint NOT NULL, scope_name text NOT NULL, room int NOT NULL,
             in_flight boolean NOT NULL, chunk bigint, chunk_to bigint, chunk_rows int,
             chunk_bytes int);
-        CREATE TEMP TABLE magic_sync_pick (origin bigint NOT NULL, scope bigint NOT NULL, grp int,
-            head bigint NOT NULL, scope_name text NOT NULL, budget int NOT NULL, seq bigint,
-            codec int, key jsonb, table_name text, ktext text, body text, hash text, size int,
-            fits boolean, dropped boolean, last_fetched boolean, echo boolean);
         -- The answers visible when the pass took its notes: the ones it moves.
         CREATE TEMP TABLE magic_sync_answer_seen (id bigint NOT NULL);
         -- The messages of one step, for sync_internal.enqueue(), which numbers them and empties it.
@@ -95,7 +91,9 @@ $$;
 
 -- A temporary table is never analyzed by autovacuum: after one is filled with many rows, it is
 -- analyzed, so the next statements join it by plan rather than by guess. `known_rows`: its rows,
--- when the caller counted them.
+-- when the caller counted them. Only the columns the next statements join or filter on: the
+-- row count comes with any column, and sorting the sample of the bodies, hashes and jsonb keys
+-- (text under the collation) was most of an analyze (12 ms of 10,000 changes, 2 ms without).
 CREATE FUNCTION sync_internal.pass_analyze_if_large(working_table text, known_rows bigint DEFAULT NULL)
 RETURNS void
 LANGUAGE plpgsql
@@ -104,12 +102,17 @@ AS $$
 DECLARE
     large CONSTANT bigint := 1000;
     counted bigint := known_rows;
+    columns CONSTANT text := CASE working_table
+        WHEN 'magic_sync_note' THEN '(codec)'
+        WHEN 'magic_sync_row' THEN '(codec, k, match, value, part)'
+        WHEN 'magic_sync_change' THEN '(k, old_scope, new_scope, tomb_seq)'
+        ELSE '' END;
 BEGIN
     IF counted IS NULL THEN
         EXECUTE format('SELECT count(*) FROM pg_temp.%I', working_table) INTO counted;
     END IF;
     IF counted > large THEN
-        EXECUTE format('ANALYZE pg_temp.%I', working_table);
+        EXECUTE format('ANALYZE pg_temp.%I %s', working_table, columns);
     END IF;
 END
 $$;
@@ -319,9 +322,10 @@ BEGIN
 END
 $$;
 
--- 1. Takes the oldest visible notes until they hold notes_per_pass keys, their keys
--- de-duplicated: the note that goes past the bound is taken in part, and what is left of it waits
--- for the next pass. The answers visible then are the ones this pass moves: an upload's notes and
+-- 1. Takes the oldest visible notes until they hold notes_per_pass keys: the note that goes past
+-- the bound is taken in part, and what is left of it waits for the next pass. A key noted twice is
+-- in pg_temp.magic_sync_note twice: every statement that reads it takes its keys DISTINCT (and
+-- the notes of the replicas set aside, and of whole tables, were never de-duplicated against it). The answers visible then are the ones this pass moves: an upload's notes and
 -- answer commit together, so a pass moves an answer only with the changes it filed (an answer
 -- moved before them, by a pass that began before they committed, left its row to be sent back to
 -- the replica that filed it: the end-to-end test saw it now and then). Returns the number of keys
@@ -340,16 +344,17 @@ BEGIN
           FROM sync.note n) s
     WHERE s.upto > notes_per_pass ORDER BY s.seq LIMIT 1;
     inside := coalesce(inside, 0);
-    -- The notes before the cut, whole, and the first keys of the cut note, in one statement whose
-    -- UNION de-duplicates them (it spills to disk past work_mem, where an EXCEPT against what an
-    -- earlier statement inserted would hold every key in memory).
+    -- The notes before the cut, whole, and the first keys of the cut note, in one statement, not
+    -- de-duplicated here: the statement that encodes a codec's rows takes its keys DISTINCT anyway
+    -- (a UNION here hashed every key a second time, 4 ms of a pass of 10,000; an EXCEPT against
+    -- what an earlier statement inserted held every key in memory).
     WITH taken AS (DELETE FROM sync.note WHERE seq < coalesce(cut_note, 9223372036854775807)
                    RETURNING codec, key, keys, key_count),
     kept AS (INSERT INTO pg_temp.magic_sync_note (codec, key)
              SELECT t.codec, t.key FROM taken t WHERE t.keys IS NULL
-             UNION SELECT t.codec, k.key FROM taken t
+             UNION ALL SELECT t.codec, k.key FROM taken t
              CROSS JOIN LATERAL sync.note_keys(t.keys) AS k(key)
-             UNION SELECT n.codec, k.key FROM sync.note n
+             UNION ALL SELECT n.codec, k.key FROM sync.note n
              CROSS JOIN LATERAL sync.note_keys(n.keys, inside::int) AS k(key)
              WHERE n.seq = cut_note AND inside > 0),
     seen AS (INSERT INTO pg_temp.magic_sync_answer_seen SELECT id FROM sync.answer)
@@ -608,7 +613,7 @@ $$;
 -- pass, after the changes): the messages that carried the previous version then come before the
 -- answer, so the replica holds it when it takes the answer. A row uploaded twice (two writes, or
 -- two replicas) before the pass is sent back. Whether the row goes back to the replica is decided
--- per message (sync_internal.pass_pick_rows).
+-- per message (sync_internal.pass_build_chunks).
 CREATE FUNCTION sync_internal.pass_mark_echoes() RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -776,7 +781,6 @@ BEGIN
     -- adds at most the rows of the chunks the pass's rounds send.
     DELETE FROM pg_temp.magic_sync_need;
     DELETE FROM pg_temp.magic_sync_picked;
-    DELETE FROM pg_temp.magic_sync_pick;
     -- The cursors behind first (OFFSET 0 keeps them apart): each one's room is looked up, not
     -- every member's (at 10,000 idle replicas, 20,000 lookups were most of a pass); then the
     -- scope's name and whether a sender is delivering, only for those with room (OFFSET 0 again:
@@ -818,8 +822,7 @@ $$;
 
 -- Chunks for every distinct (scope, cursor) that replicas need and that is not built yet: the
 -- rows after the cursor in seq order, cut at the row and byte limits. A row too big for any
--- message is withheld and set aside. The rows are picked into magic_sync_pick, which the round
--- emptied.
+-- message is withheld and set aside.
 --
 -- Where the replicas at a cursor have room for more messages, and the pass rounds left for them,
 -- the chunks after the first are built too, up to `ahead` in all, each starting where the one
@@ -835,56 +838,52 @@ $$;
 -- named by its hash when need be, fits any but the smallest limits). A row too big for any
 -- message takes no room: it is withheld. The row's size is worked out where its key is encoded
 -- (OFFSET 0: pulled up, the key was encoded once for the row and again for its size).
-CREATE FUNCTION sync_internal.pass_pick_rows(rows_limit int, bytes_limit int, ahead int) RETURNS void
-LANGUAGE plpgsql
-SET search_path = pg_catalog, pg_temp
-AS $$
-BEGIN
-    INSERT INTO pg_temp.magic_sync_pick (origin, scope, grp, head, scope_name, budget, seq,
-    codec, key, table_name, ktext, body, hash, size, fits, dropped, last_fetched, echo)
-    SELECT p.origin, p.scope, p.grp, p.head, p.scope_name, p.budget, p.seq, p.codec, p.key,
-    p.table_name, p.ktext, p.body, p.hash, p.size, p.fits, CASE WHEN p.grp = 0 THEN
-     p.position > 1 AND sum(CASE WHEN p.fits THEN p.size + 1
-      ELSE sync_internal.withheld_size(p.scope_name, p.table_name, p.ktext, p.body) END)
-     OVER (PARTITION BY p.scope, p.origin ORDER BY p.seq) > p.budget
-     WHEN p.grp > 0 THEN false END,
-    p.position % rows_limit = 0, p.echo
-    FROM (SELECT w.origin, w.scope, (r.position - 1) / rows_limit AS grp, w.head, w.scope_name,
-     w.budget, r.seq, r.codec, r.key, r.table_name, r.ktext, r.body, r.hash, r.size,
-     NOT r.withheld AND r.size + 1 <= w.budget AS fits, r.position, r.echo
-     FROM (SELECT n.scope, n.sent AS origin, n.head, n.scope_name,
-      bytes_limit - sync_internal.envelope_size('{*}', '{}')
-      - sync_internal.chunk_size(n.scope_name, n.sent, n.head) - 1 AS budget,
-      CASE WHEN n.sent > 0 THEN least(max(n.room), ahead) ELSE 1 END AS chunks
-      FROM pg_temp.magic_sync_need n WHERE n.chunk IS NULL
-      GROUP BY n.scope, n.sent, n.head, n.scope_name) w
-     LEFT JOIN LATERAL (SELECT k.*, sync_internal.row_size(k.table_name, k.ktext, k.body) AS size
-      FROM (SELECT x.seq, x.codec, x.key, c.table_name, sync_internal.canonical(x.key) AS ktext,
-       x.body, encode(x.hash, 'hex') AS hash, x.withheld, x.position, x.echo
-       FROM (SELECT y.*, row_number() OVER (ORDER BY y.seq) AS position
-        FROM (SELECT seq, codec, key, body, hash, withheld, echo_of IS NOT NULL AS echo
-         FROM sync.row
-         WHERE scope = w.scope AND seq > w.origin AND seq <= w.head
-         AND (w.origin > 0 OR NOT gone)
-         AND (echo_of IS NULL OR w.origin < echo_prev OR EXISTS (SELECT FROM sync.member m
-          WHERE m.scope = w.scope AND m.replica <> sync.row.echo_of))
-         ORDER BY seq LIMIT rows_limit * w.chunks) y) x
-       JOIN sync.codec c ON c.id = x.codec OFFSET 0) k) r ON true) p;
-END
-$$;
-
--- The chunks of the rows picked. A chunk covers the scope up to its head, or up to its last row
--- when it was cut short. Its rows are aggregated in one order, unsorted, and put in seq order by
--- sync_internal.encode_chunk: five aggregates each sorting its own input cost more than the encoding. The
--- rows withheld from the chunks built are set aside; returns how many.
-CREATE FUNCTION sync_internal.pass_build_chunks(bytes_limit int) RETURNS bigint
+--
+-- Then, in the same statement, the chunks of the rows picked (written to a working table and read
+-- back, the rows picked cost about a fifth of building their chunks). A chunk covers the scope up
+-- to its head, or up to its last row when it was cut short. Its rows are aggregated in one order,
+-- unsorted, and put in seq order by sync_internal.encode_chunk: five aggregates each sorting its
+-- own input cost more than the encoding. The rows withheld from the chunks built are set aside;
+-- returns how many.
+CREATE FUNCTION sync_internal.pass_build_chunks(rows_limit int, bytes_limit int, ahead int)
+RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
     withheld_rows bigint;
 BEGIN
-    WITH runs AS (SELECT origin, scope, coalesce(grp, 0) AS grp, max(head) AS head,
+    WITH picked (origin, scope, grp, head, scope_name, budget, seq, codec, key, table_name, ktext,
+                 body, hash, size, fits, dropped, last_fetched, echo) AS MATERIALIZED (
+      SELECT p.origin, p.scope, p.grp, p.head, p.scope_name, p.budget, p.seq, p.codec, p.key,
+      p.table_name, p.ktext, p.body, p.hash, p.size, p.fits, CASE WHEN p.grp = 0 THEN
+       p.position > 1 AND sum(CASE WHEN p.fits THEN p.size + 1
+        ELSE sync_internal.withheld_size(p.scope_name, p.table_name, p.ktext, p.body) END)
+       OVER (PARTITION BY p.scope, p.origin ORDER BY p.seq) > p.budget
+       WHEN p.grp > 0 THEN false END,
+      p.position % rows_limit = 0, p.echo
+      FROM (SELECT w.origin, w.scope, (r.position - 1) / rows_limit AS grp, w.head, w.scope_name,
+       w.budget, r.seq, r.codec, r.key, r.table_name, r.ktext, r.body, r.hash, r.size,
+       NOT r.withheld AND r.size + 1 <= w.budget AS fits, r.position, r.echo
+       FROM (SELECT n.scope, n.sent AS origin, n.head, n.scope_name,
+        bytes_limit - sync_internal.envelope_size('{*}', '{}')
+        - sync_internal.chunk_size(n.scope_name, n.sent, n.head) - 1 AS budget,
+        CASE WHEN n.sent > 0 THEN least(max(n.room), ahead) ELSE 1 END AS chunks
+        FROM pg_temp.magic_sync_need n WHERE n.chunk IS NULL
+        GROUP BY n.scope, n.sent, n.head, n.scope_name) w
+       LEFT JOIN LATERAL (SELECT k.*, sync_internal.row_size(k.table_name, k.ktext, k.body) AS size
+        FROM (SELECT x.seq, x.codec, x.key, c.table_name, sync_internal.canonical(x.key) AS ktext,
+         x.body, encode(x.hash, 'hex') AS hash, x.withheld, x.position, x.echo
+         FROM (SELECT y.*, row_number() OVER (ORDER BY y.seq) AS position
+          FROM (SELECT seq, codec, key, body, hash, withheld, echo_of IS NOT NULL AS echo
+           FROM sync.row
+           WHERE scope = w.scope AND seq > w.origin AND seq <= w.head
+           AND (w.origin > 0 OR NOT gone)
+           AND (echo_of IS NULL OR w.origin < echo_prev OR EXISTS (SELECT FROM sync.member m
+            WHERE m.scope = w.scope AND m.replica <> sync.row.echo_of))
+           ORDER BY seq LIMIT rows_limit * w.chunks) y) x
+         JOIN sync.codec c ON c.id = x.codec OFFSET 0) k) r ON true) p),
+    runs AS (SELECT origin, scope, coalesce(grp, 0) AS grp, max(head) AS head,
      max(scope_name) AS scope_name, coalesce(bool_or(dropped), false) AS cut_by_bytes,
      bool_or(dropped) OR bool_or(last_fetched) AS cut_short,
      max(seq) FILTER (WHERE NOT dropped) AS last_seq,
@@ -902,7 +901,7 @@ BEGIN
       ORDER BY seq) FILTER (WHERE NOT fits AND NOT dropped) AS withheld,
      sum(sync_internal.withheld_size(scope_name, table_name, ktext, body))
       FILTER (WHERE NOT fits AND NOT dropped) AS withheld_bytes
-     FROM pg_temp.magic_sync_pick GROUP BY origin, scope, coalesce(grp, 0)),
+     FROM picked GROUP BY origin, scope, coalesce(grp, 0)),
     started AS (SELECT r.*, CASE WHEN r.grp = 0 THEN r.origin ELSE
      lag(r.last_seq) OVER (PARTITION BY r.origin, r.scope ORDER BY r.grp) END AS from_seq
      FROM runs r),
@@ -924,7 +923,7 @@ BEGIN
     INTO withheld_rows
     FROM (SELECT DISTINCT ON (p.codec, p.key) p.codec, p.key,
     sync_internal.withheld_reason(p.scope_name, p.table_name, p.ktext, p.body) AS reason
-    FROM pg_temp.magic_sync_pick p JOIN built b ON b.scope = p.scope AND p.seq > b.from_seq
+    FROM picked p JOIN built b ON b.scope = p.scope AND p.seq > b.from_seq
      AND p.seq <= b.to_seq
     WHERE NOT p.fits AND NOT p.dropped ORDER BY p.codec, p.key, p.budget) w
     HAVING count(*) > 0;
