@@ -56,7 +56,7 @@ SELECT seq, message_id FROM sync.pull_head('00000000-0000-0000-0000-0000000000e1
 -- push transport's), the lease ends and the message stays the head; a refusal naming anything
 -- else records nothing.
 SELECT sync.pull_refused('00000000-0000-0000-0000-0000000000e1', '4.3', 'malformed: not a message') AS refused_behind;
-SELECT sync.pull_refused('00000000-0000-0000-0000-0000000000e1', '4.2', 'unknown version: protocol 9') AS refused;
+SELECT sync.pull_refused('00000000-0000-0000-0000-0000000000e1', '4.2', 'malformed: no chunks') AS refused;
 SELECT refusals, last_error, backoff IS NOT NULL AS backing_off FROM sync.delivery
 WHERE replica = '00000000-0000-0000-0000-0000000000e1';
 SELECT seq, sent_at IS NOT NULL AS sent, lease_until IS NULL AS unleased
@@ -68,6 +68,11 @@ WHERE replica = '00000000-0000-0000-0000-0000000000e1';
 SELECT seq, message_id FROM sync.pull_head('00000000-0000-0000-0000-0000000000e1', '1 minute');
 SELECT backoff_until <= now() AS backoff_ended, refusals, last_error FROM sync.delivery
 WHERE replica = '00000000-0000-0000-0000-0000000000e1';
+-- A message of a protocol version the device does not speak is not a refusal: recorded, not
+-- counted (refusals in a row would provision the replica again); the device waits for its upgrade.
+SELECT sync.pull_refused('00000000-0000-0000-0000-0000000000e1', '4.2', 'unknown version: protocol 9') AS not_now;
+SELECT refusals, last_error FROM sync.delivery WHERE replica = '00000000-0000-0000-0000-0000000000e1';
+SELECT seq, message_id FROM sync.pull_head('00000000-0000-0000-0000-0000000000e1', '1 minute');
 
 -- A head a push sender's live session holds is not served: that sender is delivering it.
 SELECT replica, seq FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-0000000000e2']::uuid[], 1);

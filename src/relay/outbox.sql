@@ -559,11 +559,14 @@ BEGIN
 END
 $$;
 
--- The device could not take message `message_id` (it can never apply it, or speaks another
--- protocol version): recorded as a push sender's refusal is (sync.failed with retry false: the
--- replica's refusals and last error, the operator's alarm), when it names the replica's head, and
--- then true; anything else records nothing and returns false. The message stays the head: the
--- device asks for it again when it may take it (after an upgrade), and nothing behind it is lost.
+-- The device could not take message `message_id`: recorded as a push sender's refusal is
+-- (sync.failed with retry false: the replica's refusals and last error, the operator's alarm),
+-- when it names the replica's head, and then true; anything else records nothing and returns
+-- false. A reason that begins with "unknown version" (the message speaks a protocol version the
+-- device does not) is recorded as a push sender's HTTP 422 is, not now (retry true): refusals in
+-- a row provision a replica again, with messages it cannot read either. The message stays the
+-- head: the device asks for it again when it may take it (after an upgrade), and nothing behind
+-- it is lost.
 CREATE FUNCTION sync.pull_refused(replica uuid, message_id text, error text) RETURNS boolean
 LANGUAGE plpgsql
 SECURITY DEFINER
@@ -576,7 +579,9 @@ BEGIN
     IF seq IS NULL THEN
         RETURN false;
     END IF;
-    PERFORM sync.failed(pull_refused.replica, seq, false, pull_refused.error);
+    PERFORM sync.failed(pull_refused.replica, seq,
+                        starts_with(coalesce(pull_refused.error, ''), 'unknown version'),
+                        pull_refused.error);
     RETURN true;
 END
 $$;

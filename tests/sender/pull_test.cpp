@@ -170,15 +170,21 @@ TEST(PullSender, ARefusalIsRecordedAndTheHeadStays) {
                                 ": nothing recorded\n");
     EXPECT_EQ(refusals(), "0 -");
 
-    auto recorded = sender.refused(1, message_id(1), "unknown version: protocol 9\x01", 1);
+    auto recorded = sender.refused(1, message_id(1), "malformed: not a \x01message", 1);
     EXPECT_EQ(recorded->status, 200);
     EXPECT_EQ(recorded->body, "refusal of " + message_id(1) + " recorded\n");
-    EXPECT_EQ(refusals(), "1 unknown version: protocol 9?");
+    EXPECT_EQ(refusals(), "1 malformed: not a ?message");
     EXPECT_EQ(unsent_of(outbox, 1), 2);
     auto again = sender.get_next(1, 1);
     EXPECT_EQ(again->status, 200);
     EXPECT_EQ(again->get_header_value("message-id"), message_id(1));
-    // Taken after all (the device was upgraded): its ack ends the refusals' backoff.
+    // A message of a protocol version the device does not speak is not a refusal: the device
+    // waits for its upgrade (refusals in a row would provision it again, to no end).
+    auto later = sender.refused(1, message_id(1), "unknown version: protocol 9", 1);
+    EXPECT_EQ(later->status, 200);
+    EXPECT_EQ(refusals(), "1 unknown version: protocol 9");
+    // Taken after all (the device was upgraded, and asks again): its ack ends the backoff.
+    EXPECT_EQ(sender.get_next(1, 1)->get_header_value("message-id"), message_id(1));
     EXPECT_EQ(sender.ack(1, message_id(1), 1)->status, 200);
     EXPECT_EQ(unsent_of(outbox, 1), 1);
 }
