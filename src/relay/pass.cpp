@@ -259,10 +259,12 @@ int64_t record_changes(Spi& spi) {
 }
 
 // 6. One round of messages: at most one new message for every replica with a cursor behind and
-// room in its window. Chunks that replicas need and that are not built yet are built, up to
-// `rounds_left` ahead (this round counts). Returns the number of messages written.
-int64_t write_messages(Spi& spi, int rounds_left) {
-    spi.execute("SELECT sync_internal.pass_find_needs($1::int)", {settings::window});
+// room in its window (after the first round, of the replicas this pass wrote to). Chunks that
+// replicas need and that are not built yet are built, up to `rounds_left` ahead (this round
+// counts). Returns the number of messages written.
+int64_t write_messages(Spi& spi, int rounds_left, bool first_round) {
+    spi.execute("SELECT sync_internal.pass_find_needs($1::int, $2::boolean)",
+                {settings::window, !first_round});
     if (spi.flag("SELECT sync_internal.pass_attach_chunks()")) {
         spi.execute("SELECT sync_internal.pass_build_chunks($1::int, $2::int, $3::int)",
                     {settings::rows_per_message, settings::bytes_per_message, rounds_left});
@@ -315,7 +317,7 @@ PassCounts run_pass(Spi& spi) {
     counts.messages += move_answers(spi);
     counts.messages += plan_repairs(spi);
     for (int round = 0; round < settings::window; ++round) {
-        int64_t written = write_messages(spi, settings::window - round);
+        int64_t written = write_messages(spi, settings::window - round, round == 0);
         counts.messages += written;
         if (written == 0) break;
     }

@@ -771,8 +771,12 @@ $$;
 
 -- 6. One round of messages begins: the cursors that are behind their scope's head, of the
 -- replicas with room in their window (sync_internal.outbox_room), and whether a sender is delivering to
--- the replica (a lease holds).
-CREATE FUNCTION sync_internal.pass_find_needs(window_size int) RETURNS void
+-- the replica (a lease holds). After the first round, `written_only`: only the replicas this pass
+-- wrote to (pg_temp.magic_sync_written), the only ones a round of this pass can have changed; a
+-- window a sender's sync.sent opened meanwhile waits for the next pass, which that sync.sent
+-- wakes (in a fan-out to 10,000 replicas every round looked at every cursor behind again: 49 ms
+-- a round, three rounds a pass).
+CREATE FUNCTION sync_internal.pass_find_needs(window_size int, written_only boolean) RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
@@ -794,7 +798,10 @@ BEGIN
     FROM (SELECT behind.*, sync_internal.outbox_room(behind.replica, window_size) AS room
           FROM (SELECT m.replica, m.scope, m.sent, s.head, s.match, s.value, s.partition
                 FROM sync.member m JOIN sync.scope s ON s.id = m.scope
-                WHERE m.sent < s.head OFFSET 0) behind
+                WHERE m.sent < s.head
+                  AND (NOT written_only
+                       OR m.replica IN (SELECT w.replica FROM pg_temp.magic_sync_written w))
+                OFFSET 0) behind
           OFFSET 0) b
     JOIN sync.replica r ON r.id = b.replica AND r.live AND NOT r.proving
     WHERE b.room > 0;
