@@ -171,7 +171,9 @@ BEGIN
     IF among IS NULL THEN
         LOOP
             batches := batches + 1;
-            SELECT array_agg(w.replica), array_agg(w.seq), array_agg(w.created_at)
+            SELECT array_agg(w.replica ORDER BY w.created_at, w.replica, w.seq),
+                   array_agg(w.seq ORDER BY w.created_at, w.replica, w.seq),
+                   array_agg(w.created_at ORDER BY w.created_at, w.replica, w.seq)
             INTO walked_replicas, walked_seqs, walked_at
             FROM (SELECT h.replica, h.seq, h.created_at FROM sync.outbox h
                   WHERE h.sent_at IS NULL
