@@ -223,7 +223,7 @@ class Fault : public ::testing::Test {
     void SetUp() override {
         for (int signal : {SIGTERM, SIGINT, SIGHUP}) ::signal(signal, stop_what_was_started);
         rounds_ = env_int("MAGIC_SYNC_SOAK_ROUNDS", 1);
-        load_ms_ = env_int("MAGIC_SYNC_SOAK_LOAD_MS", 1500);
+        load_ms_ = env_int("MAGIC_SYNC_SOAK_LOAD_MS", 1000);
         deployment_ = std::make_unique<Deployment>(
             "fault",
             std::vector<std::string>{
@@ -544,7 +544,7 @@ class Fault : public ::testing::Test {
     }
 
     int rounds_ = 1;
-    int load_ms_ = 1500;
+    int load_ms_ = 1000;
     std::unique_ptr<Deployment> deployment_;
     std::unique_ptr<Refuser> refuser_;
     std::map<int, ReplicaProcess> replicas_;
