@@ -160,6 +160,12 @@ build/tests/replica_tests: $(call test_objs,build,tests/replica/*_test.cpp) $(TE
 		build/lib/libmagic_sync_replica.a
 	@mkdir -p $(dir $@)
 	$(TEST_CXX) $(TEST_FLAGS) -o $@ $^ $(GTEST_LIBS) $(REPLICA_LIBS)
+# The replica library's own tests (SQLite only, no processes), unsanitized, for valgrind: `make
+# test` builds this binary and not the whole of replica_tests, which runs under the sanitizers.
+build/tests/replica_library_tests: build/tests/obj/replica/replica_library_test.o $(TEST_SUPPORT_OBJS) \
+		build/lib/libmagic_sync_replica.a
+	@mkdir -p $(dir $@)
+	$(TEST_CXX) $(TEST_FLAGS) -o $@ $^ $(GTEST_LIBS) $(REPLICA_LIBS)
 
 # Tests against a real server: the relay worker, poolers, end to end (and the sender's /metrics).
 SERVER_TEST_SRCS := $(wildcard tests/server/*_test.cpp)
@@ -207,11 +213,11 @@ setup:
 
 # What `make test` runs, built at once on every core: the extension and the programs; the server
 # tests and the simulation; the unit, replica and sender tests with the sanitizers (they run there
-# only: unsanitized they would run the same assertions again); the replica tests unsanitized, for
-# valgrind; the fuzz targets; and release 0.1.0's extension, for the update test.
+# only: unsanitized they would run the same assertions again); the replica library's tests
+# unsanitized, for valgrind; the fuzz targets; and release 0.1.0's extension, for the update test.
 JOBS ?= $(shell nproc)
 TEST_BUILDS = all build/bin/magic-sync-sender build/bin/magic-sync-replica build/tests/server_tests \
-	build/tests/sim build/tests/replica_tests build/tests/conformance clients/js/dist/cli.js \
+	build/tests/sim build/tests/replica_library_tests build/tests/conformance clients/js/dist/cli.js \
 	$(ASAN_BUILDS) fuzz-build release-builds
 .PHONY: test-builds release-builds
 # A clone without the releases' history skips them here (the update test says so).
@@ -357,7 +363,7 @@ ASAN_BUILDS = build/asan/tests/unit_tests build/asan/tests/replica_tests build/a
 	build/asan/tests/sender_tests build/asan/bin/magic-sync-sender
 .PHONY: test-asan
 test-asan: setup
-	$(MAKE) -s -j$(JOBS) $(ASAN_BUILDS) build/tests/replica_tests
+	$(MAKE) -s -j$(JOBS) $(ASAN_BUILDS) build/tests/replica_library_tests
 	MAGIC_SYNC_TESTS=sanitizers scripts/run-tests.sh
 
 # End to end (issue 8): commit-to-applied latency and rows/s delivered to 100 replicas over http.

@@ -207,7 +207,7 @@ if wanted sanitizers; then
     done
     # valgrind: the replica library tests (SQLite only, no processes) of the unsanitized build.
     add_job valgrind:replica 25 sanitized valgrind --error-exitcode=1 --leak-check=full --quiet \
-        build/tests/replica_tests --gtest_brief=1 --gtest_filter='ReplicaTest.*'
+        build/tests/replica_library_tests --gtest_brief=1 --gtest_filter='ReplicaTest.*'
 fi
 
 # ---- the bounded fuzz run: each libFuzzer target for FUZZ_SECONDS (10) from the seed corpus ----
