@@ -226,6 +226,15 @@ SELECT replica, seq FROM sync.next(3, '1 minute') ORDER BY replica;
 SELECT walked - :walked_before AS entries_walked, replicas - :replicas_before < 20 AS few_replicas_read
 FROM reads;
 ROLLBACK;
+-- A look at replicas named reads those replicas, not every replica (its generic plan once hashed
+-- every replica at every such look).
+BEGIN;
+SELECT replicas AS replicas_before FROM reads \gset
+SELECT replica, seq FROM sync.next(3, '1 minute', ARRAY['00000000-0000-0000-0001-000000000007',
+                                                        '00000000-0000-0000-0001-000000000008']::uuid[], 1)
+ORDER BY replica;
+SELECT replicas - :replicas_before < 20 AS few_replicas_read FROM reads;
+ROLLBACK;
 -- When the oldest messages wait for replicas in backoff (here 600, 1,200 messages: more than
 -- eight batches), the look does not walk past them all but looks at every replica's head.
 UPDATE sync.delivery SET backoff = interval '1 minute', backoff_until = now() + interval '1 minute'

@@ -232,11 +232,16 @@ BEGIN
         -- locked as above. Those the walk locked are found again: this session holds them.
         WITH heads AS MATERIALIZED (
             SELECT r.id AS replica, head.seq, head.created_at
-            FROM (SELECT DISTINCT unnest(among) AS id
-                  UNION ALL
-                  SELECT r.id FROM sync.replica r WHERE everyone) given
-            JOIN sync.replica r ON r.id = given.id
-            LEFT JOIN sync.current_delivery d ON d.replica = r.id
+            -- One array either way: a UNION with every replica's id in it was planned (generic
+            -- plan) as a hash of every replica, at every look at a few replicas named.
+            FROM (SELECT DISTINCT unnest(CASE WHEN everyone
+                                              THEN (SELECT array_agg(e.id) FROM sync.replica e)
+                                              ELSE among END) AS id) given
+            -- By key, whatever the plan would guess of the array's size (OFFSET 0: not a join
+            -- that may hash every replica for a look at a few).
+            CROSS JOIN LATERAL (SELECT * FROM sync.replica x WHERE x.id = given.id OFFSET 0) r
+            -- sync.current_delivery, through the replica at hand (the view was read whole).
+            LEFT JOIN sync.delivery d ON d.replica = r.id AND d.gen = r.gen
             CROSS JOIN LATERAL (
                 SELECT h.seq, h.created_at FROM sync.outbox h
                 WHERE h.replica = r.id AND h.sent_at IS NULL
