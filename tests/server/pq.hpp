@@ -75,6 +75,21 @@ class Connection {
     PGconn* connection_;
 };
 
+// Waits until `connection`'s socket has something to read; false once `deadline` has passed.
+inline bool await_readable(PGconn* connection, std::chrono::steady_clock::time_point deadline) {
+    auto left = std::chrono::duration_cast<std::chrono::microseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    int socket = PQsocket(connection);
+    fd_set readable;
+    FD_ZERO(&readable);
+    FD_SET(socket, &readable);
+    timeval wait{static_cast<long>(left.count() / 1000000),
+                 static_cast<long>(left.count() % 1000000)};
+    select(socket + 1, &readable, nullptr, nullptr, &wait);
+    return true;
+}
+
 // Waits for a notification on `connection` (one that LISTENs); false after `timeout`.
 inline bool await_notify(PGconn* connection, std::chrono::milliseconds timeout) {
     auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -84,16 +99,7 @@ inline bool await_notify(PGconn* connection, std::chrono::milliseconds timeout) 
             PQfreemem(notify);
             return true;
         }
-        auto left = std::chrono::duration_cast<std::chrono::microseconds>(
-            deadline - std::chrono::steady_clock::now());
-        if (left.count() <= 0) return false;
-        int socket = PQsocket(connection);
-        fd_set readable;
-        FD_ZERO(&readable);
-        FD_SET(socket, &readable);
-        timeval wait{static_cast<long>(left.count() / 1000000),
-                     static_cast<long>(left.count() % 1000000)};
-        select(socket + 1, &readable, nullptr, nullptr, &wait);
+        if (!await_readable(connection, deadline)) return false;
     }
 }
 
@@ -110,16 +116,7 @@ inline std::optional<std::string> await_payload(PGconn* connection, const std::s
             PQfreemem(notify);
             if (payload) return payload;
         }
-        auto left = std::chrono::duration_cast<std::chrono::microseconds>(
-            deadline - std::chrono::steady_clock::now());
-        if (left.count() <= 0) return std::nullopt;
-        int socket = PQsocket(connection);
-        fd_set readable;
-        FD_ZERO(&readable);
-        FD_SET(socket, &readable);
-        timeval wait{static_cast<long>(left.count() / 1000000),
-                     static_cast<long>(left.count() % 1000000)};
-        select(socket + 1, &readable, nullptr, nullptr, &wait);
+        if (!await_readable(connection, deadline)) return std::nullopt;
     }
 }
 
