@@ -251,9 +251,13 @@ FROM reads;
 ROLLBACK;
 -- The relay's look for a message left unconfirmed too long, at every pass (when it is next due,
 -- sync_internal.next_due, and whether to alarm, sync_internal.alarms), reads the oldest sent
--- message through outbox_sent, not every sent message nor every replica.
+-- message through outbox_sent, not every sent message nor every replica; and whether a replica's
+-- next message must carry a reset or drops through replica_pending: with none pending, the look
+-- once read every replica (a fan-out to 10,000 replicas: 17 ms a pass).
 UPDATE sync.outbox SET sent_at = now() WHERE replica::text LIKE '00000000-0000-0000-0001-%';
 BEGIN;
+UPDATE sync.replica SET reset_pending = false, pending_drops = '{}', pending_table_drops = '{}';
+ANALYZE sync.replica;
 SELECT replicas AS replicas_before, messages AS messages_before FROM reads \gset
 SELECT pass_at IS NOT NULL AS due FROM sync_internal.next_due('1 hour', '1 day', 10, '2 days');
 SELECT count(*) AS alarmed FROM sync_internal.alarms();

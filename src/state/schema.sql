@@ -189,6 +189,12 @@ CREATE TABLE sync.replica (
 -- Replicas whose next message must carry a reset or a drop.
 CREATE INDEX replica_pending ON sync.replica (id)
 WHERE reset_pending OR cardinality(pending_drops) > 0 OR cardinality(pending_table_drops) > 0;
+-- How many replicas have drops pending, for the planner: without them it takes a third of the
+-- replicas to have some (its guess for any `cardinality(..) > 0`), and reads every replica where
+-- replica_pending finds the few (next_due and the pass's messages of drops alone, at every pass:
+-- 17 ms at 10,000 replicas).
+CREATE STATISTICS sync.replica_scope_drops ON (cardinality(pending_drops)) FROM sync.replica;
+CREATE STATISTICS sync.replica_table_drops ON (cardinality(pending_table_drops)) FROM sync.replica;
 
 -- A replica's cursor in each of its scopes: sent through, and confirmed through.
 CREATE TABLE sync.member (
