@@ -226,6 +226,24 @@ SELECT r.label, h.scope, h.through, encode(h.fp, 'hex') AS fp, h.n, h.ranges
 FROM sync.holding h JOIN shop.registers r ON r.id = h.replica;
 SELECT forget();
 
+-- A report is settled when it is written at its scope's head with the scope's fingerprint and
+-- count, or behind the head (the next report replaces it): the pass looks for a repair to begin
+-- only among the reports not settled (sync_internal.repair_targets), not at every replica's.
+SELECT s.head, encode(s.fp, 'hex') AS fp, s.n FROM sync.scope s WHERE s.match = '*' \gset
+CREATE FUNCTION report(through bigint, fp text, n bigint) RETURNS boolean LANGUAGE sql AS $$
+    SELECT sync.receive('00000000-0000-0000-0000-0000000000a1',
+                        up(gen_random_uuid()::text, '[]', format(',"holds":{"all":{"through":%s,"fp":"%s","n":%s}}',
+                                                      through, fp, n)));
+    SELECT h.settled FROM sync.holding h WHERE h.replica = '00000000-0000-0000-0000-0000000000a1';
+$$;
+SELECT report(:head, :'fp', :n) AS at_head_the_same,
+       report(:head, repeat('0', 62) || 'fe', :n) AS at_head_another_fingerprint,
+       report(:head, :'fp', :n + 1) AS at_head_another_count,
+       report(:head - 1, repeat('0', 62) || 'fe', :n) AS behind_the_head,
+       report(:head + 1, :'fp', :n) AS past_the_head;
+DROP FUNCTION report;
+SELECT forget();
+
 -- An upload sent again as it was stored (an app that keeps what it sends, and sends it again
 -- later): answered again, and what it reported, older than what a later upload reported, is not
 -- taken. The replica was sent messages 1 and 2 here.

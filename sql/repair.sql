@@ -243,5 +243,34 @@ SELECT g.label, o.kind, o.drops FROM sync.outbox o JOIN shop.registers g ON g.id
 WHERE o.sent_at IS NULL;
 SELECT count(*) AS reports_left FROM sync.foreign_holding;
 
+-- The pass's look for repairs reads the reports that are not settled and those of repairs under
+-- way, not every replica's report: 2,000 more replicas at the head of scope `all`, whose reports
+-- matched it when they came (sync.holding.settled), and one whose report came with another
+-- fingerprint.
+INSERT INTO sync.replica (id) SELECT ('00000000-0000-0000-0001-' || lpad(g::text, 12, '0'))::uuid
+FROM generate_series(1, 2000) g;
+INSERT INTO sync.member (replica, scope, sent, confirmed)
+SELECT r.id, s.id, s.head, s.head FROM sync.replica r, sync.scope s
+WHERE r.id::text LIKE '00000000-0000-0000-0001-%' AND s.match = '*';
+INSERT INTO sync.holding (replica, scope, through, fp, n, settled)
+SELECT m.replica, 'all', s.head, CASE WHEN drifted THEN sync_internal.fp_zero() ELSE s.fp END, s.n,
+       NOT drifted
+FROM sync.member m JOIN sync.scope s ON s.id = m.scope
+CROSS JOIN LATERAL (SELECT m.replica = '00000000-0000-0000-0001-000000000007' AS drifted) d
+WHERE m.replica::text LIKE '00000000-0000-0000-0001-%';
+ANALYZE sync.replica, sync.member, sync.holding;
+CREATE TEMP VIEW reads AS
+SELECT pg_stat_get_xact_tuples_returned('sync.holding'::regclass)
+       + pg_stat_get_xact_tuples_fetched('sync.holding'::regclass) AS reports,
+       pg_stat_get_xact_tuples_returned('sync.member'::regclass)
+       + pg_stat_get_xact_tuples_fetched('sync.member'::regclass) AS cursors;
+BEGIN;
+SELECT reports AS reports_before, cursors AS cursors_before FROM reads \gset
+SELECT replica, scope_name, phase FROM sync_internal.repair_targets();
+SELECT reports - :reports_before < 50 AS few_reports_read, cursors - :cursors_before < 50 AS few_cursors_read
+FROM reads;
+ROLLBACK;
+DROP VIEW reads;
+
 \c postgres
 DROP DATABASE repair_test;

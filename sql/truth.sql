@@ -92,12 +92,19 @@ UPDATE sync.scope s SET fp = sync_internal.fp_add(sync_internal.fp_sub(s.fp, syn
                                          sync_internal.fp_element(l.k, l.now))
 FROM lost l WHERE s.id = l.scope;
 UPDATE sync.scope SET fp = sync_internal.fp_zero() WHERE match = 'depot' AND value = '2';
+-- Its replicas had reported it at its head with the damaged fingerprint: their reports matched
+-- it then (settled). Counted again, the scope may differ from them: they are looked at again.
+INSERT INTO sync.holding (replica, scope, through, fp, n, settled)
+SELECT m.replica, 'depot=2', s.head, s.fp, s.n, true
+FROM sync.member m JOIN sync.scope s ON s.id = m.scope WHERE s.match = 'depot' AND s.value = '2';
 UPDATE sync.outbox SET sent_at = now();
 SELECT * FROM sync.audit();
 SELECT codec, key FROM sync.note ORDER BY codec;
 SELECT sync_internal.scope_name(s.match, s.value, s.partition) AS drifted
 FROM sync.drifted_scope d JOIN sync.scope s ON s.id = d.scope;
 SELECT rows_changed FROM sync.pass();
+SELECT replica, scope, settled FROM sync.holding;
+DELETE FROM sync.holding;
 SELECT count(*) AS drifted FROM sync.drifted_scope;
 SELECT * FROM sync.audit();
 SELECT DISTINCT x->>'t' AS t, x->'k' AS k, x->'r'->>'city' AS city

@@ -168,19 +168,22 @@ BEGIN
     END IF;
 
     IF holds <> '{}' THEN
-        INSERT INTO sync.holding AS h (replica, scope, through, fp, n, ranges, reported_at, applied)
-        SELECT upload_end.replica, e.key, (e.value->>'through')::bigint,
-               decode(e.value->>'fp', 'hex'), (e.value->>'n')::bigint, e.value->'ranges', now(),
-               least(coalesce(upload_end.applied, 0), coalesce(last_sent, 0))
+        INSERT INTO sync.holding AS h (replica, scope, through, fp, n, ranges, reported_at, applied,
+                                       settled)
+        SELECT upload_end.replica, e.key, report.through, report.fp, report.n, e.value->'ranges',
+               now(), least(coalesce(upload_end.applied, 0), coalesce(last_sent, 0)),
+               sync_internal.report_settled(report.through, report.fp, report.n, mine.scope)
         FROM jsonb_each(holds) e
+        CROSS JOIN LATERAL (SELECT (e.value->>'through')::bigint AS through,
+                                   decode(e.value->>'fp', 'hex') AS fp, (e.value->>'n')::bigint AS n) report
         -- Only the scopes it belongs to: an upload names what it likes.
-        JOIN (SELECT sync_internal.scope_name(s.match, s.value, s.partition) AS name
+        JOIN (SELECT sync_internal.scope_name(s.match, s.value, s.partition) AS name, s AS scope
               FROM sync.member m JOIN sync.scope s ON s.id = m.scope
               WHERE m.replica = upload_end.replica) mine ON mine.name = e.key
         ON CONFLICT (replica, scope) DO UPDATE
             SET through = excluded.through, fp = excluded.fp, n = excluded.n,
                 ranges = excluded.ranges, reported_at = excluded.reported_at,
-                applied = excluded.applied
+                applied = excluded.applied, settled = excluded.settled
             WHERE h.applied <= excluded.applied;
         INSERT INTO sync.foreign_holding (replica, scope)
         SELECT upload_end.replica, e.key FROM jsonb_each(holds) e

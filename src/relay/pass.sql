@@ -722,6 +722,8 @@ $$;
 
 -- Scopes the truth audit found drifted from their tables (sync.drifted_scope): their running
 -- fingerprints counted again from sync.row, which the codecs the audit noted whole plan again.
+-- Their head stays where it was, so the reports at it are no longer settled: compared with the
+-- fingerprint counted again, they may differ.
 CREATE FUNCTION sync_internal.pass_recount_drifted_scopes() RETURNS void
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
@@ -733,8 +735,10 @@ BEGIN
                 count(r.k) AS n
                 FROM drifted d LEFT JOIN sync.row r ON r.scope = d.scope
                  AND NOT r.gone AND NOT r.withheld
-                GROUP BY d.scope)
-    UPDATE sync.scope s SET fp = c.fp, n = c.n FROM counted c WHERE s.id = c.scope;
+                GROUP BY d.scope),
+    recounted AS (UPDATE sync.scope s SET fp = c.fp, n = c.n FROM counted c WHERE s.id = c.scope
+                  RETURNING sync_internal.scope_name(s.match, s.value, s.partition) AS name)
+    UPDATE sync.holding h SET settled = false FROM recounted WHERE h.scope = recounted.name AND h.settled;
 END
 $$;
 

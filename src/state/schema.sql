@@ -387,8 +387,14 @@ CREATE TABLE sync.holding (
     ranges jsonb,
     reported_at timestamptz NOT NULL DEFAULT now(),
     applied bigint NOT NULL DEFAULT 0,
+    -- The report matched its scope when it was written (sync_internal.report_settled): no repair
+    -- begins from it, and the pass's look for repairs passes it over, until the replica reports
+    -- again or the scope's fingerprint is counted again.
+    settled boolean NOT NULL DEFAULT false,
     PRIMARY KEY (replica, scope)
 );
+-- The reports a repair may begin from: the pass looks at these, not at every replica's.
+CREATE INDEX holding_unsettled ON sync.holding (replica) WHERE NOT settled;
 
 -- Scopes a replica said it holds that it is not a member of: rows it keeps of a history that is
 -- gone (a database recovered to a point before it joined them), or a report that crossed the

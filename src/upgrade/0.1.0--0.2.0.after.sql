@@ -53,6 +53,11 @@ BEGIN
 END
 $bring_back$;
 
+-- The replicas' reports as 0.2.0 would have written them: settled where they match their scope
+-- (the pass looks for repairs only among the others).
+UPDATE sync.holding h SET settled = sync_internal.report_settled(h.through, h.fp, h.n, s)
+FROM sync.scope s WHERE sync_internal.scope_name(s.match, s.value, s.partition) = h.scope;
+
 -- A kept upload's row names its table since 0.2.0 (0.1.0 kept the row as uploaded, {"t", "r"},
 -- and a message kept whole as it came): each is tried again at once under 0.2.0's filing.
 DO $kept_uploads$

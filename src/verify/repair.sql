@@ -116,11 +116,22 @@ BEGIN
 END
 $$;
 
+-- Whether a replica's report matches its scope: at the head with its fingerprint and count, or
+-- behind the head (a scope's head only moves on, so a report behind it can never be at it: the
+-- replica reports again once it holds what it was sent). No repair begins from a settled report
+-- (sync.holding.settled), whatever its replica's cursors say when the pass looks.
+CREATE FUNCTION sync_internal.report_settled(through bigint, fp bytea, n bigint, scope sync.scope)
+RETURNS boolean
+LANGUAGE sql IMMUTABLE
+RETURN through < scope.head OR (through = scope.head AND fp = scope.fp AND n = scope.n);
+
 -- What can move: a report at the head that differs with no repair yet (`phase` NULL), or a repair
 -- whose last message the replica confirmed and whose breaker is not holding it back, with the
 -- ranges it asked (`asked`, hex prefixes) and the replica's answers (`answers`,
 -- its holding's ranges). Reports of replicas that are not live or of scopes they are not members
--- of never join.
+-- of never join. Only the reports not settled and those of repairs under way are looked at: every
+-- pass asks, and comparing every replica's reports with their scopes cost 21 ms a pass at 10,000
+-- replicas when all of them matched.
 CREATE FUNCTION sync_internal.repair_targets()
 RETURNS TABLE (replica uuid, scope bigint, scope_name text, gen int, phase text, asked text[],
                answers text)
@@ -130,20 +141,29 @@ AS $$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
-    SELECT m.replica, m.scope, sync_internal.scope_name(s.match, s.value, s.partition), r.gen,
-           p.phase, p.ranges, h.ranges::text
-    FROM sync.member m
-    JOIN sync.replica r ON r.id = m.replica AND r.live
-    JOIN sync.scope s ON s.id = m.scope
-    JOIN sync.holding h ON h.replica = m.replica
-     AND h.scope = sync_internal.scope_name(s.match, s.value, s.partition)
-    LEFT JOIN sync.repair p ON p.replica = m.replica AND p.scope = m.scope
-    WHERE m.sent = s.head AND m.confirmed >= s.head AND h.through = s.head
-      AND CASE WHEN p.replica IS NULL THEN h.fp <> s.fp OR h.n <> s.n
+    SELECT looked.replica, at.scope, looked.scope_name, at.gen, p.phase, p.ranges, at.answers
+    FROM (SELECT u.replica, u.scope AS scope_name FROM sync.holding u WHERE NOT u.settled
+          UNION
+          SELECT w.replica, sync_internal.scope_name(ws.match, ws.value, ws.partition)
+          FROM sync.repair w JOIN sync.scope ws ON ws.id = w.scope) looked
+    -- Each report's cursor, scope and replica found by key (OFFSET 0: not joins that the plan
+    -- may make by hashing every replica's cursor when it guesses many reports looked at).
+    CROSS JOIN LATERAL (
+        SELECT m.scope, r.gen, h.ranges::text AS answers, h.fp <> s.fp OR h.n <> s.n AS differs
+        FROM sync.holding h
+        JOIN sync.member m ON m.replica = h.replica
+        JOIN sync.scope s ON s.id = m.scope
+         AND sync_internal.scope_name(s.match, s.value, s.partition) = h.scope
+        JOIN sync.replica r ON r.id = h.replica AND r.live
+        WHERE h.replica = looked.replica AND h.scope = looked.scope_name
+          AND m.sent = s.head AND m.confirmed >= s.head AND h.through = s.head
+        OFFSET 0) at
+    LEFT JOIN sync.repair p ON p.replica = looked.replica AND p.scope = at.scope
+    WHERE CASE WHEN p.replica IS NULL THEN at.differs
           ELSE (p.storm_until IS NULL OR p.storm_until <= now())
                AND (p.waiting IS NULL OR NOT EXISTS (SELECT FROM sync.outbox o
                     WHERE o.replica = p.replica AND o.seq = p.waiting)) END
-    ORDER BY m.replica, m.scope;
+    ORDER BY looked.replica, at.scope;
 END
 $$;
 
