@@ -60,20 +60,24 @@ struct Options {
     int rounds = 3;
     int rows = 2000;
     int concurrency = 64;
-    int patience = 900;  // seconds to wait for a step before giving up
-    int statements = 0;  // print the statements that took the most time in each step
+    int patience = 900;                 // seconds to wait for a step before giving up
+    int statements = 0;                 // print the statements that took the most time in each step
+    std::vector<std::string> settings;  // postgresql.conf lines, as name = value
 };
 
 const char* const kUsage =
     "usage: build/bench/fanout [--transport http|nats] [--replicas N] [--rounds R] [--rows ROWS]\n"
     "                          [--concurrency C] [--patience SECONDS] [--statements N]\n"
+    "                          [--setting NAME=VALUE]...\n"
     "The fan-out measured at the server: N live replicas (default 10,000) answered by one\n"
     "ack-only sink, R rounds (default 3) of ROWS changed catalog rows (default 2,000), each from\n"
     "its commit to the last acknowledgement, with the server's CPU per delivered message.\n"
     "  --rounds 0         measure provisioning only\n"
     "  --concurrency C    the sender's messages in flight (default 64)\n"
     "  --patience S       give a step up after S seconds (default 900)\n"
-    "  --statements N     print the N statements that took the most time in each step\n";
+    "  --statements N     print the N statements that took the most time in each step\n"
+    "  --setting N=V      a server setting, as in postgresql.conf "
+    "(magic_sync.rows_per_message=1000)\n";
 
 Options parse(int argc, char** argv) {
     Options options;
@@ -99,6 +103,9 @@ Options parse(int argc, char** argv) {
             options.patience = std::stoi(value);
         else if (name == "--statements")
             options.statements = std::stoi(value);
+        else if (name == "--setting" && value.find('=') != std::string::npos)
+            options.settings.push_back(value.substr(0, value.find('=')) + " = '" +
+                                       value.substr(value.find('=') + 1) + "'");
         else
             throw std::invalid_argument("unknown option " + name + " " + value);
     }
@@ -312,9 +319,11 @@ class Rig {
     // With --statements, pg_stat_statements counts every statement, those inside functions and
     // the relay's own included.
     static std::vector<std::string> settings(const Options& options) {
-        if (options.statements == 0) return {};
-        return {"shared_preload_libraries = 'magic_sync, pg_stat_statements'",
-                "pg_stat_statements.track = all"};
+        std::vector<std::string> settings = options.settings;
+        if (options.statements == 0) return settings;
+        settings.push_back("shared_preload_libraries = 'magic_sync, pg_stat_statements'");
+        settings.push_back("pg_stat_statements.track = all");
+        return settings;
     }
 
     void reset_statements() {
@@ -418,6 +427,7 @@ void bench(const Options& options) {
         " sender --concurrency %d; %ld cores\n",
         options.transport.c_str(), options.replicas, options.rows, options.rounds,
         options.concurrency, sysconf(_SC_NPROCESSORS_ONLN));
+    for (const std::string& setting : options.settings) std::printf("  %s\n", setting.c_str());
     std::fflush(stdout);
     Rig rig(options);
     rig.provision();
