@@ -130,8 +130,14 @@ AS $$
                              JOIN sync.replica r ON r.id = d.replica AND r.live
                              WHERE d.refusals >= max_refusals)
              THEN now() END,
-        (SELECT min(CASE WHEN sync_internal.lease_holds(o) THEN o.lease_until ELSE now() END)
-         FROM sync.confirmation c JOIN sync.outbox o ON o.replica = c.replica AND o.seq <= c.applied),
+        -- Each confirmation's messages found by key (OFFSET 0): sync.confirmation is a queue the
+        -- passes empty, and its statistics, taken when it was long, had the plan hash the whole
+        -- outbox at every pass (12 ms at 10,000 replicas, for 150 confirmations).
+        (SELECT min(CASE WHEN confirmed.lease_holds THEN confirmed.lease_until ELSE now() END)
+         FROM sync.confirmation c
+         CROSS JOIN LATERAL (SELECT o.lease_until, sync_internal.lease_holds(o) AS lease_holds
+                             FROM sync.outbox o WHERE o.replica = c.replica AND o.seq <= c.applied
+                             OFFSET 0) confirmed),
         (SELECT st.replicas_scanned_at + replica_scan
          FROM sync.replica_set s JOIN pg_class v ON v.oid = s.relation AND v.relkind NOT IN ('r', 'p')
          CROSS JOIN sync.relay_state st),
