@@ -44,10 +44,15 @@ DECLARE
     written bigint;
 BEGIN
     WITH queued AS (DELETE FROM pg_temp.magic_sync_enqueue RETURNING *),
+    -- Each message's replica found by key (OFFSET 0): the statistics of the working table may be
+    -- those of a pass that queued 50,000 messages, and the plan hashed every replica for the 100
+    -- of a pass in a fan-out's round (10,000 replicas: 13 ms a pass).
     numbered AS (
         SELECT q.*, r.gen,
                r.next_seq - 1 + row_number() OVER (PARTITION BY q.replica ORDER BY q.position) AS seq
-        FROM queued q JOIN sync.replica r ON r.id = q.replica AND r.live),
+        FROM queued q
+        CROSS JOIN LATERAL (SELECT x.gen, x.next_seq FROM sync.replica x
+                            WHERE x.id = q.replica AND x.live OFFSET 0) r),
     stored AS (
         INSERT INTO sync.outbox (replica, seq, gen, kind, chunks, reset, drops, table_drops,
                                  advances, upload, body)

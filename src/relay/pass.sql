@@ -807,7 +807,9 @@ BEGIN
                        OR m.replica IN (SELECT w.replica FROM pg_temp.magic_sync_written w))
                 OFFSET 0) behind
           OFFSET 0) b
-    JOIN sync.replica r ON r.id = b.replica AND r.live AND NOT r.proving
+    -- The replica of each cursor with room, by key (not a hash of every replica).
+    CROSS JOIN LATERAL (SELECT FROM sync.replica r
+                        WHERE r.id = b.replica AND r.live AND NOT r.proving OFFSET 0) sendable
     WHERE b.room > 0;
 END
 $$;
