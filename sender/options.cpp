@@ -30,6 +30,9 @@ replicas, one message at a time per replica, in order. Holds no state: kill it a
                          without an ack (default 60)
   --send-timeout SECONDS a send taking longer is a transient failure
                          (default: the server's magic_sync.send_timeout)
+  --chunk-cache MIB      how much of the shared chunks of rows messages to keep, so that a
+                         chunk sent to many replicas is read from the database once (default
+                         64); a round of messages that names more is read again each round
   --metrics HOST:PORT    serve GET /metrics for Prometheus there: messages sent, failed and
                          refused, bytes, send times, sends in flight, and the backlog read
                          with each progress line (--report); pull: requests by route and
@@ -135,6 +138,10 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--send-timeout",
          [&](const std::string& v) {
              options.send_timeout_seconds = parse_seconds("--send-timeout", v, false);
+         }},
+        {"--chunk-cache",
+         [&](const std::string& v) {
+             options.chunk_cache_mib = static_cast<size_t>(parse_count("--chunk-cache", v));
          }},
         {"--metrics", [&](const std::string& v) { options.metrics = v; }},
         {"--url", [&](const std::string& v) { options.url = v; }},
