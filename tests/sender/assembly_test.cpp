@@ -83,6 +83,34 @@ TEST(RowsByReference, TheSenderSendsExactlyWhatSyncMessageAssembles) {
     EXPECT_EQ(outbox.unsent(), 0);
 }
 
+// A message whose chunks are gone by the time the sender asks for them (pruned: its replica
+// confirmed it, or its generation ended, after the lease) is not sent, nor the rest of its run:
+// never a message after one that was not sent. Here a trigger deletes replica 1's first chunk as
+// its message is leased.
+TEST(RowsByReference, AMessageWhoseChunksAreGoneIsLeftOutWithTheRestOfItsRun) {
+    Outbox outbox("by_reference_gone", 0, 0);
+    write_messages(outbox, "first");
+    outbox.sql(R"(
+        CREATE FUNCTION prune_on_lease() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            DELETE FROM sync.chunk WHERE id = 1;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER prune_on_lease AFTER UPDATE OF lease_until ON sync.outbox FOR EACH ROW
+        WHEN (NEW.replica = '00000000-0000-0000-0000-000000000001' AND NEW.seq = 1)
+        EXECUTE FUNCTION prune_on_lease();
+    )");
+    HttpSink sink;
+    TempDir dir;
+    SenderProcess sender(outbox, dir,
+                         {"--transport", "http", "--url", sink.url(), "--run", "2", "--once"});
+    ASSERT_EQ(sender.wait(60s), 0) << sender.log();
+    // Replica 1's second message names chunk 3 alone; replica 2's first names chunk 1 too.
+    EXPECT_EQ(sink.ids(replica_id(1), false), std::vector<std::string>{});
+    EXPECT_EQ(sink.ids(replica_id(2), false), std::vector<std::string>{});
+    EXPECT_EQ(outbox.unsent(), 5);
+}
+
 // A database re-created (another origin) numbers its chunks from 1 again: a sender that keeps the
 // first database's chunk 1 must fetch the new one, not send the old body under the new history.
 TEST(RowsByReference, AChunkKeptIsNeverTakenForOneOfAnotherHistory) {
