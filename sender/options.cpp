@@ -94,7 +94,7 @@ pull (devices behind NAT ask this sender over HTTP; put TLS in front with a reve
   another transport delivers; 503 when asking again may help, 500 when it would fail the
   same way. The --db role needs sync_sender,
   sync_receiver (for up) and what the token query reads. --concurrency, --run, --once,
-  --send-timeout and --report are for push transports.
+  --send-timeout, --chunk-cache and --report are for push transports.
 )";
 
 namespace {
