@@ -81,12 +81,13 @@ constexpr Statement kFailed{
 constexpr Statement kNext{"magic_sync_next",
                           "SELECT replica::text, seq, message_id, message, origin, gen, reset, "
                           "drops, table_drops, chunks "
-                          "FROM sync.next($1::int, $2::interval, NULL, $3::int, $4::text)"};
+                          "FROM sync.next($1::int, $2::interval, NULL, $3::int, $4::text, "
+                          "by_reference => true)"};
 constexpr Statement kNextAmong{"magic_sync_next_among",
                                "SELECT replica::text, seq, message_id, message, origin, gen, "
                                "reset, drops, table_drops, chunks "
                                "FROM sync.next($1::int, $2::interval, $3::uuid[], $4::int, "
-                               "$5::text)"};
+                               "$5::text, by_reference => true)"};
 enum Column {
     kReplica,
     kSeq,

@@ -277,9 +277,10 @@ UPDATE sync.outbox SET sent_at = now() WHERE replica = '00000000-0000-0000-0002-
 SELECT sync_internal.outbox_room('00000000-0000-0000-0002-000000000001', 8) AS room_all_sent;
 DELETE FROM sync.replica WHERE id = '00000000-0000-0000-0002-000000000001';
 
--- A rows message comes by reference: its envelope and the ids of its chunks, in order (the sender
--- fetches the chunks it does not hold with sync.chunks and assembles the message as sync.message
--- does); a message stored whole comes as its bytes, with no reference.
+-- Asked for by reference (as the sender asks), a rows message comes as its envelope and the ids of
+-- its chunks, in order (the sender fetches the chunks it does not hold with sync.chunks and
+-- assembles the message as sync.message does); a message stored whole comes as its bytes, with no
+-- reference. Otherwise every message comes assembled.
 INSERT INTO sync.replica (id, gen) VALUES ('00000000-0000-0000-0000-00000000000f', 3);
 INSERT INTO sync.scope (match, value) VALUES ('sender_test', '1');
 INSERT INTO sync.chunk (id, scope, from_seq, to_seq, built_head, rows, bytes, body, withheld)
@@ -295,8 +296,12 @@ VALUES ('00000000-0000-0000-0000-00000000000f', 1, 3, 'rows', '{1002,1001}', '{*
         '{old_items}', NULL),
        ('00000000-0000-0000-0000-00000000000f', 2, 3, 'ranges', '{}', '{}', '{}', '{}',
         convert_to('{"kind":"ranges"}', 'UTF8'));
-SELECT seq, message_id, convert_from(message, 'UTF8') AS message, gen, reset, drops, table_drops, chunks
+BEGIN;
+SELECT seq, message = sync.message(replica, seq) AS assembled, gen, reset, drops, table_drops, chunks
 FROM sync.next(1, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000f']::uuid[], 2);
+ROLLBACK;
+SELECT seq, message_id, convert_from(message, 'UTF8') AS message, gen, reset, drops, table_drops, chunks
+FROM sync.next(1, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000f']::uuid[], 2, by_reference => true);
 -- Each chunk's body and its withheld notes in order (a key canonical, or NULL and its hash); a
 -- chunk that is gone is not returned.
 SELECT id, body, withheld_tables, withheld_keys, withheld_whys, withheld_key_hashes
