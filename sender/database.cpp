@@ -1,8 +1,10 @@
 #include "database.hpp"
 
 #include <cstring>
+#include <map>
 #include <memory>
 #include <set>
+#include <string_view>
 
 #include "libpq/connection.hpp"
 #include "protocol/messages.hpp"
@@ -27,6 +29,41 @@ int64_t big_endian_int64(const char* bytes) {
     return static_cast<int64_t>(value);
 }
 
+int32_t big_endian_int32(const char* bytes) {
+    uint32_t value = 0;
+    for (int i = 0; i < 4; ++i) value = (value << 8) | static_cast<unsigned char>(bytes[i]);
+    return static_cast<int32_t>(value);
+}
+
+// The elements of a one-dimensional array in binary form (PostgreSQL's array_send), each its
+// bytes in binary form, none for NULL; std::nullopt when the bytes are not such an array.
+std::optional<std::vector<std::optional<std::string>>> array_elements(std::string_view bytes) {
+    std::vector<std::optional<std::string>> elements;
+    size_t at = 0;
+    const auto int32 = [&](int32_t& value) {
+        if (bytes.size() - at < 4) return false;
+        value = big_endian_int32(bytes.data() + at);
+        at += 4;
+        return true;
+    };
+    int32_t dimensions = 0, flags = 0, type = 0, count = 0, lower_bound = 0;
+    if (!int32(dimensions) || !int32(flags) || !int32(type)) return std::nullopt;
+    if (dimensions == 0) return elements;
+    if (dimensions != 1 || !int32(count) || !int32(lower_bound) || count < 0) return std::nullopt;
+    for (int32_t i = 0; i < count; ++i) {
+        int32_t length = 0;
+        if (!int32(length)) return std::nullopt;
+        if (length < 0) {
+            elements.emplace_back();
+            continue;
+        }
+        if (bytes.size() - at < static_cast<size_t>(length)) return std::nullopt;
+        elements.emplace_back(std::string(bytes.substr(at, static_cast<size_t>(length))));
+        at += static_cast<size_t>(length);
+    }
+    return elements;
+}
+
 // Every value that comes from outside is a bound parameter; these are the statements, prepared
 // once per connection.
 struct Statement {
@@ -39,15 +76,35 @@ constexpr Statement kSent{
 constexpr Statement kFailed{
     "magic_sync_failed",
     "SELECT sync.failed($1::uuid, $2::bigint, $3::boolean, $4::text, $5::text)"};
-// Binary results: the bytes arrive as they are, and seq as 8 bytes.
+// Binary results: the bytes arrive as they are, seq as 8 bytes, gen as 4, arrays as array_send
+// writes them. Columns in the order of enum Column below.
 constexpr Statement kNext{"magic_sync_next",
-                          "SELECT replica::text, seq, message_id, message, origin "
-                          "FROM sync.next($1::int, $2::interval, NULL, $3::int, $4::text)"};
+                          "SELECT replica::text, seq, message_id, message, origin, gen, reset, "
+                          "drops, table_drops, chunks "
+                          "FROM sync.next($1::int, $2::interval, NULL, $3::int, $4::text, "
+                          "by_reference => true)"};
 constexpr Statement kNextAmong{"magic_sync_next_among",
-                               "SELECT replica::text, seq, message_id, message, origin "
+                               "SELECT replica::text, seq, message_id, message, origin, gen, "
+                               "reset, drops, table_drops, chunks "
                                "FROM sync.next($1::int, $2::interval, $3::uuid[], $4::int, "
-                               "$5::text)"};
-constexpr Statement kStatements[] = {kSent, kFailed, kNext, kNextAmong};
+                               "$5::text, by_reference => true)"};
+enum Column {
+    kReplica,
+    kSeq,
+    kMessageId,
+    kMessage,
+    kOrigin,
+    kGen,
+    kReset,
+    kDrops,
+    kTableDrops,
+    kChunks
+};
+// Binary results too: id as 8 bytes, the body as it is, the notes' arrays as array_send writes.
+constexpr Statement kFetchChunks{"magic_sync_chunks",
+                                 "SELECT id, body, withheld_tables, withheld_keys, withheld_whys, "
+                                 "withheld_key_hashes FROM sync.chunks($1::bigint[], $2::text)"};
+constexpr Statement kStatements[] = {kSent, kFailed, kNext, kNextAmong, kFetchChunks};
 
 // An array literal of values that came from the database (uuids, numbers): nothing to quote.
 template <typename Value, typename Text>
@@ -64,10 +121,11 @@ std::string array_literal(const std::vector<Value>& values, Text text) {
 
 // An exchange sent and not read to its end: what each of its results is, in order.
 struct Database::Pending {
-    enum class Step { sent, failed, next_among, next_any };
+    enum class Step { sent, failed, next_among, next_any, chunks };
     std::vector<Step> steps;
     size_t step = 0;
     bool result_read = false;  // the step's result was read: the null that ends it comes next
+    bool synced = false;       // the pipeline's end was read: only the chunks' statement may follow
     bool done = false;
     std::vector<std::pair<std::string, bool>> recorded;  // replica, taken
     std::vector<std::string> failed_replicas;            // of the failed steps, in order
@@ -76,10 +134,22 @@ struct Database::Pending {
     std::set<std::string> backing_off;
     std::string error;  // the first statement's error: nothing was applied
     Exchange exchange;
+    // A rows message leased by reference: exchange.leased[delivery] once assembled.
+    struct Reference {
+        size_t delivery = 0;
+        protocol::RowsMessage envelope;
+        std::vector<int64_t> chunks;
+    };
+    std::vector<Reference> references;
+    std::string origin;  // the history they were leased in
+    // The chunks they name, from the cache or fetched (none: not found yet).
+    std::map<int64_t, std::shared_ptr<const protocol::StoredChunk>> chunks;
 };
 
-Database::Database(std::string conninfo, std::string transport)
-    : conninfo_(std::move(conninfo)), transport_(std::move(transport)) {}
+Database::Database(std::string conninfo, std::string transport, size_t chunk_cache_bytes)
+    : conninfo_(std::move(conninfo)),
+      transport_(std::move(transport)),
+      chunks_(chunk_cache_bytes) {}
 
 Database::~Database() { disconnect(); }
 
@@ -182,14 +252,35 @@ void Database::start_exchange(const std::vector<Settlement>& settlements, const 
     pending_ = std::move(pending);
 }
 
-bool Database::read_one_result() {
-    if (PQisBusy(connection_)) return false;
+bool Database::fetch_missing_chunks() {
     Pending& pending = *pending_;
+    std::vector<int64_t> missing;
+    for (const auto& [id, chunk] : pending.chunks)
+        if (chunk == nullptr) missing.push_back(id);
+    if (missing.empty()) return false;
+    const std::string ids = array_literal(missing, [](int64_t id) { return std::to_string(id); });
+    const char* values[] = {ids.c_str(), pending.origin.c_str()};
+    if (PQsendQueryPrepared(connection_, kFetchChunks.name, 2, values, nullptr, nullptr, 1) != 1)
+        fail("cannot send the exchange");
+    pending.steps.push_back(Pending::Step::chunks);
+    return true;
+}
+
+bool Database::read_one_result() {
+    Pending& pending = *pending_;
+    if (pending.synced && pending.step == pending.steps.size()) {
+        pending.done = true;
+        return false;
+    }
+    if (PQisBusy(connection_)) return false;
     Result result(PQgetResult(connection_), PQclear);
     if (pending.step == pending.steps.size()) {
         if (result == nullptr || PQresultStatus(result.get()) != PGRES_PIPELINE_SYNC)
             fail("the exchange did not complete");
         if (PQexitPipelineMode(connection_) != 1) fail("cannot leave pipeline mode");
+        pending.synced = true;
+        // The lease is in (its transaction committed); the chunks follow in one more statement.
+        if (pending.error.empty() && fetch_missing_chunks()) return true;
         pending.done = true;
         return false;
     }
@@ -224,23 +315,107 @@ bool Database::read_one_result() {
                                    ? pending.exchange.replicas_among_taken
                                    : pending.exchange.replicas_any;
             std::vector<Delivery>& leased = pending.exchange.leased;
+            const auto cell = [&](int row, Column column) {
+                return std::string_view(PQgetvalue(rows, row, column),
+                                        static_cast<size_t>(PQgetlength(rows, row, column)));
+            };
+            const auto texts = [&](int row, Column column) {
+                std::vector<std::string> texts;
+                const auto elements = array_elements(cell(row, column));
+                if (!elements) fail("sync.next returned an array that does not read");
+                for (const auto& element : *elements) texts.push_back(element.value_or(""));
+                return texts;
+            };
             for (int row = 0; row < PQntuples(rows); ++row) {
                 Delivery delivery;
-                delivery.replica.assign(PQgetvalue(rows, row, 0), PQgetlength(rows, row, 0));
-                delivery.seq = big_endian_int64(PQgetvalue(rows, row, 1));
-                delivery.message_id.assign(PQgetvalue(rows, row, 2), PQgetlength(rows, row, 2));
-                delivery.origin.assign(PQgetvalue(rows, row, 4), PQgetlength(rows, row, 4));
-                delivery.bytes = stamped_with_origin(
-                    std::string(PQgetvalue(rows, row, 3), PQgetlength(rows, row, 3)),
-                    delivery.origin);
+                delivery.replica = cell(row, kReplica);
+                delivery.seq = big_endian_int64(PQgetvalue(rows, row, kSeq));
+                delivery.message_id = cell(row, kMessageId);
+                delivery.origin = cell(row, kOrigin);
+                if (!PQgetisnull(rows, row, kMessage)) {
+                    delivery.bytes =
+                        stamped_with_origin(std::string(cell(row, kMessage)), delivery.origin);
+                } else {
+                    // A rows message by reference: assembled once its chunks are in.
+                    Pending::Reference reference;
+                    reference.delivery = leased.size();
+                    reference.envelope.header = {delivery.replica,
+                                                 big_endian_int32(PQgetvalue(rows, row, kGen)),
+                                                 delivery.seq, delivery.origin};
+                    reference.envelope.reset = texts(row, kReset);
+                    reference.envelope.drop = texts(row, kDrops);
+                    reference.envelope.drop_tables = texts(row, kTableDrops);
+                    const auto ids = array_elements(cell(row, kChunks));
+                    if (!ids) fail("sync.next returned an array that does not read");
+                    for (const auto& id : *ids) {
+                        if (!id || id->size() != 8)
+                            fail("sync.next returned a chunk id that does not read");
+                        reference.chunks.push_back(big_endian_int64(id->data()));
+                    }
+                    // All of an exchange's leases are of one transaction: one origin.
+                    pending.origin = delivery.origin;
+                    for (int64_t id : reference.chunks) {
+                        auto& chunk = pending.chunks[id];
+                        if (chunk == nullptr) chunk = chunks_.find(delivery.origin, id);
+                    }
+                    pending.references.push_back(std::move(reference));
+                }
                 // A replica's run comes in one piece.
                 if (row == 0 || leased.back().replica != delivery.replica) ++replicas;
                 leased.push_back(std::move(delivery));
             }
             break;
         }
+        case Pending::Step::chunks:
+            for (int row = 0; row < PQntuples(rows); ++row) {
+                const int64_t id = big_endian_int64(PQgetvalue(rows, row, 0));
+                auto chunk = std::make_shared<protocol::StoredChunk>();
+                chunk->body.assign(PQgetvalue(rows, row, 1), PQgetlength(rows, row, 1));
+                std::optional<std::vector<std::optional<std::string>>> notes[4];
+                for (int column = 0; column < 4; ++column) {
+                    notes[column] = array_elements(
+                        std::string_view(PQgetvalue(rows, row, 2 + column),
+                                         static_cast<size_t>(PQgetlength(rows, row, 2 + column))));
+                    if (!notes[column] || notes[column]->size() != notes[0]->size())
+                        fail("sync.chunks returned notes that do not read");
+                }
+                const auto& [tables, keys, whys, key_hashes] = notes;
+                for (size_t note = 0; note < tables->size(); ++note)
+                    chunk->withheld.push_back(
+                        protocol::stored_note((*tables)[note].value_or(""), (*keys)[note],
+                                              (*whys)[note].value_or(""), (*key_hashes)[note]));
+                chunks_.add(pending.origin, id, chunk);
+                pending.chunks[id] = std::move(chunk);
+            }
+            break;
     }
     return true;
+}
+
+void Database::assemble(Pending& pending) {
+    std::vector<Delivery>& leased = pending.exchange.leased;
+    std::vector<bool> gone(leased.size(), false);
+    for (const Pending::Reference& reference : pending.references) {
+        Delivery& delivery = leased[reference.delivery];
+        std::vector<const protocol::StoredChunk*> chunks;
+        for (int64_t id : reference.chunks) {
+            const auto& chunk = pending.chunks[id];
+            if (chunk == nullptr) break;
+            chunks.push_back(chunk.get());
+        }
+        if (chunks.size() < reference.chunks.size()) {
+            // Its run from here on is left out: never a message after one that was not sent.
+            for (size_t i = reference.delivery;
+                 i < leased.size() && leased[i].replica == delivery.replica; ++i)
+                gone[i] = true;
+            continue;
+        }
+        delivery.bytes = protocol::assemble_rows(reference.envelope, chunks);
+    }
+    size_t kept = 0;
+    for (size_t i = 0; i < leased.size(); ++i)
+        if (!gone[i] && kept++ != i) leased[kept - 1] = std::move(leased[i]);
+    leased.resize(kept);
 }
 
 Arrived Database::read() {
@@ -254,6 +429,7 @@ Arrived Database::read() {
         if (!pending_->done) return arrived;
         const std::unique_ptr<Pending> pending = std::move(pending_);
         if (!pending->error.empty()) throw DatabaseError(pending->error);
+        assemble(*pending);
         for (const auto& [replica, taken] : pending->recorded) {
             const auto& changed = taken ? pending->recovered : pending->backing_off;
             pending->exchange.changes.push_back(changed.count(replica) == 0 ? ReplicaChange::none

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "chunk_cache.hpp"
 #include "transport.hpp"
 
 namespace magic_sync::sender {
@@ -22,6 +23,7 @@ class DatabaseError : public std::runtime_error {
 // A message as it is sent: its header names the history it is sent from (`origin`, from
 // sync.next or sync.pull_head), so that a replica does not trust its counters across a restore or
 // a failover. A message that does not decode goes as it is: the replica says it is malformed.
+// (A rows message sync.next returns by reference is assembled with its origin in its header.)
 std::string stamped_with_origin(const std::string& message, const std::string& origin);
 
 // The outcome of one delivery, to be recorded.
@@ -68,7 +70,8 @@ struct Backlog {
 class Database {
   public:
     // `transport`: the sender's (--transport); it leases only the replicas that transport delivers.
-    Database(std::string conninfo, std::string transport);
+    // `chunk_cache_bytes`: how much of the chunks of rows messages it keeps (ChunkCache).
+    Database(std::string conninfo, std::string transport, size_t chunk_cache_bytes);
     ~Database();
     Database(const Database&) = delete;
     Database& operator=(const Database&) = delete;
@@ -83,7 +86,11 @@ class Database {
 
     // Sends an exchange: records the settlements and leases what `wants` asks for `lease_seconds`,
     // in one transaction and one round trip. It runs while the caller goes on; `read` returns it
-    // once its results are in. One at a time.
+    // once its results are in. One at a time. The rows messages it leases come by reference: the
+    // chunks they name that the cache does not hold are fetched by one more statement (a second
+    // round trip) before `read` returns them assembled. A message whose chunks are gone (it was
+    // pruned meanwhile: its replica confirmed it or was provisioned again) is left out, with the
+    // rest of its run.
     void start_exchange(const std::vector<Settlement>& settlements, const Wants& wants,
                         double lease_seconds);
     bool exchange_pending() const { return pending_ != nullptr; }
@@ -102,9 +109,15 @@ class Database {
     [[noreturn]] void fail(const std::string& what);
     // Reads one result of the pending exchange; false when it would have to wait for it.
     bool read_one_result();
+    // Once the lease is in: sends the statement that fetches the chunks its messages name and the
+    // cache does not hold; false when there are none.
+    bool fetch_missing_chunks();
+    // The leased rows messages assembled from their chunks, those whose chunks are gone left out.
+    void assemble(Pending& pending);
 
     std::string conninfo_;
     std::string transport_;
+    ChunkCache chunks_;
     PGconn* connection_ = nullptr;
     std::unique_ptr<Pending> pending_;
 };

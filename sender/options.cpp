@@ -30,6 +30,9 @@ replicas, one message at a time per replica, in order. Holds no state: kill it a
                          without an ack (default 60)
   --send-timeout SECONDS a send taking longer is a transient failure
                          (default: the server's magic_sync.send_timeout)
+  --chunk-cache MIB      how much of the shared chunks of rows messages to keep, so that a
+                         chunk sent to many replicas is read from the database once (default
+                         64); a round of messages that names more is read again each round
   --metrics HOST:PORT    serve GET /metrics for Prometheus there: messages sent, failed and
                          refused, bytes, send times, sends in flight, and the backlog read
                          with each progress line (--report); pull: requests by route and
@@ -91,7 +94,7 @@ pull (devices behind NAT ask this sender over HTTP; put TLS in front with a reve
   another transport delivers; 503 when asking again may help, 500 when it would fail the
   same way. The --db role needs sync_sender,
   sync_receiver (for up) and what the token query reads. --concurrency, --run, --once,
-  --send-timeout and --report are for push transports.
+  --send-timeout, --chunk-cache and --report are for push transports.
 )";
 
 namespace {
@@ -135,6 +138,10 @@ Options parse_options(const std::vector<std::string>& arguments) {
         {"--send-timeout",
          [&](const std::string& v) {
              options.send_timeout_seconds = parse_seconds("--send-timeout", v, false);
+         }},
+        {"--chunk-cache",
+         [&](const std::string& v) {
+             options.chunk_cache_mib = static_cast<size_t>(parse_count("--chunk-cache", v));
          }},
         {"--metrics", [&](const std::string& v) { options.metrics = v; }},
         {"--url", [&](const std::string& v) { options.url = v; }},

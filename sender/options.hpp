@@ -18,6 +18,7 @@ struct Options {
     std::optional<double> lease_seconds;         // default: from the send timeout
     std::optional<double> send_timeout_seconds;  // default: magic_sync.send_timeout
     std::string metrics;                         // HOST:PORT serving /metrics; empty: none
+    size_t chunk_cache_mib = 64;                 // of the chunks of rows messages it keeps
     // http
     std::string url;
     // nats

@@ -288,20 +288,61 @@ UPDATE sync.outbox SET sent_at = now() WHERE replica = '00000000-0000-0000-0002-
 SELECT sync_internal.outbox_room('00000000-0000-0000-0002-000000000001', 8) AS room_all_sent;
 DELETE FROM sync.replica WHERE id = '00000000-0000-0000-0002-000000000001';
 
+-- Asked for by reference (as the sender asks), a rows message comes as its envelope and the ids of
+-- its chunks, in order (the sender fetches the chunks it does not hold with sync.chunks and
+-- assembles the message as sync.message does); a message stored whole comes as its bytes, with no
+-- reference. Otherwise every message comes assembled.
+INSERT INTO sync.replica (id, gen) VALUES ('00000000-0000-0000-0000-00000000000f', 3);
+INSERT INTO sync.scope (match, value) VALUES ('sender_test', '1');
+INSERT INTO sync.chunk (id, scope, from_seq, to_seq, built_head, rows, bytes, body, withheld)
+SELECT c.id, s.id, c.from_seq, c.to_seq, c.to_seq, 0, 0, c.body, c.withheld
+FROM sync.scope s, (VALUES
+    (1001, 0, 2, '{"scope":"sender_test=1","from":0,"to":2,"rows":[]}',
+     '[{"t":"items","k":{"id":7, "name":"x"},"why":"too big"},
+       {"t":"items","kh":"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef","why":"number past double"}]'::jsonb),
+    (1002, 2, 4, '{"scope":"sender_test=1","from":2,"to":4,"rows":[]}', '[]')) AS c(id, from_seq, to_seq, body, withheld)
+WHERE s.match = 'sender_test';
+INSERT INTO sync.outbox (replica, seq, gen, kind, chunks, reset, drops, table_drops, body)
+VALUES ('00000000-0000-0000-0000-00000000000f', 1, 3, 'rows', '{1002,1001}', '{*}', '{sender_test=2}',
+        '{old_items}', NULL),
+       ('00000000-0000-0000-0000-00000000000f', 2, 3, 'ranges', '{}', '{}', '{}', '{}',
+        convert_to('{"kind":"ranges"}', 'UTF8'));
+BEGIN;
+SELECT seq, message = sync.message(replica, seq) AS assembled, gen, reset, drops, table_drops, chunks
+FROM sync.next(1, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000f']::uuid[], 2);
+ROLLBACK;
+SELECT seq, message_id, convert_from(message, 'UTF8') AS message, gen, reset, drops, table_drops, chunks
+FROM sync.next(1, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000f']::uuid[], 2, by_reference => true);
+-- Each chunk's body and its withheld notes in order (a key canonical, or NULL and its hash); a
+-- chunk that is gone is not returned.
+SELECT id, body, withheld_tables, withheld_keys, withheld_whys, withheld_key_hashes
+FROM sync.chunks('{1002,1001,1003}', sync_internal.origin()) ORDER BY id;
+-- Nothing for another history: a restored or re-created database numbers its chunks again.
+SELECT count(*) AS of_another_history
+FROM sync.chunks('{1001,1002}', '1/1/00000000-0000-0000-0000-000000000000');
+-- sync.message assembles the message from the same chunks: the envelope, the chunks in the
+-- message's order, their notes after them.
+SELECT convert_from(sync.message('00000000-0000-0000-0000-00000000000f', 1), 'UTF8') AS assembled;
+DELETE FROM sync.replica WHERE id = '00000000-0000-0000-0000-00000000000f';
+DELETE FROM sync.chunk WHERE id IN (1001, 1002);
+DELETE FROM sync.scope WHERE match = 'sender_test';
+
 -- Only sync_sender may call them; they run as the extension's owner with a pinned search_path.
 SELECT p.proname, p.prosecdef AS security_definer, p.proconfig,
        has_function_privilege('sync_sender', p.oid, 'EXECUTE') AS sender_can,
        has_function_privilege('sync_receiver', p.oid, 'EXECUTE') AS receiver_can,
        has_function_privilege('public', p.oid, 'EXECUTE') AS public_can
 FROM pg_proc p
-WHERE p.pronamespace = 'sync'::regnamespace AND p.proname IN ('next', 'sent', 'failed', 'backlog')
+WHERE p.pronamespace = 'sync'::regnamespace AND p.proname IN ('next', 'chunks', 'sent', 'failed', 'backlog')
 ORDER BY p.proname;
 CREATE ROLE sender_login LOGIN IN ROLE sync_sender;
 CREATE ROLE stranger LOGIN;
 SET ROLE sender_login;
 SELECT count(*) AS as_sender FROM sync.next(10, '1 minute');
+SELECT count(*) AS chunks_as_sender FROM sync.chunks('{1}', '1/1/00000000-0000-0000-0000-000000000000');
 SET ROLE stranger;
 SELECT count(*) FROM sync.next(10, '1 minute');
+SELECT count(*) FROM sync.chunks('{1}', '1/1/00000000-0000-0000-0000-000000000000');
 RESET ROLE;
 DROP ROLE sender_login;
 DROP ROLE stranger;

@@ -233,6 +233,29 @@ std::string encode_rows(const RowsMessage& message, const std::vector<std::strin
     return encode_rows_with(message, chunks);
 }
 
+KeyNote stored_note(std::string table, std::optional<std::string> key, std::string why,
+                    const std::optional<std::string>& key_hash) {
+    KeyNote note{std::move(table), std::move(key).value_or(""), std::move(why)};
+    if (key_hash) note.key_hash = digest_from_hex(*key_hash);
+    return note;
+}
+
+std::string assemble_rows(const RowsMessage& message,
+                          const std::vector<const StoredChunk*>& chunks) {
+    if (!message.withheld.empty()) {
+        throw std::invalid_argument(
+            "assemble_rows: the message's withheld notes come from its chunks, not from it");
+    }
+    RowsMessage whole = message;
+    std::vector<std::string_view> bodies;
+    bodies.reserve(chunks.size());
+    for (const StoredChunk* chunk : chunks) {
+        bodies.push_back(chunk->body);
+        whole.withheld.insert(whole.withheld.end(), chunk->withheld.begin(), chunk->withheld.end());
+    }
+    return encode_rows(whole, bodies);
+}
+
 std::string encode(const FiledMessage& message) {
     std::string out;
     const bool hashed = std::any_of(message.kept.begin(), message.kept.end(),

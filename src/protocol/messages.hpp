@@ -225,6 +225,22 @@ std::string encode(const Upload& upload);
 // `message.chunks` must be empty (std::invalid_argument otherwise).
 std::string encode_rows(const RowsMessage& message, const std::vector<std::string_view>& chunks);
 
+// A chunk as the server keeps it (sync.chunk), shared by the rows messages that name it: its
+// encoded body (encode(const Chunk&)) and the notes of the rows of its run that were withheld.
+struct StoredChunk {
+    std::string body;
+    std::vector<KeyNote> withheld;
+};
+// A withheld note as the server keeps it: its key (canonical JSON), or none and the key's hash in
+// 64 hex.
+KeyNote stored_note(std::string table, std::optional<std::string> key, std::string why,
+                    const std::optional<std::string>& key_hash);
+// A rows message as an outbox keeps it: its envelope (`message`, with no chunks and no withheld
+// notes) around the stored chunks it names, in order, their withheld notes after them in the same
+// order. How sync.message and the sender assemble it, to the same bytes.
+std::string assemble_rows(const RowsMessage& message,
+                          const std::vector<const StoredChunk*>& chunks);
+
 // A list of kept rows as the "kept" field of a filed message writes it.
 std::string encode_key_notes(const std::vector<KeyNote>& notes);
 

@@ -6,7 +6,6 @@
 #include "pg/bridge.hpp"
 #include "pg/spi.hpp"
 #include "pg/values.hpp"
-#include "protocol/canonical.hpp"
 #include "protocol/messages.hpp"
 
 namespace {
@@ -14,12 +13,11 @@ namespace {
 namespace protocol = magic_sync::protocol;
 
 std::string assemble(magic_sync::pg::Spi& spi, const std::string& replica, int64_t seq) {
-    const std::vector<magic_sync::pg::Param> key = {magic_sync::pg::Param::uuid(replica), seq};
     auto rows = spi.query(
         R"sql(
-        SELECT gen, body, reset, drops, table_drops FROM sync.outbox
+        SELECT gen, body, reset, drops, table_drops, chunks FROM sync.outbox
         WHERE replica = $1 AND seq = $2)sql",
-        key);
+        {magic_sync::pg::Param::uuid(replica), seq});
     if (rows.empty())
         throw magic_sync::Error(
             "replica " + replica + " has no message " + std::to_string(seq) + " in its outbox",
@@ -32,27 +30,29 @@ std::string assemble(magic_sync::pg::Spi& spi, const std::string& replica, int64
     message.reset = outbox["reset"].texts();
     message.drop = outbox["drops"].texts();
     message.drop_tables = outbox["table_drops"].texts();
-    for (const auto& note : spi.query(R"sql(
-                   SELECT w->>'t' AS table_name, sync_internal.canonical(w->'k') AS key, w->>'why' AS why,
-                   w->>'kh' AS key_hash FROM sync.outbox o,
-                   unnest(o.chunks) WITH ORDINALITY AS u(id, position)
-                   JOIN sync.chunk c ON c.id = u.id, jsonb_array_elements(c.withheld) w
-                   WHERE o.replica = $1 AND o.seq = $2 ORDER BY u.position)sql",
-                                      key)) {
-        protocol::KeyNote withheld{note["table_name"].value(), note["key"].value_or(""),
-                                   note["why"].value()};
-        if (note["key_hash"]) withheld.key_hash = protocol::digest_from_hex(*note["key_hash"]);
-        message.withheld.push_back(std::move(withheld));
-    }
-    std::vector<std::string> chunks;
+    // The chunks as a sender reads them (sync.chunks), in the message's order.
+    std::vector<protocol::StoredChunk> chunks;
     for (const auto& chunk : spi.query(
              R"sql(
-             SELECT c.body FROM sync.outbox o, unnest(o.chunks) WITH ORDINALITY AS u(id, position)
-             JOIN sync.chunk c ON c.id = u.id
-             WHERE o.replica = $1 AND o.seq = $2 ORDER BY u.position)sql",
-             key))
-        chunks.push_back(chunk["body"].value_or(""));
-    return protocol::encode_rows(message, {chunks.begin(), chunks.end()});
+             SELECT c.body, c.withheld_tables, c.withheld_keys, c.withheld_whys,
+                    c.withheld_key_hashes
+             FROM unnest($1::bigint[]) WITH ORDINALITY AS u(id, position)
+             JOIN sync.chunks($1, sync_internal.origin()) c ON c.id = u.id
+             ORDER BY u.position)sql",
+             {magic_sync::pg::Param::bigint_array(outbox["chunks"].integers())})) {
+        protocol::StoredChunk stored{chunk["body"].value_or(""), {}};
+        const auto& tables = chunk["withheld_tables"].elements();
+        const auto& keys = chunk["withheld_keys"].elements();
+        const auto& whys = chunk["withheld_whys"].elements();
+        const auto& key_hashes = chunk["withheld_key_hashes"].elements();
+        for (size_t note = 0; note < tables.size(); ++note)
+            stored.withheld.push_back(protocol::stored_note(
+                tables[note].value_or(""), keys[note], whys[note].value_or(""), key_hashes[note]));
+        chunks.push_back(std::move(stored));
+    }
+    std::vector<const protocol::StoredChunk*> in_order;
+    for (const protocol::StoredChunk& chunk : chunks) in_order.push_back(&chunk);
+    return protocol::assemble_rows(message, in_order);
 }
 
 }  // namespace

@@ -136,14 +136,23 @@ AS $$ SELECT gen || '.' || seq $$;
 -- fleet offline), it looks at every replica's head after all.
 -- `transport` is the sender's (http, nats, exec): it leases only the replicas that transport
 -- delivers (sync.replica.transport), and those any sender delivers.
+-- Each message comes as its bytes (`message`), assembled (sync.message) when it is a rows message,
+-- unless `by_reference`: then a rows message comes by reference (`message` NULL), its envelope
+-- (`gen`, `reset`, `drops`, `table_drops`) and the ids of the shared chunks it is made of, in
+-- order (`chunks`), and a message stored whole as its bytes (`reset` to `chunks` NULL). The
+-- sender asks for references: it fetches the chunks it does not hold (sync.chunks) and assembles
+-- the message as sync.message does, so that a chunk is read once per sender, not once per replica
+-- it goes to.
 -- plpgsql, so that sync.message (the relay's assembly of a message from its chunks) is resolved
 -- when the query is first planned, not when this function is created. Its plans are generic: the
 -- planner would otherwise plan it afresh at every call (its estimate of a custom plan is lower),
 -- which costs more than all the rest of a call. No plan may choose to read the whole outbox or
 -- every replica, whatever the statistics say: the walk is a LIMIT on the one index it follows,
 -- and every other step reaches a row through a LATERAL lookup by key.
-CREATE FUNCTION sync.next(n int, lease interval, among uuid[], run int, transport text DEFAULT NULL)
-RETURNS TABLE (replica uuid, seq bigint, message_id text, message bytea, origin text)
+CREATE FUNCTION sync.next(n int, lease interval, among uuid[], run int, transport text DEFAULT NULL,
+                          by_reference boolean DEFAULT false)
+RETURNS TABLE (replica uuid, seq bigint, message_id text, message bytea, origin text, gen int,
+               reset text[], drops text[], table_drops text[], chunks bigint[])
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -286,10 +295,18 @@ BEGIN
         WHERE o.replica = chosen.replica AND o.seq = chosen.seq
     )
     SELECT following.replica, following.seq, sync_internal.message_id(following.gen, following.seq),
-           coalesce(following.body, sync.message(following.replica, following.seq)), sent_from
+           CASE WHEN following.body IS NOT NULL THEN following.body
+                WHEN NOT next.by_reference THEN sync.message(following.replica, following.seq) END,
+           sent_from, following.gen,
+           -- By reference: a rows message that is not stored whole.
+           CASE WHEN next.by_reference AND following.body IS NULL THEN following.reset END,
+           CASE WHEN next.by_reference AND following.body IS NULL THEN following.drops END,
+           CASE WHEN next.by_reference AND following.body IS NULL THEN following.table_drops END,
+           CASE WHEN next.by_reference AND following.body IS NULL THEN following.chunks END
     FROM chosen
     CROSS JOIN LATERAL (
-        SELECT f.replica, f.seq, f.gen, f.body FROM sync.outbox f
+        SELECT f.replica, f.seq, f.gen, f.body, f.reset, f.drops, f.table_drops, f.chunks
+        FROM sync.outbox f
         WHERE f.replica = chosen.replica AND f.seq >= chosen.seq AND f.sent_at IS NULL
         ORDER BY f.seq LIMIT run
     ) following
@@ -298,11 +315,39 @@ END
 $$;
 
 CREATE FUNCTION sync.next(n int, lease interval)
-RETURNS TABLE (replica uuid, seq bigint, message_id text, message bytea, origin text)
+RETURNS TABLE (replica uuid, seq bigint, message_id text, message bytea, origin text, gen int,
+               reset text[], drops text[], table_drops text[], chunks bigint[])
 LANGUAGE sql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $$ SELECT * FROM sync.next(n, lease, NULL, 1, NULL) $$;
+
+-- The shared chunks named by `ids` (as sync.next returned them by reference), for a sender that assembles rows
+-- messages itself: each one's body and the notes of the rows of its run that were withheld, in
+-- order, as parallel arrays: table, key (canonical JSON; NULL where the note names the key by its
+-- hash), reason and key hash (64 hex; NULL where it names the key). Only while this database's
+-- history is `origin` (as sync.next returned it with the ids): chunk ids start again in a restored
+-- or re-created database, and a chunk of another history must never be taken for one of this.
+-- A chunk no message names any more is gone (sync.prune): its messages are gone too.
+CREATE FUNCTION sync.chunks(ids bigint[], origin text)
+RETURNS TABLE (id bigint, body text, withheld_tables text[], withheld_keys text[],
+               withheld_whys text[], withheld_key_hashes text[])
+LANGUAGE sql STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $$
+    SELECT c.id, c.body, notes.tables, notes.keys, notes.whys, notes.key_hashes
+    FROM sync.chunk c
+    CROSS JOIN LATERAL (
+        SELECT coalesce(array_agg(w.note->>'t' ORDER BY w.position), '{}') AS tables,
+               coalesce(array_agg(sync_internal.canonical(w.note->'k') ORDER BY w.position),
+                        '{}') AS keys,
+               coalesce(array_agg(w.note->>'why' ORDER BY w.position), '{}') AS whys,
+               coalesce(array_agg(w.note->>'kh' ORDER BY w.position), '{}') AS key_hashes
+        FROM jsonb_array_elements(c.withheld) WITH ORDINALITY AS w(note, position)
+    ) notes
+    WHERE c.id = ANY (chunks.ids) AND chunks.origin = sync_internal.origin()
+$$;
 
 -- The messages were taken: each is sent (it stays in the outbox until the replica confirms it),
 -- its lease ends, its replica's backoff ends. Returns the replicas whose backoff this ended (they
@@ -616,7 +661,8 @@ END
 $$;
 
 REVOKE ALL ON FUNCTION sync.next(int, interval) FROM PUBLIC;
-REVOKE ALL ON FUNCTION sync.next(int, interval, uuid[], int, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION sync.next(int, interval, uuid[], int, text, boolean) FROM PUBLIC;
+REVOKE ALL ON FUNCTION sync.chunks(bigint[], text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.sent(uuid, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.sent(uuid[], bigint[], text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.failed(uuid, bigint, boolean, text, text) FROM PUBLIC;
@@ -627,7 +673,8 @@ REVOKE ALL ON FUNCTION sync.pull_refused(uuid, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.pull_waiting(uuid[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync_internal.device_heard(uuid) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION sync.next(int, interval) TO sync_sender;
-GRANT EXECUTE ON FUNCTION sync.next(int, interval, uuid[], int, text) TO sync_sender;
+GRANT EXECUTE ON FUNCTION sync.next(int, interval, uuid[], int, text, boolean) TO sync_sender;
+GRANT EXECUTE ON FUNCTION sync.chunks(bigint[], text) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.sent(uuid, bigint) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.sent(uuid[], bigint[], text[]) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.failed(uuid, bigint, boolean, text, text) TO sync_sender;

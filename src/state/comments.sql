@@ -85,10 +85,15 @@ COMMENT ON FUNCTION sync.next(integer, interval) IS
 'For the sender: leases the head unsent message of up to n replicas that are live, not backing off '
 'and not leased, for lease (and while this session lives), and returns each assembled with its '
 'message id and the origin the sender puts in its header (the history it is sent from).';
-COMMENT ON FUNCTION sync.next(integer, interval, uuid[], integer, text) IS
+COMMENT ON FUNCTION sync.next(integer, interval, uuid[], integer, text, boolean) IS
 'For the sender: as sync.next(n, lease), among the replicas named (all when among is NULL) that '
 'transport delivers (or any sender does), each head returned with up to run - 1 of the messages '
-'after it, covered by the head''s lease.';
+'after it, covered by the head''s lease; by_reference: a rows message as its envelope and the ids '
+'of its chunks in order (sync.chunks), not assembled.';
+COMMENT ON FUNCTION sync.chunks(bigint[], text) IS
+'For the sender: the bodies and withheld notes of the shared chunks named, while this database''s '
+'history is origin (as sync.next returned it with their ids), to assemble the rows messages '
+'sync.next returned by reference as sync.message does.';
 COMMENT ON FUNCTION sync.sent(uuid, bigint) IS
 'For the sender: the replica took message seq. Marks it sent (it stays until the replica confirms '
 'it) and ends its lease and the replica''s backoff.';

@@ -488,6 +488,11 @@ TEST(Sender, RefusesBadOptions) {
     EXPECT_EQ(output,
               "magic-sync-sender: --run needs a whole number from 1 to 100000, not '0' (see "
               "magic-sync-sender --help)\n");
+    EXPECT_EQ(
+        run(sender_binary() + " --db x --transport exec --exec true --chunk-cache 0", &output), 2);
+    EXPECT_NE(output.find("--chunk-cache needs a whole number from 1 to 100000, not '0'"),
+              std::string::npos)
+        << output;
     EXPECT_EQ(run(sender_binary() + " --db x --transport nats --nats-url nats://a:4222,", &output),
               2);
     EXPECT_NE(output.find("--nats-url 'nats://a:4222,' has an empty URL"), std::string::npos)

@@ -845,6 +845,31 @@ TEST(EncodeRows, SplicesPreEncodedChunks) {
     EXPECT_THROW(encode_rows(message, {}), std::invalid_argument);
 }
 
+// A message as an outbox keeps it: its chunks' withheld notes follow the chunks, in their order.
+TEST(AssembleRows, IsTheMessageWithItsChunksAndTheirNotesInOrder) {
+    RowsMessage message = full_rows();
+    message.withheld.push_back(KeyNote{"shop.sales", "", "too big", half()});
+    ASSERT_GE(message.chunks.size(), 2u);
+    ASSERT_EQ(message.withheld.size(), 2u);
+    std::vector<StoredChunk> stored;
+    for (const Chunk& chunk : message.chunks) stored.push_back(StoredChunk{encode(chunk), {}});
+    // One note of each chunk.
+    stored.front().withheld.assign(message.withheld.begin(), message.withheld.end() - 1);
+    stored.back().withheld.push_back(message.withheld.back());
+    RowsMessage envelope = message;
+    envelope.chunks.clear();
+    envelope.withheld.clear();
+    std::vector<const StoredChunk*> in_order;
+    for (const StoredChunk& chunk : stored) in_order.push_back(&chunk);
+    EXPECT_EQ(assemble_rows(envelope, in_order), encode(message));
+    EXPECT_THROW(assemble_rows(message, {}), std::invalid_argument);
+    const KeyNote by_hash = stored_note("t", std::nullopt, "too big", std::string(64, 'a'));
+    EXPECT_EQ(by_hash.key, "");
+    EXPECT_EQ(by_hash.key_hash, digest_from_hex(std::string(64, 'a')));
+    EXPECT_EQ(stored_note("t", R"({"id":1})", "too big", std::nullopt),
+              (KeyNote{"t", R"({"id":1})", "too big"}));
+}
+
 TEST(Encode, RefusesInvalidUtf8) {
     RowsMessage message;
     message.header = header(1);

@@ -1,0 +1,139 @@
+// Rows messages come from sync.next by reference (their envelope and the ids of their shared
+// chunks): the sender fetches the chunks it does not hold (sync.chunks), keeps them, and assembles
+// each message. What it sends must be exactly what sync.message assembles, stamped with the
+// origin, and a chunk it keeps must never be taken for the chunk of that id in another history.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "protocol/messages.hpp"
+#include "sender/harness.hpp"
+#include "sender/sink.hpp"
+
+namespace magic_sync::test::sender {
+namespace {
+
+// Chunks 1-3 of one scope (their bodies marked with `mark`), with withheld notes: by key, with a
+// key of more than one column and text to escape, and by the key's hash; replica 1 and 2's
+// messages name them in several orders, with reset, drops and table drops, and replica 2 has a
+// message stored whole after them.
+void write_messages(const Outbox& outbox, const std::string& mark) {
+    outbox.sql(R"(
+        INSERT INTO sync.replica (id, gen) VALUES ('00000000-0000-0000-0000-000000000001', 2),
+                                                  ('00000000-0000-0000-0000-000000000002', 2)
+        ON CONFLICT DO NOTHING;
+        INSERT INTO sync.scope (id, match, value) VALUES (1, 'shop', '1') ON CONFLICT DO NOTHING;
+        INSERT INTO sync.chunk (id, scope, from_seq, to_seq, built_head, rows, bytes, body, withheld)
+        VALUES (1, 1, 0, 3, 3, 1, 0,
+                '{"scope":"shop=1","from":0,"to":3,"rows":[{"t":"items","k":{"id":1},"r":{"id":1,"name":")" +
+               mark + R"("},"h":"00"}]}',
+                '[{"t":"items","k":{"id":7,"name":"caf\u00e9 \"A\""},"why":"too big"},
+                  {"t":"items","kh":"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef","why":"number past double"}]'),
+               (2, 1, 3, 5, 5, 0, 0, '{"scope":"shop=1","from":3,"to":5,"rows":[]}', '[]'),
+               (3, 1, 5, 9, 9, 0, 0, '{"scope":"shop=1","from":5,"to":9,"rows":[{"t":"items","k":{"id":2},"r":null}]}',
+                '[{"t":"notes","k":{"a":1.5,"b":[1,2]},"why":"not exact"}]');
+        INSERT INTO sync.outbox (replica, seq, gen, kind, chunks, reset, drops, table_drops, body)
+        VALUES ('00000000-0000-0000-0000-000000000001', 1, 2, 'rows', '{1,2,3}', '{*}', '{}', '{}', NULL),
+               ('00000000-0000-0000-0000-000000000001', 2, 2, 'rows', '{3}', '{}', '{shop=9,shop=8}',
+                '{old_items}', NULL),
+               ('00000000-0000-0000-0000-000000000002', 1, 2, 'rows', '{3,1}', '{shop=1}', '{shop=7}', '{}', NULL),
+               ('00000000-0000-0000-0000-000000000002', 2, 2, 'rows', '{2}', '{}', '{}', '{}', NULL),
+               ('00000000-0000-0000-0000-000000000002', 3, 2, 'ranges', '{}', '{}', '{}', '{}',
+                convert_to('{"v":1,"kind":"ranges","replica":"00000000-0000-0000-0000-000000000002","gen":2,"seq":3,"scope":"shop=1","ranges":[]}', 'UTF8'));
+    )");
+}
+
+// What sync.message assembles for each message the sink took, as the sender sends it.
+void expect_sent_as_assembled(const Outbox& outbox, const HttpSink& sink, size_t from) {
+    const std::string origin = outbox.sql("SELECT sync_internal.origin()");
+    const std::vector<Received> received = sink.received();
+    ASSERT_GT(received.size(), from);
+    for (size_t i = from; i < received.size(); ++i) {
+        const Received& r = received[i];
+        const std::string assembled =
+            outbox.sql("SELECT convert_from(sync.message('" + r.replica + "', " +
+                       r.message_id.substr(r.message_id.find('.') + 1) + "), 'UTF8')");
+        EXPECT_EQ(r.body, protocol::with_origin(assembled, origin))
+            << r.replica << " " << r.message_id;
+    }
+}
+
+TEST(RowsByReference, TheSenderSendsExactlyWhatSyncMessageAssembles) {
+    Outbox outbox("by_reference", 0, 0);
+    write_messages(outbox, "first");
+    HttpSink sink;
+    TempDir dir;
+    SenderProcess sender(outbox, dir,
+                         {"--transport", "http", "--url", sink.url(), "--run", "2", "--once"});
+    ASSERT_EQ(sender.wait(60s), 0) << sender.log();
+    EXPECT_EQ(sink.ids(replica_id(1), true), (std::vector<std::string>{"2.1", "2.2"}));
+    EXPECT_EQ(sink.ids(replica_id(2), true), (std::vector<std::string>{"2.1", "2.2", "2.3"}));
+    expect_sent_as_assembled(outbox, sink, 0);
+    // The notes went, by key and by hash, and a table's drop made the message version 2.
+    const std::vector<Received> received = sink.received();
+    const auto body_of = [&](const std::string& replica, const std::string& id) {
+        for (const Received& r : received)
+            if (r.replica == replica && r.message_id == id) return r.body;
+        return std::string();
+    };
+    EXPECT_NE(body_of(replica_id(1), "2.1").find(R"("k":{"id":7,"name":"café \"A\""})"),
+              std::string::npos);
+    EXPECT_NE(body_of(replica_id(1), "2.1").find(R"("kh":"0123456789abcdef)"), std::string::npos);
+    EXPECT_EQ(body_of(replica_id(1), "2.2").rfind(R"({"v":2,"kind":"rows")", 0), 0u);
+    EXPECT_EQ(outbox.unsent(), 0);
+}
+
+// A message whose chunks are gone by the time the sender asks for them (pruned: its replica
+// confirmed it, or its generation ended, after the lease) is not sent, nor the rest of its run:
+// never a message after one that was not sent. Here a trigger deletes replica 1's first chunk as
+// its message is leased.
+TEST(RowsByReference, AMessageWhoseChunksAreGoneIsLeftOutWithTheRestOfItsRun) {
+    Outbox outbox("by_reference_gone", 0, 0);
+    write_messages(outbox, "first");
+    outbox.sql(R"(
+        CREATE FUNCTION prune_on_lease() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            DELETE FROM sync.chunk WHERE id = 1;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER prune_on_lease AFTER UPDATE OF lease_until ON sync.outbox FOR EACH ROW
+        WHEN (NEW.replica = '00000000-0000-0000-0000-000000000001' AND NEW.seq = 1)
+        EXECUTE FUNCTION prune_on_lease();
+    )");
+    HttpSink sink;
+    TempDir dir;
+    SenderProcess sender(outbox, dir,
+                         {"--transport", "http", "--url", sink.url(), "--run", "2", "--once"});
+    ASSERT_EQ(sender.wait(60s), 0) << sender.log();
+    // Replica 1's second message names chunk 3 alone; replica 2's first names chunk 1 too.
+    EXPECT_EQ(sink.ids(replica_id(1), false), std::vector<std::string>{});
+    EXPECT_EQ(sink.ids(replica_id(2), false), std::vector<std::string>{});
+    EXPECT_EQ(outbox.unsent(), 5);
+}
+
+// A database re-created (another origin) numbers its chunks from 1 again: a sender that keeps the
+// first database's chunk 1 must fetch the new one, not send the old body under the new history.
+TEST(RowsByReference, AChunkKeptIsNeverTakenForOneOfAnotherHistory) {
+    Outbox outbox("by_reference_history", 0, 0);
+    write_messages(outbox, "first");
+    HttpSink sink;
+    TempDir dir;
+    SenderProcess sender(outbox, dir, {"--transport", "http", "--url", sink.url(), "--run", "2"});
+    ASSERT_TRUE(eventually([&] { return sink.taken() == 5; }, 30s)) << sender.log();
+    const std::string first_origin = outbox.sql("SELECT sync_internal.origin()");
+
+    outbox.sql("DROP EXTENSION magic_sync CASCADE; CREATE EXTENSION magic_sync");
+    write_messages(outbox, "second");
+    ASSERT_NE(outbox.sql("SELECT sync_internal.origin()"), first_origin);
+    outbox.sql("NOTIFY magic_sync");
+    ASSERT_TRUE(eventually([&] { return sink.taken() == 10; }, 30s)) << sender.log();
+    expect_sent_as_assembled(outbox, sink, 5);
+    for (size_t i = 5; i < sink.received().size(); ++i)
+        EXPECT_EQ(sink.received()[i].body.find("first"), std::string::npos)
+            << sink.received()[i].body;
+    sender.signal(SIGTERM);
+    EXPECT_EQ(sender.wait(30s), 0) << sender.log();
+}
+
+}  // namespace
+}  // namespace magic_sync::test::sender
