@@ -386,5 +386,24 @@ SELECT sync.replicas('shop.registers', 'registers', live => 'active');
 SELECT provisioned FROM sync.pass();
 SELECT g.label, quote_nullable(r.transport) AS transport FROM sync.replica r JOIN shop.registers g ON g.id = r.id ORDER BY 1;
 
+-- A version takes the place of the tombstone its key left in its scope: a row deleted and
+-- written again, and a row that moved to another scope and back (one version per key and scope).
+CREATE TABLE shop.signs (id int PRIMARY KEY, store_id int, body text);
+SELECT sync.catalog('shop.signs', "to" => 'store_id = store_id');
+INSERT INTO shop.signs VALUES (1, 1, 'open late');
+SELECT rows_changed FROM sync.pass();
+DELETE FROM shop.signs;
+SELECT rows_changed FROM sync.pass();
+INSERT INTO shop.signs VALUES (1, 1, 'open late again');
+SELECT rows_changed FROM sync.pass();
+UPDATE shop.signs SET store_id = 2;
+SELECT rows_changed FROM sync.pass();
+UPDATE shop.signs SET store_id = 1, body = 'back';
+SELECT rows_changed FROM sync.pass();
+SELECT s.value AS store, r.gone, r.body FROM sync.row r JOIN sync.scope s ON s.id = r.scope
+JOIN sync.codec c ON c.id = r.codec WHERE c.table_name = 'shop.signs' ORDER BY r.seq;
+SELECT register, seq, scope, rows FROM messages
+WHERE rows LIKE '%shop.signs%' AND register IN ('a1', 'b1') ORDER BY register, seq;
+
 \c regression
 DROP DATABASE pass_test;

@@ -136,7 +136,11 @@ Audience audience_of(const Codec& codec) {
 // type where every key column allows it, else through jsonb_populate_record (four times dearer).
 // Each key is written again from its typed values under the pass's settings (sync.pass pins
 // TimeZone and the rest), so the same row noted by sessions that wrote its key differently (a
-// timestamptz in two time zones) is one key, found by one key hash.
+// timestamptz in two time zones) is one key, found by one key hash. Cast, the keys are told apart
+// by their typed values, which the join and the order then take as they are, and each key's jsonb
+// is built once, from the distinct ones (OFFSET 0: pulled up, it was built again for its hash):
+// the distinct jsonb keys, each read back field by field for the join and again for the order,
+// were a sixth of the statement (59 against 49 ms over 10,000 keys, measured alone).
 std::string noted_rows(const Codec& codec, const std::string& only_key, std::string& order) {
     std::vector<const state::CodecColumn*> keys;
     bool casts = true;
@@ -145,20 +149,32 @@ std::string noted_rows(const Codec& codec, const std::string& only_key, std::str
             keys.push_back(&column);
             casts = casts && !column.key_cast.empty();
         }
-    auto typed = [&](const std::string& from, size_t i) {
-        return casts ? "(" + from + ".key->>" + pg::quote_literal(keys[i]->name) +
-                           ")::" + keys[i]->key_cast
-                     : "kp." + keys[i]->quoted;
+    const std::string noted = " FROM pg_temp.magic_sync_note x WHERE x.codec = $1::int" + only_key;
+    if (!casts) {
+        const std::string populate =
+            " CROSS JOIN LATERAL jsonb_populate_record(NULL::" + codec.relation + ", ";
+        std::string key = "jsonb_build_object(";
+        std::string join;
+        for (size_t i = 0; i < keys.size(); ++i) {
+            key += (i ? ", " : "") + pg::quote_literal(keys[i]->name) + ", kp." + keys[i]->quoted;
+            join += (i ? " AND t." : "t.") + keys[i]->quoted + " = kp." + keys[i]->quoted;
+        }
+        return "(SELECT DISTINCT " + key + ") AS key FROM pg_temp.magic_sync_note x" + populate +
+               "x.key) kp WHERE x.codec = $1::int" + only_key + ") n" + populate + "n.key) kp" +
+               " LEFT JOIN " + codec.relation + " t ON " + join;
+    }
+    auto typed = [&](size_t i) {
+        return "(x.key->>" + pg::quote_literal(keys[i]->name) + ")::" + keys[i]->key_cast;
     };
-    const std::string populate =
-        " CROSS JOIN LATERAL jsonb_populate_record(NULL::" + codec.relation + ", ";
+    std::string values;
     std::string key = "jsonb_build_object(";
     std::string join;
     for (size_t i = 0; i < keys.size(); ++i) {
-        key += (i ? ", " : "") + pg::quote_literal(keys[i]->name) + ", " + typed("x", i);
-        join += (i ? " AND t." : "t.") + keys[i]->quoted + " = " + typed("n", i);
+        const std::string value = "k" + std::to_string(i);
+        values += (i ? ", " : "") + typed(i) + " AS " + value;
+        key += (i ? ", " : "") + pg::quote_literal(keys[i]->name) + ", d." + value;
+        join += (i ? " AND t." : "t.") + keys[i]->quoted + " = n." + value;
     }
-    key += ")";
     // The table is read only between the least and the greatest key noted, by its first key
     // column, where that column's order is one every session agrees on (no collation) and has
     // min and max (uuid has none in PostgreSQL 15): a merge join read the primary key from its
@@ -171,19 +187,15 @@ std::string noted_rows(const Codec& codec, const std::string& only_key, std::str
                                           "date",
                                           "timestamp without time zone",
                                           "timestamp with time zone"};
-    if (casts &&
-        std::find(std::begin(kRanged), std::end(kRanged), keys[0]->key_cast) != std::end(kRanged)) {
-        const std::string first = typed("x", 0);
-        const std::string noted =
-            " FROM pg_temp.magic_sync_note x WHERE x.codec = $1::int" + only_key + ")";
-        join += " AND t." + keys[0]->quoted + " BETWEEN (SELECT min(" + first + ")" + noted +
-                " AND (SELECT max(" + first + ")" + noted;
+    if (std::find(std::begin(kRanged), std::end(kRanged), keys[0]->key_cast) != std::end(kRanged)) {
+        join += " AND t." + keys[0]->quoted + " BETWEEN (SELECT min(" + typed(0) + ")" + noted +
+                ") AND (SELECT max(" + typed(0) + ")" + noted + ")";
         // In key order, as the merge join gave them: the order the pass numbers its changes in.
-        for (size_t i = 0; i < keys.size(); ++i) order += (i ? ", " : " ORDER BY ") + typed("n", i);
+        for (size_t i = 0; i < keys.size(); ++i)
+            order += (i ? ", n.k" : " ORDER BY n.k") + std::to_string(i);
     }
-    return "(SELECT DISTINCT " + key + " AS key FROM pg_temp.magic_sync_note x" +
-           (casts ? "" : populate + "x.key) kp") + " WHERE x.codec = $1::int" + only_key + ") n" +
-           (casts ? "" : populate + "n.key) kp") + " LEFT JOIN " + codec.relation + " t ON " + join;
+    return "(SELECT " + key + ") AS key, d.* FROM (SELECT DISTINCT " + values + noted +
+           ") d OFFSET 0) n LEFT JOIN " + codec.relation + " t ON " + join;
 }
 
 // The body is worked out in a subquery kept apart (OFFSET 0): pulled up into the select list, it
