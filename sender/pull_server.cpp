@@ -200,9 +200,11 @@ struct TaskOutcome {
     uint64_t wakes_seen = 0;
 };
 
-// Threads that run the tasks, each with its own database connection (made when first needed,
-// made again when a statement found it broken). Their results go to `done`, and the loop is told
-// through `notify_fd`.
+// Threads that run the tasks, each with its own database connection (made at start, before the
+// gateway takes a device, and made again when a statement found it broken). Their results go to
+// `done`, and the loop is told through `notify_fd`. Made at start: out of open files, a worker
+// that connected at its first request found no descriptor free (the devices held them all), and
+// the request was answered 503.
 class Workers {
   public:
     Workers(size_t threads, std::string conninfo, std::string token_query, std::string lease,
@@ -211,7 +213,15 @@ class Workers {
           token_query_(std::move(token_query)),
           lease_(std::move(lease)),
           notify_fd_(notify_fd) {
-        for (size_t i = 0; i < threads; ++i) threads_.emplace_back([this] { work(); });
+        for (size_t i = 0; i < threads; ++i) {
+            PGconn* connection = nullptr;
+            try {
+                connection = connect_prepared(conninfo_, token_query_);
+            } catch (const Refusal&) {
+                // The database is away: the worker connects at its first request.
+            }
+            threads_.emplace_back([this, connection] { work(connection); });
+        }
     }
     ~Workers() {
         {
@@ -237,8 +247,7 @@ class Workers {
     }
 
   private:
-    void work() {
-        PGconn* connection = nullptr;
+    void work(PGconn* connection) {
         while (true) {
             Task task;
             {
@@ -392,7 +401,9 @@ struct Woken {
 
 // One connection that LISTENs on magic_sync (the relay notifies it after a pass wrote messages)
 // and tells the loop through `wake_fd` whom it wakes. While it is away nothing wakes the long
-// polls; once it is back the loop looks at them all, for what came meanwhile.
+// polls; once it is back the loop looks at them all, for what came meanwhile. Made before the
+// gateway serves: its first try to listen ends (listening or not) before a device is taken, so
+// the look that follows it never finds one waiting for nothing.
 class Wakeups {
   public:
     Wakeups(std::string conninfo, int wake_fd)
@@ -401,6 +412,8 @@ class Wakeups {
           stop_fd_(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)) {
         if (stop_fd_ < 0) throw std::runtime_error("eventfd failed");
         thread_ = std::thread([this] { listen(); });
+        std::unique_lock<std::mutex> lock(mutex_);
+        first_try_ended_.wait(lock, [&] { return tried_; });
     }
     ~Wakeups() {
         const uint64_t one = 1;
@@ -442,7 +455,14 @@ class Wakeups {
                                  ? PQexec(connection, "LISTEN magic_sync")
                                  : nullptr,
                              PQclear);
-            if (PQresultStatus(listening.get()) != PGRES_COMMAND_OK) {
+            const bool listens = PQresultStatus(listening.get()) == PGRES_COMMAND_OK;
+            if (listens) wake("");  // what arrived while nobody listened
+            {
+                std::lock_guard<std::mutex> lock(mutex_);
+                tried_ = true;
+            }
+            first_try_ended_.notify_all();
+            if (!listens) {
                 if (!away_logged)
                     log_line("cannot LISTEN magic_sync (" +
                              libpq::first_line(PQerrorMessage(connection)) +
@@ -456,7 +476,6 @@ class Wakeups {
             if (away_logged) log_line("listening on magic_sync again");
             away_logged = false;
             retry = std::chrono::milliseconds(1000);
-            wake("");  // what arrived while nobody listened
             while (await(PQsocket(connection), -1)) {
                 if (PQconsumeInput(connection) != 1) break;
                 while (PGnotify* notify = PQnotifies(connection)) {
@@ -474,6 +493,8 @@ class Wakeups {
     std::thread thread_;
     std::mutex mutex_;
     Woken woken_;
+    std::condition_variable first_try_ended_;
+    bool tried_ = false;  // the first try to listen ended
 };
 
 std::pair<std::string, int> listen_address(const std::string& listen) {
