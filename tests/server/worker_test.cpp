@@ -115,8 +115,15 @@ TEST(Worker, AnIdleRelayRunsNoPass) {
     Connection db(shop.cluster.conninfo("shop"));
     db.query("INSERT INTO products VALUES (1, 'tea')");
     ASSERT_TRUE(eventually([&] { return deliveries(db) == "1:1"; })) << shop.cluster.log();
-    std::this_thread::sleep_for(500ms);  // the passes after it, which found nothing
-    const std::string last = db.value("SELECT last_pass_at FROM sync.relay_state");
+    // The passes after it (the confirmation, the sender's report) end: no pass for half a second
+    // (a fixed wait of 500 ms was too short on a loaded machine). A relay that ran a pass at every
+    // tick of `idle` (100 ms) never gets there.
+    std::string last;
+    ASSERT_TRUE(eventually([&] {
+        last = db.value("SELECT last_pass_at FROM sync.relay_state");
+        std::this_thread::sleep_for(500ms);
+        return db.value("SELECT last_pass_at FROM sync.relay_state") == last;
+    })) << shop.cluster.log();
     std::this_thread::sleep_for(2s);
     EXPECT_EQ(db.value("SELECT last_pass_at FROM sync.relay_state"), last);
     db.query("INSERT INTO products VALUES (2, 'coffee')");
