@@ -705,10 +705,14 @@ TEST_F(Fault, EveryReplicaConvergesAfterEachFaultUnderLoad) {
                 60s))
                 << "replica " << n << " was not provisioned again\n"
                 << cluster().log();
-            EXPECT_NE(cluster().log().find("WARNING:  magic_sync relay: replica " + replica_id(n) +
-                                           " is provisioned again: its messages were refused " +
-                                           std::to_string(kMaxRefusals) + " times"),
-                      std::string::npos);
+            // Refused max_refusals times at least: on a loaded machine the sender may record
+            // one more refusal before the relay's next pass raises the alarm.
+            const std::string said = "WARNING:  magic_sync relay: replica " + replica_id(n) +
+                                     " is provisioned again: its messages were refused ";
+            const std::string log = cluster().log();
+            const size_t at = log.find(said);
+            ASSERT_NE(at, std::string::npos) << log;
+            EXPECT_GE(std::atoi(log.c_str() + at + said.size()), kMaxRefusals) << log;
             await_others_progress(before, {n}, "a replica refusing everything");
             converge("the others while replica " + std::to_string(n) + " refuses", {n});
             long others = others_taken_since(before, {n});
