@@ -30,6 +30,17 @@ BEGIN
     IF names IS NOT NULL THEN
         EXECUTE 'DROP ROUTINE ' || names;
     END IF;
+    -- Statistics objects on the extension's tables (not members of it themselves) stay in their
+    -- schema when their table moves, and the install script creates them again: they go (0.1.0
+    -- has none; 0.2.0 has, for the update after it).
+    SELECT string_agg(format('%I.%I', n.nspname, x.stxname), ', ') INTO names
+    FROM pg_depend d JOIN pg_statistic_ext x ON x.stxrelid = d.objid
+    JOIN pg_namespace n ON n.oid = x.stxnamespace
+    WHERE d.refclassid = 'pg_extension'::regclass AND d.refobjid = extension AND d.deptype = 'e'
+      AND d.classid = 'pg_class'::regclass;
+    IF names IS NOT NULL THEN
+        EXECUTE 'DROP STATISTICS ' || names;
+    END IF;
     FOR relation IN
         SELECT c.oid::regclass AS name, c.relkind
         FROM pg_depend d JOIN pg_class c ON c.oid = d.objid
