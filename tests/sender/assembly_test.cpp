@@ -147,18 +147,20 @@ TEST(RowsByReference, AChunkKeptIsNeverTakenForOneOfAnotherHistory) {
 
 // The pull gateway asks sync.pull_head for references too, and its workers share the chunks they
 // fetched: a device gets exactly what sync.message assembles, stamped with the origin, under the
-// message's id; a message stored whole as it is stored.
-TEST(RowsByReference, ThePullGatewayServesExactlyWhatSyncMessageAssembles) {
-    Outbox outbox("by_reference_pull", 0, 0);
-    write_messages(outbox, "first");
-    TempDir dir;
-    PullSender gateway(outbox, dir, "1");
+// message's id; a message stored whole as it is stored. Each device asks for its head and
+// acknowledges it until it has every message write_messages wrote, each compared so; returns
+// their bodies.
+std::vector<std::string> pull_every_message(const Outbox& outbox, const PullSender& gateway) {
+    std::vector<std::string> bodies;
     for (const auto& [replica, messages] : std::map<int, int>{{1, 2}, {2, 3}}) {
         for (int seq = 1; seq <= messages; ++seq) {
             const std::string id = "2." + std::to_string(seq);
             auto head = gateway.get_next(replica, replica);
-            ASSERT_TRUE(head) << gateway.log();
-            ASSERT_EQ(head->status, 200) << head->body;
+            if (!head || head->status != 200) {
+                ADD_FAILURE() << replica << " " << id << ": " << (head ? head->body : "")
+                              << gateway.log();
+                return bodies;
+            }
             EXPECT_EQ(head->get_header_value("message-id"), id);
             EXPECT_EQ(head->get_header_value("Content-Type"), "application/json");
             EXPECT_EQ(head->body, assembled(outbox, replica_id(replica), std::to_string(seq)))
@@ -169,9 +171,28 @@ TEST(RowsByReference, ThePullGatewayServesExactlyWhatSyncMessageAssembles) {
                 EXPECT_NE(head->body.find(R"("kh":"0123456789abcdef)"), std::string::npos);
             }
             EXPECT_EQ(gateway.ack(replica, id, replica)->status, 200);
+            bodies.push_back(head->body);
         }
     }
     EXPECT_EQ(outbox.unsent(), 0);
+    return bodies;
+}
+
+// The gateway's workers keep the chunks they fetched: a database re-created under it (another
+// origin, its chunks numbered from 1 again) must have its own fetched, not the first one's sent.
+TEST(RowsByReference, ThePullGatewayServesWhatSyncMessageAssemblesNeverAChunkOfAnotherHistory) {
+    Outbox outbox("by_reference_pull_history", 0, 0);
+    write_messages(outbox, "first");
+    TempDir dir;
+    PullSender gateway(outbox, dir, "1");
+    EXPECT_EQ(pull_every_message(outbox, gateway).size(), 5u);
+    const std::string first_origin = outbox.sql("SELECT sync_internal.origin()");
+
+    outbox.sql("DROP EXTENSION magic_sync CASCADE; CREATE EXTENSION magic_sync");
+    write_messages(outbox, "second");
+    ASSERT_NE(outbox.sql("SELECT sync_internal.origin()"), first_origin);
+    for (const std::string& body : pull_every_message(outbox, gateway))
+        EXPECT_EQ(body.find("first"), std::string::npos) << body;
 }
 
 // A head whose chunks are gone when the gateway fetches them is answered as when there is nothing
