@@ -1,13 +1,12 @@
 #include "database.hpp"
 
 #include <cstring>
-#include <map>
 #include <memory>
 #include <set>
-#include <string_view>
 
 #include "libpq/connection.hpp"
 #include "protocol/messages.hpp"
+#include "rows_reference.hpp"
 
 namespace magic_sync::sender {
 
@@ -22,47 +21,6 @@ std::string stamped_with_origin(const std::string& message, const std::string& o
 namespace {
 
 using Result = std::unique_ptr<PGresult, decltype(&PQclear)>;
-
-int64_t big_endian_int64(const char* bytes) {
-    uint64_t value = 0;
-    for (int i = 0; i < 8; ++i) value = (value << 8) | static_cast<unsigned char>(bytes[i]);
-    return static_cast<int64_t>(value);
-}
-
-int32_t big_endian_int32(const char* bytes) {
-    uint32_t value = 0;
-    for (int i = 0; i < 4; ++i) value = (value << 8) | static_cast<unsigned char>(bytes[i]);
-    return static_cast<int32_t>(value);
-}
-
-// The elements of a one-dimensional array in binary form (PostgreSQL's array_send), each its
-// bytes in binary form, none for NULL; std::nullopt when the bytes are not such an array.
-std::optional<std::vector<std::optional<std::string>>> array_elements(std::string_view bytes) {
-    std::vector<std::optional<std::string>> elements;
-    size_t at = 0;
-    const auto int32 = [&](int32_t& value) {
-        if (bytes.size() - at < 4) return false;
-        value = big_endian_int32(bytes.data() + at);
-        at += 4;
-        return true;
-    };
-    int32_t dimensions = 0, flags = 0, type = 0, count = 0, lower_bound = 0;
-    if (!int32(dimensions) || !int32(flags) || !int32(type)) return std::nullopt;
-    if (dimensions == 0) return elements;
-    if (dimensions != 1 || !int32(count) || !int32(lower_bound) || count < 0) return std::nullopt;
-    for (int32_t i = 0; i < count; ++i) {
-        int32_t length = 0;
-        if (!int32(length)) return std::nullopt;
-        if (length < 0) {
-            elements.emplace_back();
-            continue;
-        }
-        if (bytes.size() - at < static_cast<size_t>(length)) return std::nullopt;
-        elements.emplace_back(std::string(bytes.substr(at, static_cast<size_t>(length))));
-        at += static_cast<size_t>(length);
-    }
-    return elements;
-}
 
 // Every value that comes from outside is a bound parameter; these are the statements, prepared
 // once per connection.
@@ -100,10 +58,7 @@ enum Column {
     kTableDrops,
     kChunks
 };
-// Binary results too: id as 8 bytes, the body as it is, the notes' arrays as array_send writes.
-constexpr Statement kFetchChunks{"magic_sync_chunks",
-                                 "SELECT id, body, withheld_tables, withheld_keys, withheld_whys, "
-                                 "withheld_key_hashes FROM sync.chunks($1::bigint[], $2::text)"};
+constexpr Statement kFetchChunks{"magic_sync_chunks", kChunksQuery};
 constexpr Statement kStatements[] = {kSent, kFailed, kNext, kNextAmong, kFetchChunks};
 
 // An array literal of values that came from the database (uuids, numbers): nothing to quote.
@@ -134,16 +89,11 @@ struct Database::Pending {
     std::set<std::string> backing_off;
     std::string error;  // the first statement's error: nothing was applied
     Exchange exchange;
-    // A rows message leased by reference: exchange.leased[delivery] once assembled.
-    struct Reference {
-        size_t delivery = 0;
-        protocol::RowsMessage envelope;
-        std::vector<int64_t> chunks;
-    };
-    std::vector<Reference> references;
-    std::string origin;  // the history they were leased in
+    // The rows messages leased by reference: exchange.leased[delivery] once assembled.
+    std::vector<std::pair<size_t, RowsReference>> references;  // delivery, reference
+    std::string origin;                                        // the history they were leased in
     // The chunks they name, from the cache or fetched (none: not found yet).
-    std::map<int64_t, std::shared_ptr<const protocol::StoredChunk>> chunks;
+    Chunks chunks;
 };
 
 Database::Database(std::string conninfo, std::string transport, size_t chunk_cache_bytes)
@@ -254,11 +204,8 @@ void Database::start_exchange(const std::vector<Settlement>& settlements, const 
 
 bool Database::fetch_missing_chunks() {
     Pending& pending = *pending_;
-    std::vector<int64_t> missing;
-    for (const auto& [id, chunk] : pending.chunks)
-        if (chunk == nullptr) missing.push_back(id);
-    if (missing.empty()) return false;
-    const std::string ids = array_literal(missing, [](int64_t id) { return std::to_string(id); });
+    const std::string ids = missing_chunks(pending.chunks);
+    if (ids.empty()) return false;
     const char* values[] = {ids.c_str(), pending.origin.c_str()};
     if (PQsendQueryPrepared(connection_, kFetchChunks.name, 2, values, nullptr, nullptr, 1) != 1)
         fail("cannot send the exchange");
@@ -316,15 +263,8 @@ bool Database::read_one_result() {
                                    : pending.exchange.replicas_any;
             std::vector<Delivery>& leased = pending.exchange.leased;
             const auto cell = [&](int row, Column column) {
-                return std::string_view(PQgetvalue(rows, row, column),
-                                        static_cast<size_t>(PQgetlength(rows, row, column)));
-            };
-            const auto texts = [&](int row, Column column) {
-                std::vector<std::string> texts;
-                const auto elements = array_elements(cell(row, column));
-                if (!elements) fail("sync.next returned an array that does not read");
-                for (const auto& element : *elements) texts.push_back(element.value_or(""));
-                return texts;
+                return std::string(PQgetvalue(rows, row, column),
+                                   static_cast<size_t>(PQgetlength(rows, row, column)));
             };
             for (int row = 0; row < PQntuples(rows); ++row) {
                 Delivery delivery;
@@ -333,32 +273,19 @@ bool Database::read_one_result() {
                 delivery.message_id = cell(row, kMessageId);
                 delivery.origin = cell(row, kOrigin);
                 if (!PQgetisnull(rows, row, kMessage)) {
-                    delivery.bytes =
-                        stamped_with_origin(std::string(cell(row, kMessage)), delivery.origin);
+                    delivery.bytes = stamped_with_origin(cell(row, kMessage), delivery.origin);
                 } else {
                     // A rows message by reference: assembled once its chunks are in.
-                    Pending::Reference reference;
-                    reference.delivery = leased.size();
-                    reference.envelope.header = {delivery.replica,
-                                                 big_endian_int32(PQgetvalue(rows, row, kGen)),
-                                                 delivery.seq, delivery.origin};
-                    reference.envelope.reset = texts(row, kReset);
-                    reference.envelope.drop = texts(row, kDrops);
-                    reference.envelope.drop_tables = texts(row, kTableDrops);
-                    const auto ids = array_elements(cell(row, kChunks));
-                    if (!ids) fail("sync.next returned an array that does not read");
-                    for (const auto& id : *ids) {
-                        if (!id || id->size() != 8)
-                            fail("sync.next returned a chunk id that does not read");
-                        reference.chunks.push_back(big_endian_int64(id->data()));
-                    }
+                    auto reference = read_reference(rows, row, kGen, delivery.replica, delivery.seq,
+                                                    delivery.origin);
+                    if (!reference) fail("sync.next returned a reference that does not read");
                     // All of an exchange's leases are of one transaction: one origin.
                     pending.origin = delivery.origin;
-                    for (int64_t id : reference.chunks) {
+                    for (int64_t id : reference->chunks) {
                         auto& chunk = pending.chunks[id];
                         if (chunk == nullptr) chunk = chunks_.find(delivery.origin, id);
                     }
-                    pending.references.push_back(std::move(reference));
+                    pending.references.emplace_back(leased.size(), std::move(*reference));
                 }
                 // A replica's run comes in one piece.
                 if (row == 0 || leased.back().replica != delivery.replica) ++replicas;
@@ -366,28 +293,15 @@ bool Database::read_one_result() {
             }
             break;
         }
-        case Pending::Step::chunks:
-            for (int row = 0; row < PQntuples(rows); ++row) {
-                const int64_t id = big_endian_int64(PQgetvalue(rows, row, 0));
-                auto chunk = std::make_shared<protocol::StoredChunk>();
-                chunk->body.assign(PQgetvalue(rows, row, 1), PQgetlength(rows, row, 1));
-                std::optional<std::vector<std::optional<std::string>>> notes[4];
-                for (int column = 0; column < 4; ++column) {
-                    notes[column] = array_elements(
-                        std::string_view(PQgetvalue(rows, row, 2 + column),
-                                         static_cast<size_t>(PQgetlength(rows, row, 2 + column))));
-                    if (!notes[column] || notes[column]->size() != notes[0]->size())
-                        fail("sync.chunks returned notes that do not read");
-                }
-                const auto& [tables, keys, whys, key_hashes] = notes;
-                for (size_t note = 0; note < tables->size(); ++note)
-                    chunk->withheld.push_back(
-                        protocol::stored_note((*tables)[note].value_or(""), (*keys)[note],
-                                              (*whys)[note].value_or(""), (*key_hashes)[note]));
+        case Pending::Step::chunks: {
+            auto fetched = read_chunks(rows);
+            if (!fetched) fail("sync.chunks returned notes that do not read");
+            for (auto& [id, chunk] : *fetched) {
                 chunks_.add(pending.origin, id, chunk);
                 pending.chunks[id] = std::move(chunk);
             }
             break;
+        }
     }
     return true;
 }
@@ -395,22 +309,15 @@ bool Database::read_one_result() {
 void Database::assemble(Pending& pending) {
     std::vector<Delivery>& leased = pending.exchange.leased;
     std::vector<bool> gone(leased.size(), false);
-    for (const Pending::Reference& reference : pending.references) {
-        Delivery& delivery = leased[reference.delivery];
-        std::vector<const protocol::StoredChunk*> chunks;
-        for (int64_t id : reference.chunks) {
-            const auto& chunk = pending.chunks[id];
-            if (chunk == nullptr) break;
-            chunks.push_back(chunk.get());
-        }
-        if (chunks.size() < reference.chunks.size()) {
+    for (const auto& [at, reference] : pending.references) {
+        std::optional<std::string> bytes = sender::assemble(reference, pending.chunks);
+        if (!bytes) {
             // Its run from here on is left out: never a message after one that was not sent.
-            for (size_t i = reference.delivery;
-                 i < leased.size() && leased[i].replica == delivery.replica; ++i)
+            for (size_t i = at; i < leased.size() && leased[i].replica == leased[at].replica; ++i)
                 gone[i] = true;
             continue;
         }
-        delivery.bytes = protocol::assemble_rows(reference.envelope, chunks);
+        leased[at].bytes = std::move(*bytes);
     }
     size_t kept = 0;
     for (size_t i = 0; i < leased.size(); ++i)

@@ -32,7 +32,8 @@ replicas, one message at a time per replica, in order. Holds no state: kill it a
                          (default: the server's magic_sync.send_timeout)
   --chunk-cache MIB      how much of the shared chunks of rows messages to keep, so that a
                          chunk sent to many replicas is read from the database once (default
-                         64); a round of messages that names more is read again each round
+                         64); a round of messages that names more is read again each round.
+                         pull: the gateway's workers share it
   --metrics HOST:PORT    serve GET /metrics for Prometheus there: messages sent, failed and
                          refused, bytes, send times, sends in flight, and the backlog read
                          with each progress line (--report); pull: requests by route and
@@ -94,7 +95,7 @@ pull (devices behind NAT ask this sender over HTTP; put TLS in front with a reve
   another transport delivers; 503 when asking again may help, 500 when it would fail the
   same way. The --db role needs sync_sender,
   sync_receiver (for up) and what the token query reads. --concurrency, --run, --once,
-  --send-timeout, --chunk-cache and --report are for push transports.
+  --send-timeout and --report are for push transports.
 )";
 
 namespace {

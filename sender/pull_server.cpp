@@ -30,12 +30,14 @@
 #include <utility>
 #include <vector>
 
+#include "chunk_cache.hpp"
 #include "database.hpp"
 #include "http_head.hpp"
 #include "libpq/connection.hpp"
 #include "log.hpp"
 #include "metrics.hpp"
 #include "program/http_status.hpp"
+#include "rows_reference.hpp"
 
 namespace magic_sync::sender {
 
@@ -63,16 +65,21 @@ struct Statement {
     const char* name;
     const char* text;
 };
-constexpr Statement kHead{
-    "magic_sync_pull_head",
-    "SELECT message_id, message, origin FROM sync.pull_head($1::uuid, $2::interval)"};
+// A binary result (seq as 8 bytes, gen as 4, arrays as array_send writes them), columns in the
+// order of enum HeadColumn: a rows message comes by reference (rows_reference.hpp).
+constexpr Statement kHead{"magic_sync_pull_head",
+                          "SELECT message_id, message, origin, seq, gen, reset, drops, "
+                          "table_drops, chunks "
+                          "FROM sync.pull_head($1::uuid, $2::interval, by_reference => true)"};
+enum HeadColumn { kHeadMessageId, kHeadMessage, kHeadOrigin, kHeadSeq, kHeadGen };
+constexpr Statement kChunks{"magic_sync_pull_chunks", kChunksQuery};
 constexpr Statement kAck{"magic_sync_pull_ack", "SELECT sync.pull_ack($1::uuid, $2::text)"};
 constexpr Statement kRefused{"magic_sync_pull_refused",
                              "SELECT sync.pull_refused($1::uuid, $2::text, $3::text)"};
 constexpr Statement kReceive{"magic_sync_pull_receive", "SELECT sync.receive($1::uuid, $2::bytea)"};
 constexpr Statement kWaiting{"magic_sync_pull_waiting",
                              "SELECT replica::text FROM sync.pull_waiting($1::uuid[]) replica"};
-constexpr Statement kStatements[] = {kHead, kAck, kRefused, kReceive, kWaiting};
+constexpr Statement kStatements[] = {kHead, kChunks, kAck, kRefused, kReceive, kWaiting};
 
 std::string lowercase(std::string text) {
     std::transform(text.begin(), text.end(), text.begin(),
@@ -204,15 +211,18 @@ struct TaskOutcome {
 // gateway takes a device, and made again when a statement found it broken). Their results go to
 // `done`, and the loop is told through `notify_fd`. Made at start: out of open files, a worker
 // that connected at its first request found no descriptor free (the devices held them all), and
-// the request was answered 503.
+// the request was answered 503. They share the chunks of rows messages they fetched
+// (`chunk_cache_bytes` of them), so that a chunk is read from the database once, not once per
+// device it goes to.
 class Workers {
   public:
     Workers(size_t threads, std::string conninfo, std::string token_query, std::string lease,
-            int notify_fd)
+            size_t chunk_cache_bytes, int notify_fd)
         : conninfo_(std::move(conninfo)),
           token_query_(std::move(token_query)),
           lease_(std::move(lease)),
-          notify_fd_(notify_fd) {
+          notify_fd_(notify_fd),
+          chunks_(chunk_cache_bytes) {
         for (size_t i = 0; i < threads; ++i) {
             PGconn* connection = nullptr;
             try {
@@ -302,10 +312,22 @@ class Workers {
                     done.none = true;
                     return;
                 }
-                done.message_id = PQgetvalue(head.get(), 0, 0);
-                done.body = stamped_with_origin(
-                    std::string(PQgetvalue(head.get(), 0, 1), PQgetlength(head.get(), 0, 1)),
-                    PQgetvalue(head.get(), 0, 2));
+                const std::string origin = PQgetvalue(head.get(), 0, kHeadOrigin);
+                std::optional<std::string> body;
+                if (PQgetisnull(head.get(), 0, kHeadMessage))
+                    body = assembled(connection, head.get(), task.replica, origin);
+                else
+                    body =
+                        stamped_with_origin(std::string(PQgetvalue(head.get(), 0, kHeadMessage),
+                                                        PQgetlength(head.get(), 0, kHeadMessage)),
+                                            origin);
+                if (!body) {
+                    // Its chunks are gone: it was pruned after its lease (its generation ended).
+                    done.none = true;
+                    return;
+                }
+                done.message_id = PQgetvalue(head.get(), 0, kHeadMessageId);
+                done.body = std::move(*body);
                 done.content_type = "application/json";
                 return;
             }
@@ -361,10 +383,41 @@ class Workers {
         }
     }
 
+    // The head's rows message, by reference in `head`, assembled from the chunks the workers share;
+    // those not held are fetched by one statement, the cache's lock not held meanwhile. None when
+    // one of them is gone.
+    std::optional<std::string> assembled(PGconn* connection, const PGresult* head,
+                                         const std::string& replica, const std::string& origin) {
+        const auto reference = read_reference(
+            head, 0, kHeadGen, replica, big_endian_int64(PQgetvalue(head, 0, kHeadSeq)), origin);
+        if (!reference)
+            throw Refusal{500, "sync.pull_head returned a reference that does not read"};
+        Chunks chunks;
+        {
+            std::lock_guard<std::mutex> lock(chunks_mutex_);
+            for (int64_t id : reference->chunks) chunks[id] = chunks_.find(origin, id);
+        }
+        const std::string missing = missing_chunks(chunks);
+        if (!missing.empty()) {
+            Result fetched = execute(connection, kChunks.name, {missing.c_str(), origin.c_str()},
+                                     {0, 0}, {0, 0}, 1);
+            auto found = read_chunks(fetched.get());
+            if (!found) throw Refusal{500, "sync.chunks returned notes that do not read"};
+            std::lock_guard<std::mutex> lock(chunks_mutex_);
+            for (auto& [id, chunk] : *found) {
+                chunks_.add(origin, id, chunk);
+                chunks[id] = std::move(chunk);
+            }
+        }
+        return assemble(*reference, chunks);
+    }
+
     const std::string conninfo_;
     const std::string token_query_;
     const std::string lease_;
     const int notify_fd_;
+    std::mutex chunks_mutex_;  // chunks_'s; never held while a statement runs
+    ChunkCache chunks_;
     std::mutex mutex_;
     std::condition_variable queued_;
     std::deque<Task> tasks_;
@@ -614,7 +667,7 @@ struct PullServer::Serving {
           wake_fd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
           listener(bind_listener(options.listen)),
           workers(std::clamp<size_t>(2 * std::thread::hardware_concurrency(), 2, 8), options.db,
-                  options.token_query, lease, done_fd) {
+                  options.token_query, lease, options.chunk_cache_mib << 20, done_fd) {
         if (epoll_fd < 0 || done_fd < 0 || wake_fd < 0)
             throw std::runtime_error("cannot make the event loop's descriptors");
         watch(listener, kListener, EPOLLIN);

@@ -11,8 +11,9 @@
 // (401 without a token, 403 for another replica's). A statement that failed is answered 503 when
 // asking again may help, 500 when it would fail the same way.
 // One thread moves every connection's bytes (an epoll loop with deadlines for each step); a few
-// worker threads, each with a database connection, run the statements; one more connection
-// LISTENs and wakes the long polls. A waiting device costs a socket, not a thread.
+// worker threads, each with a database connection, run the statements and share the chunks of
+// rows messages they fetched (sync.pull_head by reference); one more connection LISTENs and
+// wakes the long polls. A waiting device costs a socket, not a thread.
 #pragma once
 
 #include <memory>

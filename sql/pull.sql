@@ -112,6 +112,27 @@ FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-0000000000e2']::uu
 SELECT sync.sent('00000000-0000-0000-0000-0000000000e2', 2) AS recovered;
 UPDATE sync.replica SET transport = NULL WHERE id = '00000000-0000-0000-0000-0000000000e2';
 
+-- By reference (as magic-sync-sender's gateway asks): a rows message comes as its envelope and
+-- its chunks' ids, the message NULL, as sync.next gives it; without, as sync.message assembles it,
+-- the reference columns NULL; a message stored whole comes as its bytes either way.
+INSERT INTO sync.replica (id, gen) VALUES ('00000000-0000-0000-0000-0000000000e4', 2);
+INSERT INTO sync.scope (id, match, value) VALUES (1041, 'shop', '41');
+INSERT INTO sync.chunk (id, scope, from_seq, to_seq, built_head, rows, bytes, body, withheld)
+VALUES (1041, 1041, 0, 3, 3, 0, 0, '{"scope":"shop=41","from":0,"to":3,"rows":[]}', '[]');
+INSERT INTO sync.outbox (replica, seq, gen, kind, chunks, reset, drops, table_drops, body)
+VALUES ('00000000-0000-0000-0000-0000000000e4', 1, 2, 'rows', '{1041}', '{*}', '{shop=40}',
+        '{old_items}', NULL);
+SELECT seq, message_id, message IS NULL AS by_reference, origin = sync_internal.origin() AS origin,
+       gen, reset, drops, table_drops, chunks
+FROM sync.pull_head('00000000-0000-0000-0000-0000000000e4', '1 minute', by_reference => true);
+SELECT seq, message_id, convert_from(message, 'UTF8') AS message, gen, reset, drops, table_drops, chunks
+FROM sync.pull_head('00000000-0000-0000-0000-0000000000e4', '1 minute');
+SELECT seq, message_id, convert_from(message, 'UTF8') AS message, gen, reset, drops, table_drops, chunks
+FROM sync.pull_head('00000000-0000-0000-0000-0000000000e1', '1 minute', by_reference => true);
+DELETE FROM sync.replica WHERE id = '00000000-0000-0000-0000-0000000000e4';
+DELETE FROM sync.chunk WHERE id = 1041;
+DELETE FROM sync.scope WHERE id = 1041;
+
 -- Only sync_sender may call them; they run as the extension's owner with a pinned search_path.
 SELECT p.oid::regprocedure AS routine, p.prosecdef AS security_definer, p.proconfig,
        has_function_privilege('sync_sender', p.oid, 'EXECUTE') AS sender_can,

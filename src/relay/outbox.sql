@@ -518,8 +518,14 @@ $$;
 -- session holds (sync.next) is not served: that sender is delivering it. A replica another
 -- transport delivers (sync.replica.transport) is refused. The replica's backoff is not looked at:
 -- a device asks when it can, and its ask ends the backoff (sync_internal.device_heard).
-CREATE FUNCTION sync.pull_head(replica uuid, lease interval)
-RETURNS TABLE (seq bigint, message_id text, message bytea, origin text)
+-- The message comes as its bytes (`message`), assembled (sync.message) when it is a rows message,
+-- unless `by_reference`: then a rows message comes by reference, as sync.next gives it (`message`
+-- NULL, its envelope and its chunks' ids in `gen` to `chunks`), and a message stored whole as its
+-- bytes. magic-sync-sender's gateway asks for references: its workers share the chunks they
+-- fetched (sync.chunks), so that a chunk is read once, not once per device it goes to.
+CREATE FUNCTION sync.pull_head(replica uuid, lease interval, by_reference boolean DEFAULT false)
+RETURNS TABLE (seq bigint, message_id text, message bytea, origin text, gen int, reset text[],
+               drops text[], table_drops text[], chunks bigint[])
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
@@ -566,9 +572,16 @@ BEGIN
         tries = o.tries + 1
     WHERE o.replica = head.replica AND o.seq = head.seq;
     PERFORM sync_internal.lease_commits_durably();
-    RETURN QUERY SELECT head.seq, sync_internal.message_id(head.gen, head.seq),
-                        coalesce(head.body, sync.message(head.replica, head.seq)),
-                        sync_internal.origin();
+    IF pull_head.by_reference AND head.body IS NULL THEN
+        RETURN QUERY SELECT head.seq, sync_internal.message_id(head.gen, head.seq), NULL::bytea,
+                            sync_internal.origin(), head.gen, head.reset, head.drops,
+                            head.table_drops, head.chunks;
+    ELSE
+        RETURN QUERY SELECT head.seq, sync_internal.message_id(head.gen, head.seq),
+                            coalesce(head.body, sync.message(head.replica, head.seq)),
+                            sync_internal.origin(), NULL::int, NULL::text[], NULL::text[],
+                            NULL::text[], NULL::bigint[];
+    END IF;
 END
 $$;
 
@@ -667,7 +680,7 @@ REVOKE ALL ON FUNCTION sync.sent(uuid, bigint) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.sent(uuid[], bigint[], text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.failed(uuid, bigint, boolean, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.backlog() FROM PUBLIC;
-REVOKE ALL ON FUNCTION sync.pull_head(uuid, interval) FROM PUBLIC;
+REVOKE ALL ON FUNCTION sync.pull_head(uuid, interval, boolean) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.pull_ack(uuid, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.pull_refused(uuid, text, text) FROM PUBLIC;
 REVOKE ALL ON FUNCTION sync.pull_waiting(uuid[]) FROM PUBLIC;
@@ -679,7 +692,7 @@ GRANT EXECUTE ON FUNCTION sync.sent(uuid, bigint) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.sent(uuid[], bigint[], text[]) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.failed(uuid, bigint, boolean, text, text) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.backlog() TO sync_sender;
-GRANT EXECUTE ON FUNCTION sync.pull_head(uuid, interval) TO sync_sender;
+GRANT EXECUTE ON FUNCTION sync.pull_head(uuid, interval, boolean) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.pull_ack(uuid, text) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.pull_refused(uuid, text, text) TO sync_sender;
 GRANT EXECUTE ON FUNCTION sync.pull_waiting(uuid[]) TO sync_sender;

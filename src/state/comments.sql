@@ -109,10 +109,12 @@ COMMENT ON FUNCTION sync.failed(uuid, bigint, boolean, text, text) IS
 COMMENT ON FUNCTION sync.backlog() IS
 'For the sender''s progress line: the unsent messages, the replicas backing off, and how long the '
 'oldest unsent message has waited.';
-COMMENT ON FUNCTION sync.pull_head(uuid, interval) IS
+COMMENT ON FUNCTION sync.pull_head(uuid, interval, boolean) IS
 'For the pull transport: the replica''s head message, leased to the device that asks for lease (by '
 'its time alone, renewed when it asks again), with the origin to put in its header; nothing when '
-'there is none or a push sender holds it; an error when another transport delivers the replica.';
+'there is none or a push sender holds it; an error when another transport delivers the replica. '
+'by_reference: a rows message by reference (message NULL), as sync.next gives it, for a gateway '
+'that assembles it from sync.chunks.';
 COMMENT ON FUNCTION sync.pull_ack(uuid, text) IS
 'For the pull transport: the device took message_id. Recorded sent, and true, only when it names the '
 'replica''s current head, leased to the pull gateway; anything else takes nothing and returns false.';

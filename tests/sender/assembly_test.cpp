@@ -8,6 +8,7 @@
 
 #include "protocol/messages.hpp"
 #include "sender/harness.hpp"
+#include "sender/pull_sender.hpp"
 #include "sender/sink.hpp"
 
 namespace magic_sync::test::sender {
@@ -43,17 +44,21 @@ void write_messages(const Outbox& outbox, const std::string& mark) {
     )");
 }
 
+// What sync.message assembles for replica's message seq, stamped with the origin.
+std::string assembled(const Outbox& outbox, const std::string& replica, const std::string& seq) {
+    return protocol::with_origin(
+        outbox.sql("SELECT convert_from(sync.message('" + replica + "', " + seq + "), 'UTF8')"),
+        outbox.sql("SELECT sync_internal.origin()"));
+}
+
 // What sync.message assembles for each message the sink took, as the sender sends it.
 void expect_sent_as_assembled(const Outbox& outbox, const HttpSink& sink, size_t from) {
-    const std::string origin = outbox.sql("SELECT sync_internal.origin()");
     const std::vector<Received> received = sink.received();
     ASSERT_GT(received.size(), from);
     for (size_t i = from; i < received.size(); ++i) {
         const Received& r = received[i];
-        const std::string assembled =
-            outbox.sql("SELECT convert_from(sync.message('" + r.replica + "', " +
-                       r.message_id.substr(r.message_id.find('.') + 1) + "), 'UTF8')");
-        EXPECT_EQ(r.body, protocol::with_origin(assembled, origin))
+        EXPECT_EQ(r.body,
+                  assembled(outbox, r.replica, r.message_id.substr(r.message_id.find('.') + 1)))
             << r.replica << " " << r.message_id;
     }
 }
@@ -83,13 +88,10 @@ TEST(RowsByReference, TheSenderSendsExactlyWhatSyncMessageAssembles) {
     EXPECT_EQ(outbox.unsent(), 0);
 }
 
-// A message whose chunks are gone by the time the sender asks for them (pruned: its replica
-// confirmed it, or its generation ended, after the lease) is not sent, nor the rest of its run:
-// never a message after one that was not sent. Here a trigger deletes replica 1's first chunk as
-// its message is leased.
-TEST(RowsByReference, AMessageWhoseChunksAreGoneIsLeftOutWithTheRestOfItsRun) {
-    Outbox outbox("by_reference_gone", 0, 0);
-    write_messages(outbox, "first");
+// A trigger that deletes chunk 1 as replica 1's first message is leased: its chunks are gone by
+// the time they are fetched (as when the message is pruned after its lease: its replica confirmed
+// it, or its generation ended).
+void prune_chunk_1_on_lease(const Outbox& outbox) {
     outbox.sql(R"(
         CREATE FUNCTION prune_on_lease() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
@@ -100,6 +102,14 @@ TEST(RowsByReference, AMessageWhoseChunksAreGoneIsLeftOutWithTheRestOfItsRun) {
         WHEN (NEW.replica = '00000000-0000-0000-0000-000000000001' AND NEW.seq = 1)
         EXECUTE FUNCTION prune_on_lease();
     )");
+}
+
+// A message whose chunks are gone by the time the sender asks for them is not sent, nor the rest
+// of its run: never a message after one that was not sent.
+TEST(RowsByReference, AMessageWhoseChunksAreGoneIsLeftOutWithTheRestOfItsRun) {
+    Outbox outbox("by_reference_gone", 0, 0);
+    write_messages(outbox, "first");
+    prune_chunk_1_on_lease(outbox);
     HttpSink sink;
     TempDir dir;
     SenderProcess sender(outbox, dir,
@@ -133,6 +143,75 @@ TEST(RowsByReference, AChunkKeptIsNeverTakenForOneOfAnotherHistory) {
             << sink.received()[i].body;
     sender.signal(SIGTERM);
     EXPECT_EQ(sender.wait(30s), 0) << sender.log();
+}
+
+// The pull gateway asks sync.pull_head for references too, and its workers share the chunks they
+// fetched: a device gets exactly what sync.message assembles, stamped with the origin, under the
+// message's id; a message stored whole as it is stored. Each device asks for its head and
+// acknowledges it until it has every message write_messages wrote, each compared so; returns
+// their bodies.
+std::vector<std::string> pull_every_message(const Outbox& outbox, const PullSender& gateway) {
+    std::vector<std::string> bodies;
+    for (const auto& [replica, messages] : std::map<int, int>{{1, 2}, {2, 3}}) {
+        for (int seq = 1; seq <= messages; ++seq) {
+            const std::string id = "2." + std::to_string(seq);
+            auto head = gateway.get_next(replica, replica);
+            if (!head || head->status != 200) {
+                ADD_FAILURE() << replica << " " << id << ": " << (head ? head->body : "")
+                              << gateway.log();
+                return bodies;
+            }
+            EXPECT_EQ(head->get_header_value("message-id"), id);
+            EXPECT_EQ(head->get_header_value("Content-Type"), "application/json");
+            EXPECT_EQ(head->body, assembled(outbox, replica_id(replica), std::to_string(seq)))
+                << replica << " " << id;
+            if (replica == 1 && seq == 1) {
+                EXPECT_NE(head->body.find(R"("k":{"id":7,"name":"café \"A\""})"),
+                          std::string::npos);
+                EXPECT_NE(head->body.find(R"("kh":"0123456789abcdef)"), std::string::npos);
+            }
+            EXPECT_EQ(gateway.ack(replica, id, replica)->status, 200);
+            bodies.push_back(head->body);
+        }
+    }
+    EXPECT_EQ(outbox.unsent(), 0);
+    return bodies;
+}
+
+// The gateway's workers keep the chunks they fetched: a database re-created under it (another
+// origin, its chunks numbered from 1 again) must have its own fetched, not the first one's sent.
+TEST(RowsByReference, ThePullGatewayServesWhatSyncMessageAssemblesNeverAChunkOfAnotherHistory) {
+    Outbox outbox("by_reference_pull_history", 0, 0);
+    write_messages(outbox, "first");
+    TempDir dir;
+    PullSender gateway(outbox, dir, "1");
+    EXPECT_EQ(pull_every_message(outbox, gateway).size(), 5u);
+    const std::string first_origin = outbox.sql("SELECT sync_internal.origin()");
+
+    outbox.sql("DROP EXTENSION magic_sync CASCADE; CREATE EXTENSION magic_sync");
+    write_messages(outbox, "second");
+    ASSERT_NE(outbox.sql("SELECT sync_internal.origin()"), first_origin);
+    for (const std::string& body : pull_every_message(outbox, gateway))
+        EXPECT_EQ(body.find("first"), std::string::npos) << body;
+}
+
+// A head whose chunks are gone when the gateway fetches them is answered as when there is nothing
+// to serve now (204 after --wait), never as a broken message; it stays unsent.
+TEST(RowsByReference, ThePullGatewayServesNothingOfAMessageWhoseChunksAreGone) {
+    Outbox outbox("by_reference_pull_gone", 0, 0);
+    write_messages(outbox, "first");
+    prune_chunk_1_on_lease(outbox);
+    TempDir dir;
+    PullSender gateway(outbox, dir, "1");
+    // Replica 2's head names chunk 1 too, gone once replica 1's head was leased.
+    for (int replica : {1, 2}) {
+        auto head = gateway.get_next(replica, replica);
+        ASSERT_TRUE(head) << gateway.log();
+        EXPECT_EQ(head->status, 204) << head->body;
+        EXPECT_EQ(head->get_header_value("message-id"), "");
+        EXPECT_EQ(head->body, "");
+    }
+    EXPECT_EQ(outbox.unsent(), 5);
 }
 
 }  // namespace
