@@ -323,6 +323,11 @@ FROM sync.chunks('{1001,1002}', '1/1/00000000-0000-0000-0000-000000000000');
 -- sync.message assembles the message from the same chunks: the envelope, the chunks in the
 -- message's order, their notes after them.
 SELECT convert_from(sync.message('00000000-0000-0000-0000-00000000000f', 1), 'UTF8') AS assembled;
+-- A message one of whose chunks is gone is not assembled without it (it was, silently).
+BEGIN;
+DELETE FROM sync.chunk WHERE id = 1001;
+SELECT sync.message('00000000-0000-0000-0000-00000000000f', 1);
+ROLLBACK;
 DELETE FROM sync.replica WHERE id = '00000000-0000-0000-0000-00000000000f';
 DELETE FROM sync.chunk WHERE id IN (1001, 1002);
 DELETE FROM sync.scope WHERE match = 'sender_test';

@@ -50,6 +50,12 @@ std::string assemble(magic_sync::pg::Spi& spi, const std::string& replica, int64
                 tables[note].value_or(""), keys[note], whys[note].value_or(""), key_hashes[note]));
         chunks.push_back(std::move(stored));
     }
+    // A chunk is pruned only once no message names it; one that is gone anyway leaves a message
+    // that cannot be made, not one made without it.
+    if (chunks.size() != outbox["chunks"].integers().size())
+        throw magic_sync::Error("message " + std::to_string(seq) + " of replica " + replica +
+                                    " names a chunk that is gone: it cannot be assembled",
+                                ERRCODE_DATA_CORRUPTED);
     std::vector<const protocol::StoredChunk*> in_order;
     for (const protocol::StoredChunk& chunk : chunks) in_order.push_back(&chunk);
     return protocol::assemble_rows(message, in_order);
