@@ -31,6 +31,7 @@ std::string assemble(magic_sync::pg::Spi& spi, const std::string& replica, int64
     message.drop = outbox["drops"].texts();
     message.drop_tables = outbox["table_drops"].texts();
     // The chunks as a sender reads them (sync.chunks), in the message's order.
+    const std::vector<int64_t>& ids = outbox["chunks"].integers();
     std::vector<protocol::StoredChunk> chunks;
     for (const auto& chunk : spi.query(
              R"sql(
@@ -39,7 +40,7 @@ std::string assemble(magic_sync::pg::Spi& spi, const std::string& replica, int64
              FROM unnest($1::bigint[]) WITH ORDINALITY AS u(id, position)
              JOIN sync.chunks($1, sync_internal.origin()) c ON c.id = u.id
              ORDER BY u.position)sql",
-             {magic_sync::pg::Param::bigint_array(outbox["chunks"].integers())})) {
+             {magic_sync::pg::Param::bigint_array(ids)})) {
         protocol::StoredChunk stored{chunk["body"].value_or(""), {}};
         const auto& tables = chunk["withheld_tables"].elements();
         const auto& keys = chunk["withheld_keys"].elements();
@@ -52,7 +53,7 @@ std::string assemble(magic_sync::pg::Spi& spi, const std::string& replica, int64
     }
     // A chunk is pruned only once no message names it; one that is gone anyway leaves a message
     // that cannot be made, not one made without it.
-    if (chunks.size() != outbox["chunks"].integers().size())
+    if (chunks.size() != ids.size())
         throw magic_sync::Error("message " + std::to_string(seq) + " of replica " + replica +
                                     " names a chunk that is gone: it cannot be assembled",
                                 ERRCODE_DATA_CORRUPTED);
