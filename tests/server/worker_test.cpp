@@ -115,14 +115,20 @@ TEST(Worker, AnIdleRelayRunsNoPass) {
     Connection db(shop.cluster.conninfo("shop"));
     db.query("INSERT INTO products VALUES (1, 'tea')");
     ASSERT_TRUE(eventually([&] { return deliveries(db) == "1:1"; })) << shop.cluster.log();
-    // The passes after it (the confirmation, the sender's report) end: no pass for half a second
-    // (a fixed wait of 500 ms was too short on a loaded machine). A relay that ran a pass at every
+    // The passes after it end: the relay waits on its latch, and still does, its last pass the
+    // same, 300 ms later (half a second without a pass was not enough on a loaded machine: a
+    // relay kept off the cores between two passes looked idle). A relay that ran a pass at every
     // tick of `idle` (100 ms) never gets there.
+    const auto relay_waits = [&] {
+        return db.value("SELECT state || ' ' || wait_event FROM pg_stat_activity"
+                        " WHERE backend_type = 'magic_sync relay'") == "idle Extension";
+    };
     std::string last;
     ASSERT_TRUE(eventually([&] {
         last = db.value("SELECT last_pass_at FROM sync.relay_state");
-        std::this_thread::sleep_for(500ms);
-        return db.value("SELECT last_pass_at FROM sync.relay_state") == last;
+        if (!relay_waits()) return false;
+        std::this_thread::sleep_for(300ms);
+        return relay_waits() && db.value("SELECT last_pass_at FROM sync.relay_state") == last;
     })) << shop.cluster.log();
     std::this_thread::sleep_for(2s);
     EXPECT_EQ(db.value("SELECT last_pass_at FROM sync.relay_state"), last);
