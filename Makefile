@@ -40,7 +40,7 @@ WARNINGS := -Wall -Wextra -Werror
 # PostgreSQL's headers as system headers: our warnings are errors, theirs are not ours to fix.
 PG_CPPFLAGS = -DMAGIC_SYNC_VERSION='"$(EXT_VERSION)"' -Isrc -isystem $(shell $(PG_CONFIG) --includedir-server) -isystem $(shell $(PG_CONFIG) --includedir)/internal
 PG_CXXFLAGS = -std=c++17 $(WARNINGS)
-SHLIB_LINK = -lstdc++ -lcrypto
+SHLIB_LINK = -lstdc++ -lcrypto -lz
 
 # No JIT bitcode: the extension is C++ and gains nothing from inlining into JIT-compiled queries.
 override with_llvm = no
@@ -81,7 +81,7 @@ $(EXT_SRCS:.cpp=.o): $(wildcard $(foreach folder,$(FEATURES) pg protocol,src/$(f
 # The sender: sender/main.cpp is the program, the other sources its library.
 SENDER_SRCS := $(filter-out sender/main.cpp,$(wildcard sender/*.cpp))
 SENDER_OBJS := $(patsubst sender/%.cpp,build/sender/%.o,$(SENDER_SRCS))
-SENDER_LIBS = -lpq -lcurl -lnats -lcrypto -lpthread $(HTTPLIB_LIBS)
+SENDER_LIBS = -lpq -lcurl -lnats -lcrypto -lz -lpthread $(HTTPLIB_LIBS)
 build/sender/%.o: sender/%.cpp
 	@mkdir -p $(dir $@)
 	$(HOST_CXX) $(HOST_FLAGS) $(DEPFLAGS) $(PROTOCOL_INCLUDES) $(PQ_INCLUDES) $(HTTPLIB_CFLAGS) -Isender -c -o $@ $<
@@ -94,7 +94,7 @@ REPLICA_LIB_SRCS := $(wildcard replica/lib/*.cpp)
 REPLICA_LIB_OBJS := $(patsubst replica/lib/%.cpp,build/replica/lib/%.o,$(REPLICA_LIB_SRCS))
 REPLICA_CLI_SRCS := $(wildcard replica/cli/*.cpp)
 REPLICA_CLI_OBJS := $(patsubst replica/cli/%.cpp,build/replica/cli/%.o,$(REPLICA_CLI_SRCS))
-REPLICA_LIBS = -lsqlite3 -lpq -lnats -lcurl -lcrypto -lpthread
+REPLICA_LIBS = -lsqlite3 -lpq -lnats -lcurl -lcrypto -lz -lpthread
 build/replica/%.o: replica/%.cpp
 	@mkdir -p $(dir $@)
 	$(HOST_CXX) $(HOST_FLAGS) $(DEPFLAGS) $(PROTOCOL_INCLUDES) $(PQ_INCLUDES) -Ireplica -c -o $@ $<
@@ -149,7 +149,7 @@ TEST_SUPPORT_OBJS = $(call test_objs,build,tests/support/*.cpp)
 UNIT_SRCS := $(wildcard tests/unit/*_test.cpp)
 build/tests/unit_tests: $(call test_objs,build,tests/unit/*_test.cpp) $(PROTOCOL_OBJS)
 	@mkdir -p $(dir $@)
-	$(TEST_CXX) $(TEST_FLAGS) -o $@ $^ $(GTEST_LIBS) -lcrypto
+	$(TEST_CXX) $(TEST_FLAGS) -o $@ $^ $(GTEST_LIBS) -lcrypto -lz
 SENDER_TEST_SRCS := $(wildcard tests/sender/*_test.cpp)
 build/tests/sender_tests: $(call test_objs,build,tests/sender/*_test.cpp) $(TEST_SUPPORT_OBJS) \
 		$(SENDER_OBJS) $(PROTOCOL_OBJS)
@@ -179,12 +179,12 @@ build/tests/server_tests: $(call test_objs,build,tests/server/*_test.cpp) $(TEST
 SIM_SRCS := $(wildcard tests/sim/*.cpp)
 build/tests/sim: $(call test_objs,build,tests/sim/*.cpp) $(TEST_SUPPORT_OBJS) $(PROTOCOL_OBJS)
 	@mkdir -p $(dir $@)
-	$(TEST_CXX) $(TEST_FLAGS) -o $@ $^ -lpq -lcrypto -lpthread $(HTTPLIB_LIBS)
+	$(TEST_CXX) $(TEST_FLAGS) -o $@ $^ -lpq -lcrypto -lz -lpthread $(HTTPLIB_LIBS)
 
 # tests/conformance: any replica implementation against a real server (docs/PROTOCOL.md).
 build/tests/conformance: $(call test_objs,build,tests/conformance/*.cpp) $(TEST_SUPPORT_OBJS) $(PROTOCOL_OBJS)
 	@mkdir -p $(dir $@)
-	$(TEST_CXX) $(TEST_FLAGS) -o $@ $^ -lpq -lcrypto -lpthread
+	$(TEST_CXX) $(TEST_FLAGS) -o $@ $^ -lpq -lcrypto -lz -lpthread
 
 # clients/js: the TypeScript replica (docs/PROTOCOL.md), its dependencies from the lock (npm ci)
 # and compiled once with tsc; the conformance suite runs its CLI (conformance:js) and the browser
@@ -300,10 +300,10 @@ FUZZ_SECONDS ?= 600
 build/fuzz/%: tests/fuzz/%_fuzz.cpp $(wildcard tests/fuzz/*.hpp) $(ASAN_PROTOCOL_OBJS)
 	@mkdir -p $(dir $@)
 	$(FUZZ_CXX) $(FUZZ_FLAGS) -fsanitize=fuzzer $(PROTOCOL_INCLUDES) -Itests/fuzz -o $@ $< \
-		$(ASAN_PROTOCOL_OBJS) -lcrypto
+		$(ASAN_PROTOCOL_OBJS) -lcrypto -lz
 build/fuzz/make_seeds: tests/fuzz/make_seeds.cpp $(PROTOCOL_OBJS)
 	@mkdir -p $(dir $@)
-	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_INCLUDES) -o $@ $< $(PROTOCOL_OBJS) -lcrypto
+	$(HOST_CXX) $(HOST_FLAGS) $(PROTOCOL_INCLUDES) -o $@ $< $(PROTOCOL_OBJS) -lcrypto -lz
 .PHONY: fuzz fuzz-quick fuzz-build
 fuzz-build: $(addprefix build/fuzz/,$(FUZZ_TARGETS))
 fuzz:
@@ -341,7 +341,7 @@ build/asan/tests/obj/%.o: tests/%.cpp build/asan/tests/pch/O0.pch
 	$(compile_test)
 build/asan/tests/unit_tests: $(call test_objs,build/asan,tests/unit/*_test.cpp) $(ASAN_PROTOCOL_OBJS)
 	@mkdir -p $(dir $@)
-	$(TEST_CXX) $(TEST_FLAGS) -o $@ $^ $(GTEST_LIBS) -lcrypto
+	$(TEST_CXX) $(TEST_FLAGS) -o $@ $^ $(GTEST_LIBS) -lcrypto -lz
 build/asan/bin/magic-sync-sender: build/asan/sender/main.o $(ASAN_SENDER_OBJS) $(ASAN_PROTOCOL_OBJS)
 	@mkdir -p $(dir $@)
 	$(HOST_CXX) $(HOST_FLAGS) -o $@ $^ $(SENDER_LIBS)
@@ -385,7 +385,7 @@ build/bench/fanout: bench/fanout/fanout_bench.cpp bench/fanout/sink.hpp $(TEST_S
 		$(wildcard tests/server/*.hpp) $(LIBPQ_HELPER) $(PROTOCOL_OBJS)
 	@mkdir -p $(dir $@)
 	$(HOST_CXX) $(HOST_FLAGS) $(PQ_INCLUDES) $(PROTOCOL_INCLUDES) -Ireplica -Itests -Ibench -o $@ \
-		bench/fanout/fanout_bench.cpp $(TEST_SUPPORT_SRCS) $(PROTOCOL_OBJS) -lpq -lnats -lcrypto \
+		bench/fanout/fanout_bench.cpp $(TEST_SUPPORT_SRCS) $(PROTOCOL_OBJS) -lpq -lnats -lcrypto -lz \
 		$(HTTPLIB) -lpthread
 
 .PHONY: bench-fanout

@@ -5,7 +5,7 @@ set -euo pipefail
 packages=(
     build-essential clang-format
     postgresql-15 postgresql-server-dev-15 libpq-dev
-    nlohmann-json3-dev libssl-dev libcurl4-openssl-dev libsqlite3-dev sqlite3
+    nlohmann-json3-dev libssl-dev libcurl4-openssl-dev libsqlite3-dev sqlite3 zlib1g-dev
     libgtest-dev libnats-dev nats-server pgbouncer libcpp-httplib-dev
     clang clang-14 libclang-rt-14-dev valgrind systemd curl jq git
     chromium

@@ -183,8 +183,11 @@ ObjectWriter open_down(std::string& out, std::string_view kind, const MessageHea
     return object;
 }
 
-template <typename ChunkTexts>
-std::string encode_rows_with(const RowsMessage& message, const ChunkTexts& chunks) {
+void append_text(std::string& out, std::string_view text) { out += text; }
+
+template <typename Chunks, typename WriteChunk>
+std::string encode_rows_with(const RowsMessage& message, const Chunks& chunks,
+                             WriteChunk write_chunk) {
     std::string out;
     const bool hashed = std::any_of(message.withheld.begin(), message.withheld.end(),
                                     [](const KeyNote& note) { return note.key_hash.has_value(); });
@@ -196,8 +199,7 @@ std::string encode_rows_with(const RowsMessage& message, const ChunkTexts& chunk
     if (!message.drop_tables.empty()) {
         append_scopes(object.field("drop_tables"), message.drop_tables);
     }
-    append_list(object.field("chunks"), chunks,
-                [](std::string& o, std::string_view chunk) { o += chunk; });
+    append_list(object.field("chunks"), chunks, write_chunk);
     if (!message.withheld.empty()) {
         append_list(object.field("withheld"), message.withheld, append_key_note);
     }
@@ -222,7 +224,7 @@ std::string encode(const RowsMessage& message) {
     std::vector<std::string> chunks;
     chunks.reserve(message.chunks.size());
     for (const Chunk& chunk : message.chunks) chunks.push_back(encode(chunk));
-    return encode_rows_with(message, chunks);
+    return encode_rows_with(message, chunks, append_text);
 }
 
 std::string encode_rows(const RowsMessage& message, const std::vector<std::string_view>& chunks) {
@@ -230,7 +232,7 @@ std::string encode_rows(const RowsMessage& message, const std::vector<std::strin
         throw std::invalid_argument(
             "encode_rows: the message's chunks must come encoded, not in it");
     }
-    return encode_rows_with(message, chunks);
+    return encode_rows_with(message, chunks, append_text);
 }
 
 KeyNote stored_note(std::string table, std::optional<std::string> key, std::string why,
@@ -240,20 +242,55 @@ KeyNote stored_note(std::string table, std::optional<std::string> key, std::stri
     return note;
 }
 
-std::string assemble_rows(const RowsMessage& message,
-                          const std::vector<const StoredChunk*>& chunks) {
+namespace {
+
+// The message with its chunks' withheld notes after its own (assemble_rows: it has none).
+RowsMessage with_chunks_withheld(const RowsMessage& message,
+                                 const std::vector<const StoredChunk*>& chunks) {
     if (!message.withheld.empty()) {
         throw std::invalid_argument(
             "assemble_rows: the message's withheld notes come from its chunks, not from it");
     }
     RowsMessage whole = message;
+    for (const StoredChunk* chunk : chunks)
+        whole.withheld.insert(whole.withheld.end(), chunk->withheld.begin(), chunk->withheld.end());
+    return whole;
+}
+
+}  // namespace
+
+std::string assemble_rows(const RowsMessage& message,
+                          const std::vector<const StoredChunk*>& chunks) {
     std::vector<std::string_view> bodies;
     bodies.reserve(chunks.size());
-    for (const StoredChunk* chunk : chunks) {
-        bodies.push_back(chunk->body);
-        whole.withheld.insert(whole.withheld.end(), chunk->withheld.begin(), chunk->withheld.end());
+    for (const StoredChunk* chunk : chunks) bodies.push_back(chunk->body);
+    return encode_rows(with_chunks_withheld(message, chunks), bodies);
+}
+
+std::string assemble_rows_gzip(const RowsMessage& message,
+                               const std::vector<const StoredChunk*>& chunks) {
+    // The envelope's text with the chunks left out, and where each would have gone.
+    std::vector<size_t> places;
+    const std::string text = encode_rows_with(
+        with_chunks_withheld(message, chunks), chunks,
+        [&places](std::string& out, const StoredChunk*) { places.push_back(out.size()); });
+    std::vector<DeflatedPiece> texts;  // the envelope's pieces, deflated for this message
+    texts.reserve(chunks.size() + 1);
+    std::vector<const DeflatedPiece*> pieces;
+    size_t from = 0;
+    for (size_t i = 0; i <= chunks.size(); ++i) {
+        const size_t to = i < chunks.size() ? places[i] : text.size();
+        if (to > from) {
+            texts.push_back(deflate_piece(std::string_view(text).substr(from, to - from)));
+            pieces.push_back(&texts.back());
+        }
+        from = to;
+        if (i == chunks.size()) break;
+        if (chunks[i]->deflated.size != chunks[i]->body.size())
+            throw std::invalid_argument("assemble_rows_gzip: a chunk was not deflated");
+        pieces.push_back(&chunks[i]->deflated);
     }
-    return encode_rows(whole, bodies);
+    return gzip_join(pieces);
 }
 
 std::string encode(const FiledMessage& message) {
@@ -869,6 +906,8 @@ Holding decode_holding(const Field& field) {
 }  // namespace
 
 DownMessage decode_down(std::string_view text, const Limits& limits) {
+    // Sent gzip (docs/PROTOCOL.md §10): the JSON it holds, within the same bound on its size.
+    if (is_gzip(text)) return decode_down(gunzip(text, limits.max_bytes), limits);
     const std::string context = "down message";
     JsonNode root = parse_message(text, limits, context);
     Field envelope(root, "", context);

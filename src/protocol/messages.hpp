@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "protocol/fingerprint.hpp"
+#include "protocol/gzip.hpp"
 #include "protocol/hash.hpp"
 #include "protocol/limits.hpp"
 
@@ -230,6 +231,9 @@ std::string encode_rows(const RowsMessage& message, const std::vector<std::strin
 struct StoredChunk {
     std::string body;
     std::vector<KeyNote> withheld;
+    // The body deflated on its own (deflate_piece), made once by a sender that sends gzip, for
+    // assemble_rows_gzip; empty otherwise.
+    DeflatedPiece deflated;
 };
 // A withheld note as the server keeps it: its key (canonical JSON), or none and the key's hash in
 // 64 hex.
@@ -240,6 +244,11 @@ KeyNote stored_note(std::string table, std::optional<std::string> key, std::stri
 // order. How sync.message and the sender assemble it, to the same bytes.
 std::string assemble_rows(const RowsMessage& message,
                           const std::vector<const StoredChunk*>& chunks);
+// The same message as one gzip member (docs/PROTOCOL.md §10), from each chunk's `deflated` and
+// the rest deflated here; gunzip gives assemble_rows' bytes. Throws std::invalid_argument for a
+// chunk not deflated.
+std::string assemble_rows_gzip(const RowsMessage& message,
+                               const std::vector<const StoredChunk*>& chunks);
 
 // A list of kept rows as the "kept" field of a filed message writes it.
 std::string encode_key_notes(const std::vector<KeyNote>& notes);
@@ -260,7 +269,8 @@ FiledMessage decode_filed_payload(const MessageHeader& header, std::string_view 
 // least.
 std::vector<FiledMessage> split_filed(const FiledMessage& answer, size_t max_bytes);
 
-// Throw DecodeError (VersionTooNew when "v" > kVersion) naming what is wrong and where.
+// Throw DecodeError (VersionTooNew when "v" > kVersion) naming what is wrong and where. A message
+// sent gzip (is_gzip) is inflated first, to at most `limits.max_bytes`.
 DownMessage decode_down(std::string_view text, const Limits& limits = Limits{});
 // An encoded down message with another header: the relay encodes a message before it is numbered
 // and stamps it with its gen and seq as it enters the outbox.

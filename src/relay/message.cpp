@@ -41,7 +41,7 @@ std::string assemble(magic_sync::pg::Spi& spi, const std::string& replica, int64
              JOIN sync.chunks($1, sync_internal.origin()) c ON c.id = u.id
              ORDER BY u.position)sql",
              {magic_sync::pg::Param::bigint_array(ids)})) {
-        protocol::StoredChunk stored{chunk["body"].value_or(""), {}};
+        protocol::StoredChunk stored{chunk["body"].value_or(""), {}, {}};
         const auto& tables = chunk["withheld_tables"].elements();
         const auto& keys = chunk["withheld_keys"].elements();
         const auto& whys = chunk["withheld_whys"].elements();

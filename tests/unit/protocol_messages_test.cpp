@@ -852,7 +852,7 @@ TEST(AssembleRows, IsTheMessageWithItsChunksAndTheirNotesInOrder) {
     ASSERT_GE(message.chunks.size(), 2u);
     ASSERT_EQ(message.withheld.size(), 2u);
     std::vector<StoredChunk> stored;
-    for (const Chunk& chunk : message.chunks) stored.push_back(StoredChunk{encode(chunk), {}});
+    for (const Chunk& chunk : message.chunks) stored.push_back(StoredChunk{encode(chunk), {}, {}});
     // One note of each chunk.
     stored.front().withheld.assign(message.withheld.begin(), message.withheld.end() - 1);
     stored.back().withheld.push_back(message.withheld.back());
