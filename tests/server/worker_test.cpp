@@ -120,8 +120,9 @@ TEST(Worker, AnIdleRelayRunsNoPass) {
     // relay kept off the cores between two passes looked idle). A relay that ran a pass at every
     // tick of `idle` (100 ms) never gets there.
     const auto relay_waits = [&] {
-        return db.value("SELECT state || ' ' || wait_event FROM pg_stat_activity"
-                        " WHERE backend_type = 'magic_sync relay'") == "idle Extension";
+        return db.value(
+                   "SELECT state || ' ' || wait_event FROM pg_stat_activity"
+                   " WHERE backend_type = 'magic_sync relay'") == "idle Extension";
     };
     std::string last;
     ASSERT_TRUE(eventually([&] {
