@@ -1,5 +1,6 @@
 // The TypeScript replica (clients/js) in a real browser against a real pull gateway: PostgreSQL
-// with magic_sync preloaded, magic-sync-sender --transport pull with --cors-origin, and the
+// with magic_sync preloaded, magic-sync-sender --transport pull with --cors-origin and --gzip (the
+// browser asks for gzip and inflates the heads before the page reads them), and the
 // replica's page in Debian's chromium, driven by clients/js/test/browser.js (puppeteer-core),
 // which serves the page from another origin than the gateway's. The page must hold what the
 // oracle (sync.expected: the tables and the declarations) says, take a local write and upload it
@@ -183,7 +184,7 @@ class Browser : public ::testing::Test {
         origin_ = driver_->line()["origin"];
         deployment_->sender() = std::make_unique<Process>(
             pull_gateway_command(deployment_->bin() + "/magic-sync-sender", deployment_->conninfo(),
-                                 port_, kTokenQuery, "5", {"--cors-origin", origin_}),
+                                 port_, kTokenQuery, "5", {"--cors-origin", origin_, "--gzip"}),
             deployment_->directory() + "/sender.log");
         artifacts_ = "build/artifacts/browser";
         run("mkdir -p " + artifacts_);
