@@ -130,7 +130,8 @@ records why on the server, and it is asked for again after a wait. Backs off
 )"},
     {"apply", R"(usage: magic-sync-replica --id UUID --db FILE apply FILE|-
 
-Applies one down message read from FILE (or stdin for -) and prints the outcome. Exit status 0
+Applies one down message read from FILE (or stdin for -), as it is or gzip-compressed (a
+sender's --gzip), and prints the outcome. Exit status 0
 when it is applied (or was before, or is of an older generation), 65 when it can never be
 applied, 75 when the local database failed or it speaks an unknown protocol version (taken after
 an upgrade): the codes of the sender's exec transport, so `apply -` can be its command.

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "protocol/fingerprint.hpp"
+#include "protocol/gzip.hpp"
 #include "protocol/messages.hpp"
 #include "server/pq.hpp"
 #include "support/cluster.hpp"
@@ -148,6 +149,16 @@ class Suite {
                  message["v"] = 99;
                  message["seq"] = message["seq"].get<int64_t>() + 1000;
                  unchanged_by(message.dump(), 75);
+             }},
+            {"compressed: messages sent gzip (a sender's --gzip) are applied as their JSON",
+             [&] {
+                 gzip_ = true;
+                 db_->query("UPDATE shop.items SET name = 'sent gzip' WHERE id BETWEEN 6 AND 9");
+                 db_->query("DELETE FROM shop.items WHERE id = 35");
+                 sent_gzip_ = 0;
+                 converge_and_compare();
+                 gzip_ = false;
+                 require(sent_gzip_ > 0, "no message was delivered gzip");
              }},
             {"faults: a message it cannot read is refused and changes nothing",
              [&] { unchanged_by("{\"v\":1,\"kind\":\"rows\",", 65); }},
@@ -299,7 +310,9 @@ class Suite {
                 ++kinds_[kind];
                 if (verbose_) std::cerr << "  deliver " << excerpt(message) << std::endl;
                 std::string out;
-                const int status = replica("apply -", &out, message);
+                if (gzip_) ++sent_gzip_;
+                const int status =
+                    replica("apply -", &out, gzip_ ? protocol::gzip(message) : message);
                 if (status == 0) {
                     db_->query("SELECT sync.sent($1::uuid, $2::bigint)", {*row[0], *row[1]});
                 } else {
@@ -446,6 +459,8 @@ class Suite {
     std::string last_error_;
     std::string last_rows_;
     std::string older_generation_;
+    bool gzip_ = false;  // messages delivered gzip-compressed, as a sender's --gzip sends them
+    int sent_gzip_ = 0;
     std::string dump_directory_;  // made for the postgres user, who writes the dump
     std::map<std::string, int> kinds_;
 };

@@ -3,6 +3,7 @@
 // reference replica's), and `pull`, the device's loop against a pull gateway.
 import { readFileSync, realpathSync } from "node:fs";
 import { pathToFileURL } from "node:url";
+import { gunzipSync } from "node:zlib";
 
 import { FileReplica } from "./node.js";
 import { PullClient } from "./pull.js";
@@ -12,7 +13,8 @@ const kUsage = `usage: magic-sync-replica-js --id UUID --db FILE OPERATION
 
 A magic_sync device replica (docs/PROTOCOL.md) in TypeScript on sql.js, its database in FILE.
 Operations (the conformance interface, docs/PROTOCOL.md §14):
-  apply -                          apply the down message on standard input; exit 0 taken,
+  apply -                          apply the down message on standard input (as it is, or
+                                   gzip: a sender's --gzip); exit 0 taken,
                                    65 never applicable (malformed, another replica's),
                                    75 try again (storage failed, or a newer v: after an upgrade)
   show --json                      what it holds: held, local_writes, kept, holds, position
@@ -33,6 +35,20 @@ interface Arguments {
   db?: string;
   positional: string[];
   flags: Map<string, string | true>;
+}
+
+// The most a message may inflate to, as the reference replica bounds it (docs/PROTOCOL.md §11).
+const kMaxMessageBytes = 16 * 1024 * 1024;
+
+/** A message sent gzip (docs/PROTOCOL.md §10: it begins 1f 8b, where JSON begins with "{"),
+ * inflated; other bytes as they are; why not, for gzip that does not inflate within the bound. */
+function inflated(bytes: Uint8Array): Uint8Array | string {
+  if (bytes.length < 2 || bytes[0] !== 0x1f || bytes[1] !== 0x8b) return bytes;
+  try {
+    return new Uint8Array(gunzipSync(bytes, { maxOutputLength: kMaxMessageBytes }));
+  } catch (error) {
+    return `gzip: ${error instanceof Error ? error.message : String(error)}`;
+  }
 }
 
 const kValueFlags = new Set(["id", "db", "key", "sent", "url", "token", "upload-every"]);
@@ -101,9 +117,14 @@ async function main(argv: string[], io: Io): Promise<number> {
     switch (operation) {
       case "apply": {
         if (rest[0] !== "-") throw new UsageError("apply reads the message from standard input: apply -");
+        const message = inflated(io.stdin());
+        if (typeof message === "string") {
+          io.err(`message: malformed (${message})\n`);
+          return 65;
+        }
         let result;
         try {
-          result = replica.apply(io.stdin());
+          result = replica.apply(message);
           file.save();
         } catch (error) {
           if (error instanceof StorageError || error instanceof Error) {
