@@ -74,7 +74,12 @@ class MessageReader {
         }
         MessageRead read = read_whole(message);
         if (read.kind != "rows") return read;
-        if (known_.size() > 4096) known_.clear();
+        if (known_.size() > 4096) {
+            known_.clear();  // same_hash with it
+            known_[std::hash<std::string_view>{}(rest)].push_back(
+                Known{std::string(rest), read.rows});
+            return read;
+        }
         same_hash.push_back(Known{std::string(rest), read.rows});
         return read;
     }
