@@ -96,10 +96,11 @@ struct Database::Pending {
     Chunks chunks;
 };
 
-Database::Database(std::string conninfo, std::string transport, size_t chunk_cache_bytes)
+Database::Database(std::string conninfo, std::string transport, size_t chunk_cache_bytes, bool gzip)
     : conninfo_(std::move(conninfo)),
       transport_(std::move(transport)),
-      chunks_(chunk_cache_bytes) {}
+      chunks_(chunk_cache_bytes),
+      gzip_(gzip) {}
 
 Database::~Database() { disconnect(); }
 
@@ -272,8 +273,10 @@ bool Database::read_one_result() {
                 delivery.seq = big_endian_int64(PQgetvalue(rows, row, kSeq));
                 delivery.message_id = cell(row, kMessageId);
                 delivery.origin = cell(row, kOrigin);
+                if (gzip_) delivery.content_encoding = "gzip";
                 if (!PQgetisnull(rows, row, kMessage)) {
                     delivery.bytes = stamped_with_origin(cell(row, kMessage), delivery.origin);
+                    if (gzip_) delivery.bytes = protocol::gzip(delivery.bytes);
                 } else {
                     // A rows message by reference: assembled once its chunks are in.
                     auto reference = read_reference(rows, row, kGen, delivery.replica, delivery.seq,
@@ -294,7 +297,7 @@ bool Database::read_one_result() {
             break;
         }
         case Pending::Step::chunks: {
-            auto fetched = read_chunks(rows);
+            auto fetched = read_chunks(rows, gzip_);
             if (!fetched) fail("sync.chunks returned notes that do not read");
             for (auto& [id, chunk] : *fetched) {
                 chunks_.add(pending.origin, id, chunk);
@@ -310,7 +313,7 @@ void Database::assemble(Pending& pending) {
     std::vector<Delivery>& leased = pending.exchange.leased;
     std::vector<bool> gone(leased.size(), false);
     for (const auto& [at, reference] : pending.references) {
-        std::optional<std::string> bytes = sender::assemble(reference, pending.chunks);
+        std::optional<std::string> bytes = sender::assemble(reference, pending.chunks, gzip_);
         if (!bytes) {
             // Its run from here on is left out: never a message after one that was not sent.
             for (size_t i = at; i < leased.size() && leased[i].replica == leased[at].replica; ++i)

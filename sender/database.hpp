@@ -71,7 +71,8 @@ class Database {
   public:
     // `transport`: the sender's (--transport); it leases only the replicas that transport delivers.
     // `chunk_cache_bytes`: how much of the chunks of rows messages it keeps (ChunkCache).
-    Database(std::string conninfo, std::string transport, size_t chunk_cache_bytes);
+    // `gzip`: the messages it leases come gzip-compressed (--gzip).
+    Database(std::string conninfo, std::string transport, size_t chunk_cache_bytes, bool gzip);
     ~Database();
     Database(const Database&) = delete;
     Database& operator=(const Database&) = delete;
@@ -118,6 +119,7 @@ class Database {
     std::string conninfo_;
     std::string transport_;
     ChunkCache chunks_;
+    bool gzip_;
     PGconn* connection_ = nullptr;
     std::unique_ptr<Pending> pending_;
 };

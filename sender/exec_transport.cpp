@@ -41,11 +41,15 @@ std::vector<std::string> environment_for(const Delivery& delivery) {
     std::vector<std::string> environment;
     for (char** entry = environ; *entry != nullptr; ++entry) {
         const std::string variable = *entry;
-        if (variable.rfind("REPLICA=", 0) == 0 || variable.rfind("MESSAGE_ID=", 0) == 0) continue;
+        if (variable.rfind("REPLICA=", 0) == 0 || variable.rfind("MESSAGE_ID=", 0) == 0 ||
+            variable.rfind("CONTENT_ENCODING=", 0) == 0)
+            continue;
         environment.push_back(variable);
     }
     environment.push_back("REPLICA=" + delivery.replica);
     environment.push_back("MESSAGE_ID=" + delivery.message_id);
+    if (!delivery.content_encoding.empty())
+        environment.push_back("CONTENT_ENCODING=" + delivery.content_encoding);
     return environment;
 }
 

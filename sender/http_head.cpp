@@ -47,6 +47,29 @@ bool HttpHead::keep_alive() const {
     return connection != "close";
 }
 
+bool HttpHead::accepts_gzip() const {
+    for (const auto& [key, value] : headers) {
+        if (key != "accept-encoding") continue;
+        std::string_view list = value;
+        while (!list.empty()) {
+            const size_t comma = std::min(list.find(','), list.size());
+            std::string_view coding = list.substr(0, comma);
+            list.remove_prefix(std::min(comma + 1, list.size()));
+            const size_t semicolon = std::min(coding.find(';'), coding.size());
+            const std::string name = lowercase(trimmed(coding.substr(0, semicolon)));
+            if (name != "gzip" && name != "x-gzip" && name != "*") continue;
+            // A weight of zero ("q=0", "q=0.000") says not acceptable.
+            const std::string parameter = lowercase(trimmed(coding.substr(semicolon)));
+            const size_t q = parameter.find("q=");
+            if (q == std::string::npos) return true;
+            const std::string_view weight = std::string_view(parameter).substr(q + 2);
+            if (weight.find_first_not_of("0.") != std::string_view::npos && !weight.empty())
+                return true;
+        }
+    }
+    return false;
+}
+
 std::optional<size_t> head_end(std::string_view received) {
     const size_t end = received.find("\r\n\r\n");
     if (end == std::string_view::npos) return std::nullopt;

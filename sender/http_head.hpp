@@ -26,6 +26,9 @@ struct HttpHead {
     // Whether the connection stays open after the answer (HTTP/1.1 unless "close", HTTP/1.0
     // only with "keep-alive").
     bool keep_alive() const;
+    // Whether Accept-Encoding (every header of that name) takes gzip: "gzip", "x-gzip" or "*",
+    // and not with q=0.
+    bool accepts_gzip() const;
 };
 
 // A head that cannot be served: the status to answer and why.

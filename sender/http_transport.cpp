@@ -102,6 +102,9 @@ void HttpTransport::start(std::unique_ptr<Request> request) {
     request->headers =
         curl_slist_append(request->headers, ("message-id: " + delivery.message_id).c_str());
     request->headers = curl_slist_append(request->headers, "content-type: application/json");
+    if (!delivery.content_encoding.empty())
+        request->headers = curl_slist_append(
+            request->headers, ("content-encoding: " + delivery.content_encoding).c_str());
     // No "Expect: 100-continue" round trip before larger bodies.
     request->headers = curl_slist_append(request->headers, "Expect:");
     const long timeout_ms = static_cast<long>(delivery.timeout.count());

@@ -75,7 +75,7 @@ std::vector<Settlement> Completions::take() {
 
 Sender::Sender(const Options& options, std::unique_ptr<Transport> transport)
     : options_(options),
-      database_(options.db, options.transport, options.chunk_cache_mib << 20),
+      database_(options.db, options.transport, options.chunk_cache_mib << 20, options.gzip),
       metrics_(options.transport),
       metrics_server_(options.metrics.empty()
                           ? nullptr

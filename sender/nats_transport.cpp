@@ -113,6 +113,8 @@ void NatsTransport::send(Delivery delivery, Done done) {
         return;
     }
     natsMsgHeader_Set(message, "message-id", delivery.message_id.c_str());
+    if (!delivery.content_encoding.empty())
+        natsMsgHeader_Set(message, "Content-Encoding", delivery.content_encoding.c_str());
     const std::string key = stream_message_id(delivery);
     {
         std::lock_guard<std::mutex> lock(mutex_);

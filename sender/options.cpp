@@ -34,6 +34,12 @@ replicas, one message at a time per replica, in order. Holds no state: kill it a
                          chunk sent to many replicas is read from the database once (default
                          64); a round of messages that names more is read again each round.
                          pull: the gateway's workers share it
+  --gzip                 send every message gzip-compressed, said by Content-Encoding: gzip
+                         (http: a header; nats: a message header; exec: CONTENT_ENCODING in
+                         the environment); the shared chunks of rows messages are compressed
+                         once. The devices must inflate it (magic-sync-replica does: a message
+                         that begins as gzip is inflated). pull: to the devices whose request
+                         says Accept-Encoding: gzip (browsers do)
   --metrics HOST:PORT    serve GET /metrics for Prometheus there: messages sent, failed and
                          refused, bytes, send times, sends in flight, and the backlog read
                          with each progress line (--report); pull: requests by route and
@@ -196,6 +202,10 @@ Options parse_options(const std::vector<std::string>& arguments) {
         }
         if (argument == "--nats-create-stream") {
             options.nats_create_stream = true;
+            continue;
+        }
+        if (argument == "--gzip") {
+            options.gzip = true;
             continue;
         }
         const auto setter = with_value.find(argument);

@@ -19,6 +19,7 @@ struct Options {
     std::optional<double> send_timeout_seconds;  // default: magic_sync.send_timeout
     std::string metrics;                         // HOST:PORT serving /metrics; empty: none
     size_t chunk_cache_mib = 64;                 // of the chunks of rows messages it keeps
+    bool gzip = false;  // messages go gzip-compressed (pull: to devices that accept it)
     // http
     std::string url;
     // nats

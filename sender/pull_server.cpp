@@ -123,7 +123,8 @@ std::string cors_headers(const std::string& origin) {
 
 // An answer as it goes on the wire; `cors`: what cors_headers() says, or nothing.
 std::string response(int status, const std::string& body, const std::string& content_type,
-                     const std::string& message_id, bool close, const std::string& cors = "") {
+                     const std::string& message_id, bool close, const std::string& cors = "",
+                     const std::string& content_encoding = "") {
     std::string out =
         "HTTP/1.1 " + std::to_string(status) + " " + program::reason_phrase(status) + "\r\n";
     out += cors;
@@ -132,6 +133,7 @@ std::string response(int status, const std::string& body, const std::string& con
         out += "Content-Type: " + content_type + "\r\n";
         out += "Content-Length: " + std::to_string(body.size()) + "\r\n";
     }
+    if (!content_encoding.empty()) out += "Content-Encoding: " + content_encoding + "\r\n";
     if (!message_id.empty()) out += "message-id: " + message_id + "\r\n";
     if (close) out += "Connection: close\r\n";
     out += "\r\n";
@@ -186,6 +188,7 @@ struct Task {
     std::string body;
     std::vector<std::string> replicas;  // waiting: whose devices wait
     uint64_t wakes_seen = 0;            // head: the wake-ups counted when it was asked
+    bool gzip = false;                  // head: served gzip (--gzip, and the device takes it)
 };
 
 Task task_for(Task::Kind kind, uint64_t connection) {
@@ -201,6 +204,7 @@ struct TaskOutcome {
     int status = 200;
     std::string body;
     std::string content_type = "text/plain; charset=utf-8";
+    std::string content_encoding;  // head: "gzip" when the body is the message gzip-compressed
     std::string message_id;
     bool none = false;               // head: nothing to serve now
     std::vector<std::string> ready;  // waiting: the replicas with a message
@@ -217,10 +221,11 @@ struct TaskOutcome {
 class Workers {
   public:
     Workers(size_t threads, std::string conninfo, std::string token_query, std::string lease,
-            size_t chunk_cache_bytes, int notify_fd)
+            size_t chunk_cache_bytes, bool gzip, int notify_fd)
         : conninfo_(std::move(conninfo)),
           token_query_(std::move(token_query)),
           lease_(std::move(lease)),
+          gzip_(gzip),
           notify_fd_(notify_fd),
           chunks_(chunk_cache_bytes) {
         for (size_t i = 0; i < threads; ++i) {
@@ -314,13 +319,15 @@ class Workers {
                 }
                 const std::string origin = PQgetvalue(head.get(), 0, kHeadOrigin);
                 std::optional<std::string> body;
-                if (PQgetisnull(head.get(), 0, kHeadMessage))
-                    body = assembled(connection, head.get(), task.replica, origin);
-                else
+                if (PQgetisnull(head.get(), 0, kHeadMessage)) {
+                    body = assembled(connection, head.get(), task.replica, origin, task.gzip);
+                } else {
                     body =
                         stamped_with_origin(std::string(PQgetvalue(head.get(), 0, kHeadMessage),
                                                         PQgetlength(head.get(), 0, kHeadMessage)),
                                             origin);
+                    if (task.gzip) body = protocol::gzip(*body);
+                }
                 if (!body) {
                     // Its chunks are gone: it was pruned after its lease (its generation ended).
                     done.none = true;
@@ -329,6 +336,7 @@ class Workers {
                 done.message_id = PQgetvalue(head.get(), 0, kHeadMessageId);
                 done.body = std::move(*body);
                 done.content_type = "application/json";
+                if (task.gzip) done.content_encoding = "gzip";
                 return;
             }
             case Task::Kind::ack: {
@@ -383,11 +391,12 @@ class Workers {
         }
     }
 
-    // The head's rows message, by reference in `head`, assembled from the chunks the workers share;
-    // those not held are fetched by one statement, the cache's lock not held meanwhile. None when
-    // one of them is gone.
+    // The head's rows message, by reference in `head`, assembled from the chunks the workers share
+    // (gzip-compressed when `gzip`); those not held are fetched by one statement, the cache's lock
+    // not held meanwhile. None when one of them is gone.
     std::optional<std::string> assembled(PGconn* connection, const PGresult* head,
-                                         const std::string& replica, const std::string& origin) {
+                                         const std::string& replica, const std::string& origin,
+                                         bool gzip) {
         const auto reference = read_reference(
             head, 0, kHeadGen, replica, big_endian_int64(PQgetvalue(head, 0, kHeadSeq)), origin);
         if (!reference)
@@ -401,7 +410,7 @@ class Workers {
         if (!missing.empty()) {
             Result fetched = execute(connection, kChunks.name, {missing.c_str(), origin.c_str()},
                                      {0, 0}, {0, 0}, 1);
-            auto found = read_chunks(fetched.get());
+            auto found = read_chunks(fetched.get(), gzip_);
             if (!found) throw Refusal{500, "sync.chunks returned notes that do not read"};
             std::lock_guard<std::mutex> lock(chunks_mutex_);
             for (auto& [id, chunk] : *found) {
@@ -409,12 +418,13 @@ class Workers {
                 chunks[id] = std::move(chunk);
             }
         }
-        return assemble(*reference, chunks);
+        return assemble(*reference, chunks, gzip);
     }
 
     const std::string conninfo_;
     const std::string token_query_;
     const std::string lease_;
+    const bool gzip_;  // chunks are deflated as they are fetched (--gzip)
     const int notify_fd_;
     std::mutex chunks_mutex_;  // chunks_'s; never held while a statement runs
     ChunkCache chunks_;
@@ -667,7 +677,8 @@ struct PullServer::Serving {
           wake_fd(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK)),
           listener(bind_listener(options.listen)),
           workers(std::clamp<size_t>(2 * std::thread::hardware_concurrency(), 2, 8), options.db,
-                  options.token_query, lease, options.chunk_cache_mib << 20, done_fd) {
+                  options.token_query, lease, options.chunk_cache_mib << 20, options.gzip, done_fd),
+          gzip(options.gzip) {
         if (epoll_fd < 0 || done_fd < 0 || wake_fd < 0)
             throw std::runtime_error("cannot make the event loop's descriptors");
         watch(listener, kListener, EPOLLIN);
@@ -757,12 +768,12 @@ struct PullServer::Serving {
     // The answer goes out; the connection then reads its next request, or closes.
     void answer(uint64_t id, Connection& connection, int status, const std::string& body,
                 const std::string& content_type = "text/plain; charset=utf-8",
-                const std::string& message_id = "") {
+                const std::string& message_id = "", const std::string& content_encoding = "") {
         if (connection.state == State::waiting) stop_waiting(id, connection);
         connection.close_after = connection.close_after || !connection.head.keep_alive() ||
                                  status == 408 || status == 431 || status == 400;
-        connection.out =
-            response(status, body, content_type, message_id, connection.close_after, cors);
+        connection.out = response(status, body, content_type, message_id, connection.close_after,
+                                  cors, content_encoding);
         metrics.answered(connection.route.empty() ? "other" : connection.route, status);
         connection.written = 0;
         connection.state = State::writing;
@@ -950,6 +961,7 @@ struct PullServer::Serving {
         task.replica = connection.replica;
         task.message_id = connection.message_id;
         task.wakes_seen = wakes;
+        task.gzip = gzip && connection.head.accepts_gzip();
         if (connection.route == "ack") task.kind = Task::Kind::ack;
         if (connection.route == "refused") task.kind = Task::Kind::refused;
         if (connection.route == "up") task.kind = Task::Kind::up;
@@ -1019,7 +1031,8 @@ struct PullServer::Serving {
             interest(id, connection);
             return;
         }
-        answer(id, connection, done.status, done.body, done.content_type, done.message_id);
+        answer(id, connection, done.status, done.body, done.content_type, done.message_id,
+               done.content_encoding);
     }
 
     // A NOTIFY came: one statement finds which of the devices it wakes have a message now, only
@@ -1163,6 +1176,7 @@ struct PullServer::Serving {
     bool checking = false;  // a `waiting` task is out
     Woken check_again;      // whom the NOTIFYs since woke
     Workers workers;
+    const bool gzip;  // heads go gzip to the devices that take it (--gzip)
     std::optional<Wakeups> wakeups;
     PullMetrics metrics;
     std::unique_ptr<MetricsServer> metrics_server;

@@ -85,12 +85,13 @@ std::optional<RowsReference> read_reference(const PGresult* rows, int row, int g
     return reference;
 }
 
-std::optional<Chunks> read_chunks(const PGresult* rows) {
+std::optional<Chunks> read_chunks(const PGresult* rows, bool gzip) {
     Chunks chunks;
     for (int row = 0; row < PQntuples(rows); ++row) {
         if (PQgetlength(rows, row, 0) != 8) return std::nullopt;
         auto chunk = std::make_shared<protocol::StoredChunk>();
         chunk->body = cell(rows, row, 1);
+        if (gzip) chunk->deflated = protocol::deflate_piece(chunk->body);
         std::optional<std::vector<std::optional<std::string>>> notes[4];
         for (int column = 0; column < 4; ++column) {
             notes[column] = array_elements(cell(rows, row, 2 + column));
@@ -113,14 +114,16 @@ std::string missing_chunks(const Chunks& chunks) {
     return ids.empty() ? ids : ids + "}";
 }
 
-std::optional<std::string> assemble(const RowsReference& reference, const Chunks& chunks) {
+std::optional<std::string> assemble(const RowsReference& reference, const Chunks& chunks,
+                                    bool gzip) {
     std::vector<const protocol::StoredChunk*> found;
     for (int64_t id : reference.chunks) {
         const auto chunk = chunks.find(id);
         if (chunk == chunks.end() || chunk->second == nullptr) return std::nullopt;
         found.push_back(chunk->second.get());
     }
-    return protocol::assemble_rows(reference.envelope, found);
+    return gzip ? protocol::assemble_rows_gzip(reference.envelope, found)
+                : protocol::assemble_rows(reference.envelope, found);
 }
 
 }  // namespace magic_sync::sender

@@ -45,15 +45,18 @@ std::optional<RowsReference> read_reference(const PGresult* rows, int row, int g
                                             const std::string& replica, int64_t seq,
                                             const std::string& origin);
 
-// The chunks of a binary result of kChunksQuery; std::nullopt when they do not read.
-std::optional<Chunks> read_chunks(const PGresult* rows);
+// The chunks of a binary result of kChunksQuery, each deflated once too when `gzip` (for
+// assemble's gzip form); std::nullopt when they do not read.
+std::optional<Chunks> read_chunks(const PGresult* rows, bool gzip);
 
 // The ids of those of `chunks` not found yet, as an array literal for kChunksQuery's $1; empty
 // when every one is found.
 std::string missing_chunks(const Chunks& chunks);
 
-// The message assembled from its chunks; std::nullopt when one of them is not in `chunks` (gone:
-// the message was pruned after its lease).
-std::optional<std::string> assemble(const RowsReference& reference, const Chunks& chunks);
+// The message assembled from its chunks, gzip-compressed when `gzip` (from chunks read_chunks
+// deflated); std::nullopt when one of them is not in `chunks` (gone: the message was pruned after
+// its lease).
+std::optional<std::string> assemble(const RowsReference& reference, const Chunks& chunks,
+                                    bool gzip);
 
 }  // namespace magic_sync::sender

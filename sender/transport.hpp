@@ -15,7 +15,10 @@ struct Delivery {
     int64_t seq = 0;         // the replica's message counter
     std::string message_id;  // "<gen>.<seq>": the same on every resend, so the other side dedupes
     std::string bytes;       // exactly what is to be sent
-    std::string origin;      // the history it was leased in (its header's origin)
+    // "gzip" when `bytes` are the message gzip-compressed (--gzip), for the transport to say so
+    // (docs/PROTOCOL.md §10); empty when they are the message as it is.
+    std::string content_encoding;
+    std::string origin;                        // the history it was leased in (its header's origin)
     std::chrono::milliseconds timeout{30000};  // a send that takes longer is a transient failure
 };
 

@@ -36,12 +36,6 @@ struct BadRequest {
     std::string why;
 };
 
-std::string lowercase(std::string text) {
-    std::transform(text.begin(), text.end(), text.begin(),
-                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    return text;
-}
-
 std::string trim(const std::string& text) {
     size_t begin = text.find_first_not_of(" \t");
     if (begin == std::string::npos) return {};
@@ -159,6 +153,12 @@ std::string read_body(Connection& connection, const HttpRequest& request, size_t
 }
 
 }  // namespace
+
+std::string lowercase(std::string text) {
+    std::transform(text.begin(), text.end(), text.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    return text;
+}
 
 std::pair<std::string, int> parse_listen_address(const std::string& address) {
     size_t colon = address.rfind(':');

@@ -25,6 +25,9 @@ struct HttpResponse {
 
 using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
 
+// Header names and values compared without case.
+std::string lowercase(std::string text);
+
 class HttpServer {
   public:
     // Binds and listens at once; throws std::runtime_error when it cannot.

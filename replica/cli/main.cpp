@@ -254,6 +254,12 @@ int serve(Replica& replica, const Arguments& arguments) {
         if (request.method != "POST") return HttpResponse{405, "POST a message\n"};
         auto id = request.headers.find("message-id");
         std::string message_id = id == request.headers.end() ? "?" : id->second;
+        // A message comes as it is or gzip (the sender's --gzip); Replica::apply tells them apart.
+        auto encoding = request.headers.find("content-encoding");
+        if (encoding != request.headers.end() && lowercase(encoding->second) != "gzip" &&
+            lowercase(encoding->second) != "identity")
+            return HttpResponse{415, "Content-Encoding " + encoding->second +
+                                         " is not taken: send the message as it is, or gzip\n"};
         ApplyResult result;
         try {
             result = replica.apply(request.body);

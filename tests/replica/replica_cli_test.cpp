@@ -8,6 +8,7 @@
 
 #include "lib/replica.hpp"
 #include "lib/sqlite.hpp"
+#include "protocol/gzip.hpp"
 #include "replica/support.hpp"
 #include "support/cluster.hpp"
 
@@ -166,7 +167,13 @@ TEST_F(CliTest, ServeAnswers2xxOnlyAfterCommit) {
                   port, rows_message(1, 2, {}, {}, {}, "99999999-2222-4333-8444-555555555555")),
               400);
     EXPECT_EQ(post_until_answered(port, future), 422);
-    EXPECT_EQ(post_until_answered(port, second), 200);
+    // A sender's --gzip: the message compressed and said so; an encoding it cannot read, refused.
+    EXPECT_EQ(http_post(port, protocol::gzip(second), std::chrono::seconds(10), "1.2",
+                        "Content-Encoding: br\r\n"),
+              415);
+    EXPECT_EQ(http_post(port, protocol::gzip(second), std::chrono::seconds(10), "1.2",
+                        "Content-Encoding: GZIP\r\n"),
+              200);
     EXPECT_EQ(post_until_answered(port, second), 200);  // twice: taken, nothing changes
     EXPECT_EQ(post_until_answered(port, rows_message(0, 9, {})), 200);  // older generation
     EXPECT_EQ(server->terminate(), 0);

@@ -207,7 +207,8 @@ inline int run_cli(const std::vector<std::string>& args, std::string* out = null
 // POSTs `body` to 127.0.0.1:port; returns the status, or none when no answer came in time.
 inline std::optional<int> http_post(int port, const std::string& body,
                                     std::chrono::milliseconds timeout = std::chrono::seconds(10),
-                                    const std::string& message_id = "test") {
+                                    const std::string& message_id = "test",
+                                    const std::string& headers = "") {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     sockaddr_in address{};
     address.sin_family = AF_INET;
@@ -218,8 +219,8 @@ inline std::optional<int> http_post(int port, const std::string& body,
         return std::nullopt;
     }
     std::string request = "POST /replicas/" + kReplicaId +
-                          " HTTP/1.1\r\nHost: test\r\nmessage-id: " + message_id +
-                          "\r\nContent-Length: " + std::to_string(body.size()) +
+                          " HTTP/1.1\r\nHost: test\r\nmessage-id: " + message_id + "\r\n" +
+                          headers + "Content-Length: " + std::to_string(body.size()) +
                           "\r\nConnection: close\r\n\r\n" + body;
     if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
         static_cast<ssize_t>(request.size())) {

@@ -51,13 +51,17 @@ std::string assembled(const Outbox& outbox, const std::string& replica, const st
         outbox.sql("SELECT sync_internal.origin()"));
 }
 
-// What sync.message assembles for each message the sink took, as the sender sends it.
-void expect_sent_as_assembled(const Outbox& outbox, const HttpSink& sink, size_t from) {
+// What sync.message assembles for each message the sink took, as the sender sends it: gzip, and
+// said so, with `gzip` (the sender's --gzip).
+void expect_sent_as_assembled(const Outbox& outbox, const HttpSink& sink, size_t from,
+                              bool gzip = false) {
     const std::vector<Received> received = sink.received();
     ASSERT_GT(received.size(), from);
     for (size_t i = from; i < received.size(); ++i) {
         const Received& r = received[i];
-        EXPECT_EQ(r.body,
+        EXPECT_EQ(r.content_encoding, gzip ? "gzip" : "");
+        EXPECT_EQ(protocol::is_gzip(r.body), gzip);
+        EXPECT_EQ(gzip ? protocol::gunzip(r.body, 1 << 20) : r.body,
                   assembled(outbox, r.replica, r.message_id.substr(r.message_id.find('.') + 1)))
             << r.replica << " " << r.message_id;
     }
@@ -85,6 +89,24 @@ TEST(RowsByReference, TheSenderSendsExactlyWhatSyncMessageAssembles) {
               std::string::npos);
     EXPECT_NE(body_of(replica_id(1), "2.1").find(R"("kh":"0123456789abcdef)"), std::string::npos);
     EXPECT_EQ(body_of(replica_id(1), "2.2").rfind(R"({"v":2,"kind":"rows")", 0), 0u);
+    EXPECT_EQ(outbox.unsent(), 0);
+}
+
+// With --gzip every message goes gzip-compressed, rows messages (assembled from chunks deflated
+// once) and those stored whole (replica 2's ranges) alike, each inflating to exactly what
+// sync.message assembles.
+TEST(RowsByReference, WithGzipEachMessageIsWhatSyncMessageAssemblesCompressed) {
+    Outbox outbox("by_reference_gzip", 0, 0);
+    write_messages(outbox, "first");
+    HttpSink sink;
+    TempDir dir;
+    SenderProcess sender(
+        outbox, dir,
+        {"--transport", "http", "--url", sink.url(), "--run", "2", "--once", "--gzip"});
+    ASSERT_EQ(sender.wait(60s), 0) << sender.log();
+    EXPECT_EQ(sink.ids(replica_id(1), true), (std::vector<std::string>{"2.1", "2.2"}));
+    EXPECT_EQ(sink.ids(replica_id(2), true), (std::vector<std::string>{"2.1", "2.2", "2.3"}));
+    expect_sent_as_assembled(outbox, sink, 0, true);
     EXPECT_EQ(outbox.unsent(), 0);
 }
 
@@ -193,6 +215,40 @@ TEST(RowsByReference, ThePullGatewayServesWhatSyncMessageAssemblesNeverAChunkOfA
     ASSERT_NE(outbox.sql("SELECT sync_internal.origin()"), first_origin);
     for (const std::string& body : pull_every_message(outbox, gateway))
         EXPECT_EQ(body.find("first"), std::string::npos) << body;
+}
+
+// A gateway run with --gzip serves a head gzip to a device that takes it (Accept-Encoding), and as
+// it is to one that does not: the same message both ways, rows messages and one stored whole.
+TEST(RowsByReference, WithGzipThePullGatewayCompressesForTheDevicesThatTakeIt) {
+    Outbox outbox("by_reference_pull_gzip", 0, 0);
+    write_messages(outbox, "first");
+    TempDir dir;
+    PullSender gateway(outbox, dir, "1", "", {"--gzip"});
+    for (const auto& [replica, messages] : std::map<int, int>{{1, 2}, {2, 3}}) {
+        for (int seq = 1; seq <= messages; ++seq) {
+            const std::string id = "2." + std::to_string(seq);
+            const std::string expected =
+                assembled(outbox, replica_id(replica), std::to_string(seq));
+            httplib::Client client = gateway.client();
+            client.set_decompress(false);  // the bytes as they came
+            const std::string path = "/replicas/" + replica_id(replica) + "/next";
+            const std::string bearer = "Bearer token-" + std::to_string(replica);
+            auto plain = client.Get(
+                path.c_str(), {{"Authorization", bearer}, {"Accept-Encoding", "br, gzip;q=0"}});
+            ASSERT_TRUE(plain && plain->status == 200) << gateway.log();
+            EXPECT_FALSE(plain->has_header("Content-Encoding"));
+            EXPECT_EQ(plain->body, expected) << replica << " " << id;
+            auto gzipped = client.Get(
+                path.c_str(), {{"Authorization", bearer}, {"Accept-Encoding", "deflate, gzip"}});
+            ASSERT_TRUE(gzipped && gzipped->status == 200) << gateway.log();
+            EXPECT_EQ(gzipped->get_header_value("message-id"), id);
+            EXPECT_EQ(gzipped->get_header_value("Content-Encoding"), "gzip");
+            ASSERT_TRUE(protocol::is_gzip(gzipped->body)) << gzipped->body;
+            EXPECT_EQ(protocol::gunzip(gzipped->body, 1 << 20), expected) << replica << " " << id;
+            EXPECT_EQ(gateway.ack(replica, id, replica)->status, 200);
+        }
+    }
+    EXPECT_EQ(outbox.unsent(), 0);
 }
 
 // A head whose chunks are gone when the gateway fetches them is answered as when there is nothing

@@ -56,5 +56,26 @@ TEST(ExecSender, DeliversOnStdinAndClassifiesByExitStatus) {
     }
 }
 
+// With --gzip the command reads the message gzip-compressed on stdin, CONTENT_ENCODING=gzip in its
+// environment (and none leaks from the sender's own).
+TEST(ExecSender, WithGzipTheCommandIsToldAndGzip1ReadsTheMessage) {
+    Outbox outbox("exec_gzip", 1, 2);
+    TempDir dir;
+    const std::string script = dir.path() + "/deliver.sh";
+    std::ofstream(script) << "#!/bin/sh\n"
+                          << "printf '%s %s\n%s\n' \"$MESSAGE_ID\" \"$CONTENT_ENCODING\" "
+                          << "\"$(gzip -dc)\" >> " << dir.path() << "/out\n";
+    setenv("CONTENT_ENCODING", "br", 1);
+    SenderProcess sender(outbox, dir,
+                         {"--transport", "exec", "--exec", "sh " + script, "--once", "--gzip"});
+    unsetenv("CONTENT_ENCODING");
+    ASSERT_EQ(sender.wait(60s), 0) << sender.log();
+    std::string expected;
+    for (int seq = 1; seq <= 2; ++seq)
+        expected += message_id(seq) + " gzip\n" + message_body(1, seq) + "\n";
+    EXPECT_EQ(read_file(dir.path() + "/out"), expected);
+    EXPECT_EQ(outbox.unsent(), 0);
+}
+
 }  // namespace
 }  // namespace magic_sync::test::sender

@@ -36,6 +36,23 @@ TEST(HttpHead, KeepsAliveAsEachVersionDoes) {
     EXPECT_TRUE(parse_head("GET / HTTP/1.0\r\nConnection: keep-alive").keep_alive());
 }
 
+TEST(HttpHead, TakesGzipAsAcceptEncodingSaysIt) {
+    const auto accepts = [](const std::string& headers) {
+        return parse_head("GET / HTTP/1.1\r\n" + headers).accepts_gzip();
+    };
+    EXPECT_FALSE(accepts("Host: x"));
+    EXPECT_TRUE(accepts("Accept-Encoding: gzip"));
+    EXPECT_TRUE(accepts("Accept-Encoding: deflate, GZIP;q=0.5, br"));
+    EXPECT_TRUE(accepts("Accept-Encoding: x-gzip"));
+    EXPECT_TRUE(accepts("Accept-Encoding: *"));
+    EXPECT_TRUE(accepts("Accept-Encoding: br\r\nAccept-Encoding: gzip"));
+    EXPECT_FALSE(accepts("Accept-Encoding: br, deflate"));
+    EXPECT_FALSE(accepts("Accept-Encoding: gzip;q=0"));
+    EXPECT_FALSE(accepts("Accept-Encoding: gzip; q=0.000, identity"));
+    EXPECT_FALSE(accepts("Accept-Encoding: gzipped"));
+    EXPECT_FALSE(accepts("Accept-Encoding:"));
+}
+
 TEST(HttpHead, FindsWhereAHeadEnds) {
     EXPECT_EQ(head_end("GET / HTTP/1.1\r\nHost: x\r\n"), std::nullopt);
     EXPECT_EQ(head_end("GET / HTTP/1.1\r\n\r\nbody"), 18u);

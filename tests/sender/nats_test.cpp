@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <map>
 
+#include "protocol/gzip.hpp"
 #include "sender/harness.hpp"
 #include "support/nats_server.hpp"
 
@@ -43,8 +44,10 @@ class NatsServer {
         return messages;
     }
 
-    // The message ids in the stream, per subject, in stream order, with their bodies checked.
-    std::map<std::string, std::vector<std::string>> ids(const std::string& stream) {
+    // The message ids in the stream, per subject, in stream order, with their bodies checked:
+    // gzip-compressed and said so by a Content-Encoding header with `gzip` (the sender's --gzip).
+    std::map<std::string, std::vector<std::string>> ids(const std::string& stream,
+                                                        bool gzip = false) {
         std::map<std::string, std::vector<std::string>> ids;
         const uint64_t messages = count(stream);
         for (uint64_t seq = 1; seq <= messages; ++seq) {
@@ -58,7 +61,12 @@ class NatsServer {
             const std::string subject = natsMsg_GetSubject(message);
             const std::string named = subject.substr(subject.find('.') + 1) + "." + id + "@";
             EXPECT_EQ(std::string(stream_id).substr(0, named.size()), named);
-            const std::string body(natsMsg_GetData(message), natsMsg_GetDataLength(message));
+            std::string body(natsMsg_GetData(message), natsMsg_GetDataLength(message));
+            const char* encoding = nullptr;
+            natsMsgHeader_Get(message, "Content-Encoding", &encoding);
+            EXPECT_EQ(std::string(encoding == nullptr ? "" : encoding), gzip ? "gzip" : "");
+            EXPECT_EQ(protocol::is_gzip(body), gzip);
+            if (gzip) body = protocol::gunzip(body, 1 << 20);
             const int replica = std::stoi(subject.substr(subject.size() - 12), nullptr, 16);
             EXPECT_EQ(body, message_body(replica, std::stoi(std::string(id).substr(2))));
             ids[subject].push_back(id);
@@ -115,6 +123,23 @@ TEST(NatsSender, PublishesEveryReplicaInOrderAndTheStreamDropsAResend) {
     EXPECT_NE(again.log().find("NATS stream SHOP exists"), std::string::npos) << again.log();
     EXPECT_EQ(outbox.unsent(), 0);
     EXPECT_EQ(nats.count("SHOP"), static_cast<uint64_t>(kReplicas * kMessages));
+}
+
+// With --gzip the stream stores each message gzip-compressed, with a Content-Encoding header: what
+// a device reads inflates to the message.
+TEST(NatsSender, WithGzipTheStreamHoldsEachMessageCompressedAndSaysSo) {
+    constexpr int kReplicas = 2, kMessages = 3;
+    Outbox outbox("nats_gzip", kReplicas, kMessages);
+    NatsServer nats;
+    TempDir dir;
+    std::vector<std::string> arguments = nats_arguments(nats);
+    arguments.push_back("--gzip");
+    SenderProcess sender(outbox, dir, arguments);
+    ASSERT_EQ(sender.wait(60s), 0) << sender.log();
+    EXPECT_EQ(outbox.unsent(), 0);
+    auto ids = nats.ids("SHOP", true);
+    for (int r = 1; r <= kReplicas; ++r)
+        EXPECT_EQ(ids["shop." + replica_id(r)], ids_through(kMessages));
 }
 
 // After a point-in-time recovery or a re-created extension, a replica's messages are numbered

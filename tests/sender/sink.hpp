@@ -30,9 +30,10 @@ struct Received {
     std::string replica;
     std::string message_id;
     std::string body;
-    int status = 0;             // as answered; 0 while hanging
-    Clock::time_point at;       // answered (until then: arrived)
-    Clock::time_point arrived;  // the request came in
+    std::string content_encoding;  // its header, when there was one
+    int status = 0;                // as answered; 0 while hanging
+    Clock::time_point at;          // answered (until then: arrived)
+    Clock::time_point arrived;     // the request came in
 };
 
 class HttpSink {
@@ -180,8 +181,8 @@ class HttpSink {
             if (!fill(fd, buffer, head_end + 4 + length)) break;
             const std::string body = buffer.substr(head_end + 4, length);
             buffer.erase(0, head_end + 4 + length);
-            const int status =
-                handle(path.substr(path.rfind('/') + 1), headers["message-id"], body);
+            const int status = handle(path.substr(path.rfind('/') + 1), headers["message-id"], body,
+                                      headers["content-encoding"]);
             const std::string text =
                 status == 200 ? "ok" : "answer " + std::to_string(status) + " from the sink";
             const std::string response = "HTTP/1.1 " + std::to_string(status) +
@@ -197,11 +198,12 @@ class HttpSink {
         changed_.notify_all();
     }
 
-    int handle(const std::string& replica, const std::string& message_id, const std::string& body) {
+    int handle(const std::string& replica, const std::string& message_id, const std::string& body,
+               const std::string& content_encoding) {
         std::unique_lock<std::mutex> lock(mutex_);
         const size_t index = received_.size();
         const auto now = Clock::now();
-        received_.push_back(Received{replica, message_id, body, 0, now, now});
+        received_.push_back(Received{replica, message_id, body, content_encoding, 0, now, now});
         most_per_replica_ = std::max(most_per_replica_, ++in_flight_per_replica_[replica]);
         most_ = std::max(most_, ++in_flight_);
         int status = 200;

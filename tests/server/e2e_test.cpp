@@ -144,7 +144,9 @@ class EndToEnd : public ::testing::Test {
             << nats_->log();
     }
 
-    void start_nats_sender() { deployment_->start_nats_sender(nats_url_); }
+    void start_nats_sender(const std::vector<std::string>& options = {}) {
+        deployment_->start_nats_sender(nats_url_, options);
+    }
 
     // What the replica holds, in the form of kExpectedHoldings.
     std::string held(const Replica& replica) { return held_by(replica.id, replica.db); }
@@ -540,10 +542,11 @@ TEST_F(History, ABaseBackupRecoveredToAnEarlierPointEveryReplicaConverges) {
     EXPECT_TRUE(eventually([&] { return kept(2) == kept_sale; })) << kept(2);
 }
 
+// With --gzip: the stream holds the messages compressed, and the replicas inflate them.
 TEST_F(EndToEnd, OverNatsJetStream) {
     start_nats();
     for (int n : {1, 2}) add_register(n, n);
-    start_nats_sender();
+    start_nats_sender({"--gzip"});
     for (int n : {1, 2}) start_nats_replica(n);
     converge("provisioning over NATS");
     EXPECT_EQ(line_count(held(replicas_[2])), 45);
@@ -559,7 +562,7 @@ TEST_F(EndToEnd, OverNatsJetStream) {
     converge("an upload over NATS");
     db().query("UPDATE shop.products SET price = price + 1");
     sender()->stop(SIGKILL);
-    start_nats_sender();
+    start_nats_sender({"--gzip"});
     replicas_[1].process->stop(SIGKILL);
     replicas_[1].process->start();
     converge("kill -9 of the sender and of a replica over NATS");

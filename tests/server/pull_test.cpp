@@ -153,9 +153,11 @@ class Pull : public ::testing::Test {
     std::map<int, ReplicaProcess> replicas_;
 };
 
+// The gateway runs with --gzip: the reference replica asks for gzip (Accept-Encoding), and inflates
+// every head it is served.
 TEST_F(Pull, AHundredReplicasPullingFromOneSenderHoldWhatTheTablesSay) {
     add_registers(1, 100);
-    start_sender();
+    start_sender({"--gzip"});
     for (int n = 1; n <= 100; ++n) start_replica(n);
     converge("provisioning 100 replicas by pull");
     // 120 products and 40 prices of its store, in messages of at most 50 rows: several each.

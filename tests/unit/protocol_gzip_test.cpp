@@ -42,8 +42,11 @@ std::string random_text(size_t size, unsigned seed) {
 
 TEST(Gzip, PiecesDeflatedApartJoinIntoOneMemberAnyDecoderReads) {
     const std::vector<std::string> texts = {R"({"v":2,"kind":"rows","chunks":[)",
-                                            random_text(300000, 1), ",", "",
-                                            random_text(70000, 2), "]}"};
+                                            random_text(300000, 1),
+                                            ",",
+                                            "",
+                                            random_text(70000, 2),
+                                            "]}"};
     std::vector<DeflatedPiece> deflated;
     for (const std::string& text : texts) deflated.push_back(deflate_piece(text));
     std::vector<const DeflatedPiece*> pieces;
@@ -118,7 +121,8 @@ TEST(Gzip, ARowsMessageAssembledGzipIsTheSameMessageAndDecodesAsIt) {
 }
 
 TEST(Gzip, DecodeDownBoundsWhatAMessageInflatesTo) {
-    const std::string message = R"({"v":1,"kind":"ranges","replica":"6f1c2a9e-1b2c-4d3e-8f40-5a6b7c8d9e0f","gen":1,"seq":1,"ranges":[]})";
+    const std::string message =
+        R"({"v":1,"kind":"ranges","replica":"6f1c2a9e-1b2c-4d3e-8f40-5a6b7c8d9e0f","gen":1,"seq":1,"ranges":[]})";
     Limits limits;
     limits.max_bytes = 20;
     try {
