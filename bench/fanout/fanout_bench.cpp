@@ -11,7 +11,7 @@
 //      worker apart) and the sender used per delivered message; the sink's CPU apart.
 //
 //   build/bench/fanout [--transport http|nats] [--replicas N] [--rounds R] [--rows ROWS]
-//                      [--concurrency C] [--patience SECONDS] [--statements N]
+//                      [--concurrency C] [--gzip] [--patience SECONDS] [--statements N]
 // --rounds 0 measures provisioning only; --patience gives a step up after that long (default
 // 900 s); --statements prints the N statements that took the most time in each step. `make
 // bench-fanout` runs http and nats at 10,000 replicas and provisioning at 100,000 (bench/README.md,
@@ -60,6 +60,7 @@ struct Options {
     int rounds = 3;
     int rows = 2000;
     int concurrency = 64;
+    bool gzip = false;                  // the sender sends every message gzip
     int patience = 900;                 // seconds to wait for a step before giving up
     int statements = 0;                 // print the statements that took the most time in each step
     std::vector<std::string> settings;  // postgresql.conf lines, as name = value
@@ -67,13 +68,14 @@ struct Options {
 
 const char* const kUsage =
     "usage: build/bench/fanout [--transport http|nats] [--replicas N] [--rounds R] [--rows ROWS]\n"
-    "                          [--concurrency C] [--patience SECONDS] [--statements N]\n"
+    "                          [--concurrency C] [--gzip] [--patience SECONDS] [--statements N]\n"
     "                          [--setting NAME=VALUE]...\n"
     "The fan-out measured at the server: N live replicas (default 10,000) answered by one\n"
     "ack-only sink, R rounds (default 3) of ROWS changed catalog rows (default 2,000), each from\n"
     "its commit to the last acknowledgement, with the server's CPU per delivered message.\n"
     "  --rounds 0         measure provisioning only\n"
     "  --concurrency C    the sender's messages in flight (default 64)\n"
+    "  --gzip             the sender sends every message gzip (magic-sync-sender --gzip)\n"
     "  --patience S       give a step up after S seconds (default 900)\n"
     "  --statements N     print the N statements that took the most time in each step\n"
     "  --setting N=V      a server setting, as in postgresql.conf "
@@ -86,6 +88,10 @@ Options parse(int argc, char** argv) {
         if (name == "--help" || name == "-h") {
             std::printf("%s", kUsage);
             std::exit(0);
+        }
+        if (name == "--gzip") {
+            options.gzip = true;
+            continue;
         }
         if (i + 1 >= argc) throw std::invalid_argument(name + " needs a value");
         const std::string value = argv[++i];
@@ -185,6 +191,7 @@ class Rig {
                                         std::to_string(options.concurrency),
                                         "--transport",
                                         options.transport};
+        if (options.gzip) sender.push_back("--gzip");
         if (options.transport == "http") {
             http_ = std::make_unique<HttpSink>(replicas_);
             sender.insert(sender.end(), {"--url", http_->url()});
@@ -424,9 +431,9 @@ class Rig {
 void bench(const Options& options) {
     std::printf(
         "fan-out over %s: %d live replicas, an ack-only sink, %d rows a round, %d rounds,"
-        " sender --concurrency %d; %ld cores\n",
+        " sender --concurrency %d%s; %ld cores\n",
         options.transport.c_str(), options.replicas, options.rows, options.rounds,
-        options.concurrency, sysconf(_SC_NPROCESSORS_ONLN));
+        options.concurrency, options.gzip ? " --gzip" : "", sysconf(_SC_NPROCESSORS_ONLN));
     for (const std::string& setting : options.settings) std::printf("  %s\n", setting.c_str());
     std::fflush(stdout);
     Rig rig(options);

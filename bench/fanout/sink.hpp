@@ -15,6 +15,7 @@
 #include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <atomic>
@@ -54,18 +55,43 @@ struct MessageRead {
 // (built once, docs/DESIGN.md §3), so the messages of one fan-out differ only in their header:
 // a message whose rest (what follows its header) was seen before has only its header decoded,
 // closed by an empty chunk list, and the rows counted then; any other is decoded whole. A full
-// decode of every 33 kB message would cost the sink more than the server spends sending it.
+// decode of every 160 kB message would cost the sink more than the server spends sending it.
+//
+// A message sent gzip, as protocol::assemble_rows_gzip makes it, is one deflate stream of pieces
+// each ending byte-aligned: first the envelope's text up to `"chunks":[` (deflated for this
+// message), then the chunks (each deflated once, the same bytes for every replica) and the text
+// between and after them, then the final block, the CRC-32 and the length. Only that first piece
+// is inflated (inflate stops at the end of its block); its rest is the deflated bytes after it up
+// to the CRC, inflated on its own once per distinct rest and decoded whole behind the first piece,
+// its text's CRC-32 and length kept with its rows so that the trailer of a message that repeats
+// it is checked as gunzip checks it. A message that does not split that way, or does not check
+// out so, is inflated and decoded whole by decode_down, which refuses what does not decode.
 // Not thread-safe: one per thread.
 class MessageReader {
   public:
+    MessageReader() {
+        // 16 + window bits: a gzip header read (and nothing checked at the end: it stops
+        // before); negative window bits: raw deflate, as a rest is.
+        if (inflateInit2(&head_stream_, 16 + MAX_WBITS) != Z_OK ||
+            inflateInit2(&rest_stream_, -MAX_WBITS) != Z_OK)
+            throw std::runtime_error("inflateInit2 failed");
+    }
+    ~MessageReader() {
+        inflateEnd(&head_stream_);
+        inflateEnd(&rest_stream_);
+    }
+    MessageReader(const MessageReader&) = delete;
+    MessageReader& operator=(const MessageReader&) = delete;
+
     // Throws protocol::DecodeError for bytes that are not a message.
     MessageRead read(std::string_view message) {
+        if (protocol::is_gzip(message)) return read_gzip(message);
         const size_t end = header_end(message);
         if (end == 0) return read_whole(message);
         const std::string_view rest = message.substr(end);
         std::vector<Known>& same_hash = known_[std::hash<std::string_view>{}(rest)];
         for (const Known& known : same_hash) {
-            if (known.rest != rest) continue;
+            if (known.gzip || known.rest != rest) continue;
             std::string header_only(message.substr(0, end));
             header_only += R"(,"chunks":[]})";
             MessageRead read = read_whole(header_only);
@@ -74,17 +100,125 @@ class MessageReader {
         }
         MessageRead read = read_whole(message);
         if (read.kind != "rows") return read;
-        if (known_.size() > 4096) known_.clear();
-        same_hash.push_back(Known{std::string(rest), read.rows});
+        remember(same_hash, Known{std::string(rest), read.rows, false, 0, 0});
         return read;
     }
 
   private:
+    // A rest seen before: its bytes, the rows of its chunks and, sent gzip, its text's CRC-32
+    // and length.
     struct Known {
         std::string rest;
         int64_t rows;
+        bool gzip;
+        uint32_t crc;
+        size_t size;
     };
 
+    MessageRead read_gzip(std::string_view message) {
+        const size_t head_end = inflate_head(message);
+        if (head_end == 0) return read_whole(message);
+        const std::string_view rest = message.substr(head_end, message.size() - 8 - head_end);
+        const uint32_t crc = le32(message.substr(message.size() - 8));
+        const uint32_t size = le32(message.substr(message.size() - 4));
+        const uint32_t head_crc = static_cast<uint32_t>(crc32(
+            0, reinterpret_cast<const Bytef*>(head_.data()), static_cast<uInt>(head_.size())));
+        // Whether the head followed by a rest of this CRC-32 and length is what the trailer says.
+        const auto checks = [&](uint32_t rest_crc, size_t rest_size) {
+            return head_.size() + rest_size <= protocol::Limits{}.max_bytes &&
+                   crc32_combine(head_crc, rest_crc, static_cast<z_off_t>(rest_size)) == crc &&
+                   static_cast<uint32_t>(head_.size() + rest_size) == size;
+        };
+        std::vector<Known>& same_hash = known_[std::hash<std::string_view>{}(rest)];
+        for (const Known& known : same_hash) {
+            if (!known.gzip || known.rest != rest) continue;
+            if (!checks(known.crc, known.size)) return read_whole(message);
+            try {
+                MessageRead read = read_whole(head_ + "]}");
+                read.rows = known.rows;
+                return read;
+            } catch (const protocol::DecodeError&) {
+                return read_whole(message);
+            }
+        }
+        std::string text = head_;
+        if (!inflate_rest(rest, text)) return read_whole(message);
+        const size_t rest_size = text.size() - head_.size();
+        const uint32_t rest_crc = static_cast<uint32_t>(
+            crc32(0, reinterpret_cast<const Bytef*>(text.data() + head_.size()),
+                  static_cast<uInt>(rest_size)));
+        if (!checks(rest_crc, rest_size)) return read_whole(message);
+        MessageRead read = read_whole(text);
+        if (read.kind != "rows") return read;
+        remember(same_hash, Known{std::string(rest), read.rows, true, rest_crc, rest_size});
+        return read;
+    }
+
+    // Inflates the first piece of a gzip message into head_: up to the end of a block, with no
+    // bit of the next byte used, that is not the last and after which the text ends with
+    // `"chunks":[`. Where its bytes end in `message`, or 0 when it does not split there within
+    // kHeadMax bytes of text, before the trailer.
+    size_t inflate_head(std::string_view message) {
+        constexpr std::string_view kChunks = R"("chunks":[)";
+        if (message.size() < 18) return 0;  // the header (10 bytes) and the trailer (8)
+        inflateReset(&head_stream_);
+        head_.resize(kHeadMax);
+        head_stream_.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(message.data()));
+        head_stream_.avail_in = static_cast<uInt>(message.size() - 8);
+        head_stream_.next_out = reinterpret_cast<Bytef*>(head_.data());
+        head_stream_.avail_out = static_cast<uInt>(head_.size());
+        for (;;) {
+            // Z_BLOCK: stop at the end of each block (and of the gzip header).
+            if (inflate(&head_stream_, Z_BLOCK) != Z_OK) break;
+            const size_t made = head_.size() - head_stream_.avail_out;
+            const int state = head_stream_.data_type;
+            const bool block_ended = (state & 128) != 0 && (state & 64) == 0 && (state & 63) == 0;
+            if (block_ended && made >= kChunks.size() &&
+                std::string_view(head_.data(), made).substr(made - kChunks.size()) == kChunks) {
+                head_.resize(made);
+                return message.size() - 8 - head_stream_.avail_in;
+            }
+            if (head_stream_.avail_out == 0) break;
+        }
+        head_.clear();
+        return 0;
+    }
+
+    // Appends the text of `rest` inflated on its own (raw deflate, no dictionary: it refers to
+    // nothing before it) to `text`; false unless it is that, ending with the last block and
+    // within the bound on a message's size.
+    bool inflate_rest(std::string_view rest, std::string& text) {
+        inflateReset(&rest_stream_);
+        rest_stream_.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(rest.data()));
+        rest_stream_.avail_in = static_cast<uInt>(rest.size());
+        int status = Z_OK;
+        while (status == Z_OK) {
+            const size_t from = text.size();
+            if (from >= protocol::Limits{}.max_bytes) return false;
+            text.resize(std::min(from + std::max<size_t>(rest.size() * 8, 65536),
+                                 protocol::Limits{}.max_bytes));
+            rest_stream_.next_out = reinterpret_cast<Bytef*>(text.data() + from);
+            rest_stream_.avail_out = static_cast<uInt>(text.size() - from);
+            status = inflate(&rest_stream_, Z_NO_FLUSH);
+            text.resize(text.size() - rest_stream_.avail_out);
+        }
+        return status == Z_STREAM_END && rest_stream_.avail_in == 0;
+    }
+
+    static uint32_t le32(std::string_view bytes) {
+        uint32_t value = 0;
+        for (int i = 3; i >= 0; --i) value = (value << 8) | static_cast<unsigned char>(bytes[i]);
+        return value;
+    }
+
+    void remember(std::vector<Known>& same_hash, Known known) {
+        if (known_.size() > 4096) {
+            known_.clear();
+            known_[std::hash<std::string_view>{}(known.rest)].push_back(std::move(known));
+            return;
+        }
+        same_hash.push_back(std::move(known));
+    }
     static MessageRead read_whole(std::string_view message) {
         MessageRead read;
         std::visit(
@@ -128,6 +262,12 @@ class MessageReader {
         return close + 1;
     }
 
+    // The most text the first piece of a gzip message may inflate to (the envelope: header,
+    // resets and drops).
+    static constexpr size_t kHeadMax = 65536;
+    z_stream head_stream_{};
+    z_stream rest_stream_{};
+    std::string head_;  // the first piece of the gzip message read last, inflated
     std::unordered_map<size_t, std::vector<Known>> known_;
 };
 
