@@ -10,12 +10,15 @@
 
 namespace magic_sync::sender {
 
-std::string stamped_with_origin(const std::string& message, const std::string& origin) {
+std::string whole_message_as_sent(const std::string& message, const std::string& origin,
+                                  bool gzip) {
+    std::string stamped;
     try {
-        return protocol::with_origin(message, origin);
+        stamped = protocol::with_origin(message, origin);
     } catch (const protocol::DecodeError&) {
-        return message;
+        stamped = message;
     }
+    return gzip ? protocol::gzip(stamped) : stamped;
 }
 
 namespace {
@@ -275,8 +278,8 @@ bool Database::read_one_result() {
                 delivery.origin = cell(row, kOrigin);
                 if (gzip_) delivery.content_encoding = "gzip";
                 if (!PQgetisnull(rows, row, kMessage)) {
-                    delivery.bytes = stamped_with_origin(cell(row, kMessage), delivery.origin);
-                    if (gzip_) delivery.bytes = protocol::gzip(delivery.bytes);
+                    delivery.bytes =
+                        whole_message_as_sent(cell(row, kMessage), delivery.origin, gzip_);
                 } else {
                     // A rows message by reference: assembled once its chunks are in.
                     auto reference = read_reference(rows, row, kGen, delivery.replica, delivery.seq,

@@ -24,7 +24,8 @@ class DatabaseError : public std::runtime_error {
 // sync.next or sync.pull_head), so that a replica does not trust its counters across a restore or
 // a failover. A message that does not decode goes as it is: the replica says it is malformed.
 // (A rows message sync.next returns by reference is assembled with its origin in its header.)
-std::string stamped_with_origin(const std::string& message, const std::string& origin);
+// Gzip-compressed when `gzip` (--gzip).
+std::string whole_message_as_sent(const std::string& message, const std::string& origin, bool gzip);
 
 // The outcome of one delivery, to be recorded.
 struct Settlement {

@@ -323,10 +323,9 @@ class Workers {
                     body = assembled(connection, head.get(), task.replica, origin, task.gzip);
                 } else {
                     body =
-                        stamped_with_origin(std::string(PQgetvalue(head.get(), 0, kHeadMessage),
-                                                        PQgetlength(head.get(), 0, kHeadMessage)),
-                                            origin);
-                    if (task.gzip) body = protocol::gzip(*body);
+                        whole_message_as_sent(std::string(PQgetvalue(head.get(), 0, kHeadMessage),
+                                                          PQgetlength(head.get(), 0, kHeadMessage)),
+                                              origin, task.gzip);
                 }
                 if (!body) {
                     // Its chunks are gone: it was pruned after its lease (its generation ended).
