@@ -393,6 +393,7 @@ bench-fanout: build/bench/fanout build/bin/magic-sync-sender
 	$(MAKE) install
 	build/bench/fanout --transport http
 	build/bench/fanout --transport nats
+	build/bench/fanout --transport nats --gzip
 	build/bench/fanout --replicas 100000 --rounds 0 --patience 300
 
 # Pull against push (issue 26): the same backlog to N replicas by each, in one run (bench/README.md).
