@@ -198,91 +198,38 @@ std::string noted_rows(const Codec& codec, const std::string& only_key, std::str
            ") d OFFSET 0) n LEFT JOIN " + codec.relation + " t ON " + join;
 }
 
-// 4. The noted rows of one codec re-read, encoded and compared with what the relay planned before,
-// in one statement that writes only the differences, with their bodies, to
-// pg_temp.magic_sync_change: the row's scope (a scope first seen is made by the statement, whose
-// join does not see it: `made` returns it), the live version it replaces (`r`), a tombstone at its
-// new scope (`g`), whether it travels, and new seqs. Every row planned is kept by key in
-// pg_temp.magic_sync_row (for the set-aside notes it releases and the echoes it clears), with the
-// replica it names when an `own` codec's row names one the replicas relation does not list: such
-// a row is not compared (sync_internal.pass_set_aside_unknown_replicas sets it aside).
-// The changes are numbered in the order the rows were read (key order where the table is read by
-// a range of keys: `order`), whatever order the joins give them in: sorted by `position`, before
-// their seqs are drawn (a volatile output column is worked out after the sort).
 // The body is worked out in a subquery kept apart (OFFSET 0): pulled up into the select list, it
 // was encoded twice, once for the body and once for its hash.
 std::string encode_statement(const Codec& codec, const ReplicaSet& replicas,
                              const std::string& only_key) {
     Audience audience = audience_of(codec);
-    const std::string match = pg::quote_literal(audience.match);
     std::string present = "t." + codec.columns.front().quoted + " IS NOT NULL";
-    const std::string unknown = audience.names_replica.empty() || !replicas.declared
-                                    ? "false"
-                                    : "e.body IS NOT NULL AND NOT EXISTS (SELECT FROM " +
-                                          replicas.relation + " l WHERE l.id::text = e.value)";
     // The row is `t.*`, never a bare `t`, which a column named t would capture.
     std::string order;
     const std::string from = noted_rows(codec, only_key, order);
     return R"sql(
-           WITH p AS MATERIALIZED (SELECT q.*, row_number() OVER () AS position FROM (SELECT n.key,
-            sync_internal.key_hash($2, n.key) AS k, e.value, e.part, e.body,
-            sync_internal.row_hash(e.body) AS hash, )sql" +
-           unknown + " AS unknown FROM " + from +
+           INSERT INTO pg_temp.magic_sync_row (codec, key, k, match, value, part, body, hash)
+           SELECT $1::int, n.key, sync_internal.key_hash($2, n.key), )sql" +
+           pg::quote_literal(audience.match) +
+           ", e.value, e.part, e.body, sync_internal.row_hash(e.body) FROM " + from +
            " CROSS JOIN LATERAL (SELECT a.value, a.part, CASE WHEN " + present +
            " AND a.value IS NOT NULL THEN sync_internal.encode_row(t.*, $3::text[]) END AS body"
            " FROM (SELECT " +
            audience.value + " AS value, " +
            replica_column_text(replicas.partition_column, "t", "''") + " AS part) a OFFSET 0) e" +
-           order + R"sql() q),
-           planned AS (INSERT INTO pg_temp.magic_sync_row (codec, key, unknown_replica)
-            SELECT $1::int, p.key, CASE WHEN p.unknown THEN p.value END FROM p),
-           made AS (INSERT INTO sync.scope (match, value, partition)
-            SELECT DISTINCT )sql" +
-           match + R"sql(, p.value, p.part FROM p WHERE p.body IS NOT NULL AND NOT p.unknown
-            ON CONFLICT (match, value, partition) DO NOTHING RETURNING id, value, partition)
-           INSERT INTO pg_temp.magic_sync_change (codec, key, k, old_scope, old_hash, old_withheld,
-            new_scope, new_hash, new_withheld, body, tomb_seq, new_seq, at_new)
-           SELECT $1::int, p.key, p.k, r.scope, r.hash, r.withheld, s.id, p.hash, w.withheld,
-            p.body,
-            CASE WHEN r.scope IS NOT NULL AND r.scope IS DISTINCT FROM s.id
-             THEN nextval('sync.row_seq') END,
-            CASE WHEN s.id IS NOT NULL THEN nextval('sync.row_seq') END,
-            CASE WHEN s.id IS NOT NULL THEN r.scope IS NOT DISTINCT FROM s.id OR r.tomb_at_new END
-           FROM p
-           LEFT JOIN sync.scope o ON p.body IS NOT NULL AND o.match = )sql" +
-           match + R"sql( AND o.value = p.value AND o.partition = p.part
-           LEFT JOIN made m ON p.body IS NOT NULL AND m.value = p.value AND m.partition = p.part
-           CROSS JOIN LATERAL (SELECT coalesce(o.id, m.id) AS id) s
-           CROSS JOIN LATERAL (SELECT (array_agg(x.scope) FILTER (WHERE NOT x.gone))[1] AS scope,
-            (array_agg(x.hash) FILTER (WHERE NOT x.gone))[1] AS hash,
-            bool_or(x.withheld) FILTER (WHERE NOT x.gone) AS withheld,
-            coalesce(bool_or(x.gone), false) AS tomb_at_new
-            FROM sync.row x WHERE x.k = p.k AND (NOT x.gone OR x.scope = s.id)) r
-           CROSS JOIN LATERAL (SELECT s.id IS NOT NULL AND NOT sync_internal.row_travels(
-            sync_internal.scope_name()sql" +
-           match + R"sql(, p.value, p.part), $2, sync_internal.canonical(p.key), p.body)
-            AS withheld) w
-           WHERE NOT p.unknown AND (r.scope IS DISTINCT FROM s.id OR r.hash IS DISTINCT FROM p.hash
-            OR coalesce(r.withheld, false) <> w.withheld)
-           ORDER BY p.position)sql";
+           order;
 }
 
-struct Planned {
-    int64_t changed = 0;
+// 4. Re-read the noted rows of one codec, encode them and find their scope. A codec whose rows
+// fail to encode as a set is planned note by note; a note that fails alone is set aside. An error
+// of the moment (pg::is_transient: a cancel, a timeout, a deadlock, out of memory) ends the pass
+// instead, which is rolled back and tried again: it says nothing about the rows.
+int64_t encode_codec(Spi& spi, const Codec& codec, const ReplicaSet& replicas) {
     int64_t set_aside = 0;
-};
-
-// 4. Re-read the noted rows of one codec, encode them, find their scope and compare. A codec whose
-// rows fail to encode as a set is planned note by note; a note that fails alone is set aside. An
-// error of the moment (pg::is_transient: a cancel, a timeout, a deadlock, out of memory) ends the
-// pass instead, which is rolled back and tried again: it says nothing about the rows.
-Planned encode_codec(Spi& spi, const Codec& codec, const ReplicaSet& replicas) {
-    Planned planned;
     try {
         pg::subtransaction([&] {
-            planned.changed = static_cast<int64_t>(
-                spi.execute(encode_statement(codec, replicas, ""),
-                            {codec.id, codec.table_name, Param::text_array(codec.hidden())}));
+            spi.execute(encode_statement(codec, replicas, ""),
+                        {codec.id, codec.table_name, Param::text_array(codec.hidden())});
         });
     } catch (const pg::PgError& e) {
         if (pg::is_transient(e.sqlstate())) throw;
@@ -291,9 +238,8 @@ Planned encode_codec(Spi& spi, const Codec& codec, const ReplicaSet& replicas) {
         for (const auto& key : keys) {
             try {
                 pg::subtransaction([&] {
-                    planned.changed += static_cast<int64_t>(spi.execute(
-                        statement,
-                        {codec.id, codec.table_name, Param::text_array(codec.hidden()), key[0]}));
+                    spi.execute(statement, {codec.id, codec.table_name,
+                                            Param::text_array(codec.hidden()), key[0]});
                 });
             } catch (const pg::PgError& e) {
                 if (pg::is_transient(e.sqlstate())) throw;
@@ -301,27 +247,27 @@ Planned encode_codec(Spi& spi, const Codec& codec, const ReplicaSet& replicas) {
                     "SELECT sync_internal.keep('note', ARRAY[$1::int], ARRAY[$2::jsonb], "
                     "ARRAY[$3])",
                     {codec.id, key[0], std::string("could not plan the row: ") + e.what()});
-                ++planned.set_aside;
+                ++set_aside;
             }
         }
     }
     Audience audience = audience_of(codec);
     if (!audience.names_replica.empty() && replicas.declared) {
-        planned.set_aside +=
-            spi.scalar("SELECT sync_internal.pass_set_aside_unknown_replicas($1::int, $2)",
-                       {codec.id, audience.names_replica})
-                .integer();
+        set_aside += spi.scalar("SELECT sync_internal.pass_set_aside_unknown_replicas($1::int, $2)",
+                                {codec.id, audience.names_replica})
+                         .integer();
     }
-    return planned;
+    return set_aside;
 }
 
-// 5. What the changes found release, then the changes recorded: new seqs, tombstones where rows
-// went or moved, every scope's fingerprint.
-void record_changes(Spi& spi, int64_t changed) {
-    spi.execute("SELECT sync_internal.pass_changes_found($1::bigint)", {changed});
-    if (changed == 0) return;
+// 5. Compare with what the relay planned before; record the differences with new seqs, leave
+// tombstones where rows went or moved, and keep every scope's fingerprint.
+int64_t record_changes(Spi& spi) {
+    const int64_t changed = spi.scalar("SELECT sync_internal.pass_find_changes()").integer();
+    if (changed == 0) return 0;
     analyze_if_large(spi, "magic_sync_change", Value::integer(changed));
     spi.execute("SELECT sync_internal.pass_record_changes()");
+    return changed;
 }
 
 // 6. One round of messages: at most one new message for every replica with a cursor behind and
@@ -372,12 +318,10 @@ PassCounts run_pass(Spi& spi) {
     counts.provisioned = replica_counts.provisioned;
     counts.forgotten = replica_counts.forgotten;
     const auto codecs = spi.scalar("SELECT sync_internal.pass_noted_codecs()").integers();
-    for (const Codec& codec : state::load_codecs(spi, codecs, {})) {
-        const Planned planned = encode_codec(spi, codec, replicas);
-        counts.rows_changed += planned.changed;
-        counts.set_aside += planned.set_aside;
-    }
-    record_changes(spi, counts.rows_changed);
+    for (const Codec& codec : state::load_codecs(spi, codecs, {}))
+        counts.set_aside += encode_codec(spi, codec, replicas);
+    analyze_if_large(spi, "magic_sync_row");
+    counts.rows_changed = record_changes(spi);
     spi.execute("SELECT sync_internal.pass_recount_drifted_scopes()");
     spi.execute("SELECT sync_internal.pass_apply_confirmations()");
     spi.execute("SELECT sync_internal.pass_drop_foreign_holdings()");

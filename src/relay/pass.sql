@@ -54,10 +54,8 @@ BEGIN
     -- The last table made exists only when all were.
     IF to_regclass('pg_temp.magic_sync_written') IS NULL THEN
         CREATE TEMP TABLE magic_sync_note (codec int NOT NULL, key jsonb);
-        -- The rows planned, by key (their changes, with bodies, are in magic_sync_change);
-        -- `unknown_replica`: the replica an `own` row names that the relation does not list.
-        CREATE TEMP TABLE magic_sync_row (codec int NOT NULL, key jsonb NOT NULL,
-            unknown_replica text);
+        CREATE TEMP TABLE magic_sync_row (codec int NOT NULL, key jsonb NOT NULL, k bytea NOT NULL,
+            match text NOT NULL, value text, part text NOT NULL, body text, hash bytea);
         CREATE TEMP TABLE magic_sync_change (codec int NOT NULL, key jsonb NOT NULL,
             k bytea NOT NULL, old_scope bigint, old_hash bytea, old_withheld boolean,
             new_scope bigint, new_hash bytea, new_withheld boolean, body text,
@@ -106,6 +104,7 @@ DECLARE
     counted bigint := known_rows;
     columns CONSTANT text := CASE working_table
         WHEN 'magic_sync_note' THEN '(codec)'
+        WHEN 'magic_sync_row' THEN '(codec, k, match, value, part)'
         WHEN 'magic_sync_change' THEN '(k, old_scope, new_scope, tomb_seq, at_new)'
         ELSE '' END;
 BEGIN
@@ -584,22 +583,26 @@ END
 $$;
 
 -- Rows of an `own` codec (`to_column` names the replica) whose replica the relation does not list
--- (the statement that encoded them marked them) are set aside, not planned. Returns how many.
+-- are set aside, not planned. Returns how many.
 CREATE FUNCTION sync_internal.pass_set_aside_unknown_replicas(codec int, to_column text) RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
 DECLARE
+    replicas regclass;
+    replicas_name text;
     kept bigint;
 BEGIN
-    WITH unknown AS (DELETE FROM pg_temp.magic_sync_row p
-                     WHERE p.codec = pass_set_aside_unknown_replicas.codec
-                       AND p.unknown_replica IS NOT NULL
-                     RETURNING p.codec, p.key, p.unknown_replica)
-    SELECT sync_internal.keep('note', array_agg(u.codec), array_agg(u.key),
-             array_agg(format('%s names replica %s, which %s does not list', to_column,
-                              u.unknown_replica, (SELECT s.relation_name FROM sync.replica_set s))))
-    INTO kept FROM unknown u HAVING count(*) > 0;
+    SELECT s.relation, s.relation_name INTO replicas, replicas_name FROM sync.replica_set s;
+    EXECUTE format('WITH unknown AS (DELETE FROM pg_temp.magic_sync_row p WHERE p.codec = $1
+                    AND p.body IS NOT NULL
+                    AND NOT EXISTS (SELECT FROM %s r WHERE r.id::text = p.value)
+                    RETURNING p.codec, p.key, p.value)
+                    SELECT sync_internal.keep(''note'', array_agg(codec), array_agg(key),
+                      array_agg(format(''%%s names replica %%s, which %%s does not list'',
+                                       $2, value, $3)))
+                    FROM unknown HAVING count(*) > 0', replicas)
+    INTO kept USING codec, to_column, replicas_name;
     RETURN coalesce(kept, 0);
 END
 $$;
@@ -628,20 +631,46 @@ BEGIN
 END
 $$;
 
--- 5. What the changes found (pg_temp.magic_sync_change, written by the statements that encoded
--- the rows, src/relay/pass.cpp) release: the notes set aside that were planned now, the rows set
--- aside as withheld that changed; the echoes of the rows planned are marked and cleared.
--- `changed`: how many changes were found.
-CREATE FUNCTION sync_internal.pass_changes_found(changed bigint) RETURNS void
+-- 5. Compares the rows encoded (pg_temp.magic_sync_row) with what the relay planned before: the
+-- differences go to pg_temp.magic_sync_change, with new seqs, and whether sync.row has a version
+-- of the row in its new scope already (`at_new`: the live one, or the tombstone left there when
+-- the row went or moved away), which the change replaces; the others are inserted. A join, not a
+-- lookup per row: the planner reads the tombstones as a set or by key, as their count says.
+-- Returns how many.
+CREATE FUNCTION sync_internal.pass_find_changes() RETURNS bigint
 LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
+DECLARE
+    changed bigint;
 BEGIN
     -- A note set aside is planned now.
     PERFORM sync_internal.release_planned(array_agg(p.codec), array_agg(p.key))
     FROM pg_temp.magic_sync_row p JOIN sync.set_aside s
       ON s.kind = 'note' AND s.codec = p.codec AND s.key = p.key
     HAVING count(*) > 0;
+    INSERT INTO sync.scope (match, value, partition)
+    SELECT DISTINCT match, value, part FROM pg_temp.magic_sync_row WHERE body IS NOT NULL
+    ON CONFLICT (match, value, partition) DO NOTHING;
+    INSERT INTO pg_temp.magic_sync_change (codec, key, k, old_scope, old_hash, old_withheld,
+                                           new_scope, new_hash, new_withheld, body, tomb_seq,
+                                           new_seq, at_new)
+    SELECT p.codec, p.key, p.k, r.scope, r.hash, r.withheld, s.id, p.hash, w.withheld, p.body,
+           CASE WHEN r.scope IS NOT NULL AND r.scope IS DISTINCT FROM s.id
+                THEN nextval('sync.row_seq') END,
+           CASE WHEN s.id IS NOT NULL THEN nextval('sync.row_seq') END,
+           CASE WHEN s.id IS NOT NULL THEN r.scope IS NOT DISTINCT FROM s.id OR g.k IS NOT NULL END
+    FROM pg_temp.magic_sync_row p
+    LEFT JOIN sync.scope s ON p.body IS NOT NULL AND s.match = p.match
+     AND s.value = p.value AND s.partition = p.part
+    LEFT JOIN sync.row r ON r.k = p.k AND NOT r.gone
+    LEFT JOIN sync.row g ON g.k = p.k AND g.scope = s.id AND g.gone
+    CROSS JOIN LATERAL (SELECT s.id IS NOT NULL AND NOT sync_internal.row_travels(
+     sync_internal.scope_name(s.match, s.value, s.partition), c.table_name, sync_internal.canonical(p.key),
+     p.body) AS withheld FROM sync.codec c WHERE c.id = p.codec) w
+    WHERE r.scope IS DISTINCT FROM s.id OR r.hash IS DISTINCT FROM p.hash
+       OR coalesce(r.withheld, false) <> w.withheld;
+    GET DIAGNOSTICS changed = ROW_COUNT;
     -- A row set aside as withheld is released when it changed (sent, or withheld anew); planned
     -- again unchanged, it stays withheld and set aside.
     PERFORM sync_internal.release_planned(array_agg(c.codec), array_agg(c.key))
@@ -655,6 +684,7 @@ BEGIN
         DELETE FROM sync.echo e USING pg_temp.magic_sync_row p
         WHERE e.codec = p.codec AND e.key = p.key;
     END IF;
+    RETURN changed;
 END
 $$;
 
