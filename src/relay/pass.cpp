@@ -190,7 +190,9 @@ std::string noted_rows(const Codec& codec, const std::string& only_key, std::str
     if (std::find(std::begin(kRanged), std::end(kRanged), keys[0]->key_cast) != std::end(kRanged)) {
         join += " AND t." + keys[0]->quoted + " BETWEEN (SELECT min(" + typed(0) + ")" + noted +
                 ") AND (SELECT max(" + typed(0) + ")" + noted + ")";
-        // In key order, as the merge join gave them: the order the pass numbers its changes in.
+        // In key order, as the merge join gave them: the order the pass numbers its changes in
+        // where the comparison (pass_find_changes) keeps it, as a nested loop does. A hash join
+        // of many rows numbers them in its own order; only their order within a chunk differs.
         for (size_t i = 0; i < keys.size(); ++i)
             order += (i ? ", n.k" : " ORDER BY n.k") + std::to_string(i);
     }
