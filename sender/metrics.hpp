@@ -55,7 +55,8 @@ class PullMetrics {
     void answered(const std::string& route, int status);
     void moved(int64_t read, int64_t written);
     void connections(int64_t connected, int64_t waiting);
-    // A wake-up asked the database about `replicas` waiting devices' replicas.
+    // A wake-up asked the database about `replicas` waiting devices' replicas (counted once the
+    // statement ran).
     void asked_on_wake(int64_t replicas);
 
     std::string text() const;

@@ -970,6 +970,9 @@ struct PullServer::Serving {
 
     void finished(TaskOutcome& done) {
         if (done.kind == Task::Kind::waiting) {
+            // Counted once it ran: a statement counted as it was sent might not have read the
+            // outbox yet, and a test that waited for the count raced it.
+            metrics.asked_on_wake(checking_replicas);
             checking = false;
             for (const std::string& replica : done.ready) {
                 auto waiting_for = waiting.find(replica);
@@ -1050,7 +1053,7 @@ struct PullServer::Serving {
         }
         if (task.replicas.empty()) return;
         checking = true;
-        metrics.asked_on_wake(static_cast<int64_t>(task.replicas.size()));
+        checking_replicas = static_cast<int64_t>(task.replicas.size());
         workers.push(std::move(task));
     }
 
@@ -1170,10 +1173,11 @@ struct PullServer::Serving {
     std::unordered_map<std::string, std::set<uint64_t>> waiting;  // by replica
     uint64_t next_id = kFirstConnection;
     uint64_t wakes = 0;
-    bool accepting = true;  // the listener is watched (not while out of descriptors)
-    bool stopping = false;  // a stop signal came
-    bool checking = false;  // a `waiting` task is out
-    Woken check_again;      // whom the NOTIFYs since woke
+    bool accepting = true;          // the listener is watched (not while out of descriptors)
+    bool stopping = false;          // a stop signal came
+    bool checking = false;          // a `waiting` task is out
+    int64_t checking_replicas = 0;  // the replicas it asks about
+    Woken check_again;              // whom the NOTIFYs since woke
     Workers workers;
     const bool gzip;  // heads go gzip to the devices that take it (--gzip)
     std::optional<Wakeups> wakeups;
