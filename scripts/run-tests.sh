@@ -196,6 +196,8 @@ fi
 # Leaks are errors; so is any undefined behaviour (the build also has -fno-sanitize-recover=all).
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:strict_string_checks=1:detect_stack_use_after_return=1:check_initialization_order=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+# A leak of libnats' own at teardown, not ours: tests/lsan.supp says which and why.
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$root/tests/lsan.supp:print_suppressions=0}
 if wanted sanitizers; then
     add_job sanitized:unit 3 sanitized build/asan/tests/unit_tests --gtest_brief=1
     add_job sanitized:replica 12 sanitized build/asan/tests/replica_tests --gtest_brief=1

@@ -907,7 +907,12 @@ Holding decode_holding(const Field& field) {
 
 DownMessage decode_down(std::string_view text, const Limits& limits) {
     // Sent gzip (docs/PROTOCOL.md §10): the JSON it holds, within the same bound on its size.
-    if (is_gzip(text)) return decode_down(gunzip(text, limits.max_bytes), limits);
+    // Inflated once: gzip within gzip would nest as deep as its bytes allow.
+    if (is_gzip(text)) {
+        const std::string inflated = gunzip(text, limits.max_bytes);
+        if (is_gzip(inflated)) throw DecodeError("gzip: a message compressed twice");
+        return decode_down(inflated, limits);
+    }
     const std::string context = "down message";
     JsonNode root = parse_message(text, limits, context);
     Field envelope(root, "", context);

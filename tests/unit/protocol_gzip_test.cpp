@@ -120,6 +120,18 @@ TEST(Gzip, ARowsMessageAssembledGzipIsTheSameMessageAndDecodesAsIt) {
     EXPECT_THROW(assemble_rows_gzip(message, {&undeflated}), std::invalid_argument);
 }
 
+TEST(Gzip, DecodeDownInflatesOnceOnly) {
+    const std::string message =
+        R"({"v":1,"kind":"ranges","replica":"6f1c2a9e-1b2c-4d3e-8f40-5a6b7c8d9e0f","gen":1,"seq":1,"scope":"all","ranges":[]})";
+    EXPECT_TRUE(decode_down(gzip(message)) == decode_down(message));
+    try {
+        decode_down(gzip(gzip(message)));
+        FAIL() << "decoded";
+    } catch (const DecodeError& error) {
+        EXPECT_STREQ(error.what(), "gzip: a message compressed twice");
+    }
+}
+
 TEST(Gzip, DecodeDownBoundsWhatAMessageInflatesTo) {
     const std::string message =
         R"({"v":1,"kind":"ranges","replica":"6f1c2a9e-1b2c-4d3e-8f40-5a6b7c8d9e0f","gen":1,"seq":1,"ranges":[]})";
