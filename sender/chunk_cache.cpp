@@ -5,7 +5,7 @@ namespace magic_sync::sender {
 namespace {
 
 size_t size_of(const protocol::StoredChunk& chunk) {
-    size_t bytes = chunk.body.size();
+    size_t bytes = chunk.body.size() + chunk.deflated.bytes.size();
     for (const protocol::KeyNote& note : chunk.withheld)
         bytes += note.table.size() + note.key.size() + note.why.size() + sizeof note;
     return bytes + sizeof chunk;

@@ -15,7 +15,7 @@ namespace magic_sync::sender {
 // Chunks by id within one history (the `origin` sync.next returned them with): a restored or
 // re-created database starts its chunk ids again, so a chunk of another origin is never found,
 // and the first chunk added of another origin empties the cache. At most `limit` bytes of bodies
-// and notes; those used least recently go first.
+// (deflated ones too, with --gzip) and notes; those used least recently go first.
 class ChunkCache {
   public:
     explicit ChunkCache(size_t limit) : limit_(limit) {}
