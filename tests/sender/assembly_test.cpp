@@ -4,6 +4,7 @@
 // origin, and a chunk it keeps must never be taken for the chunk of that id in another history.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <map>
 
 #include "protocol/messages.hpp"
@@ -75,17 +76,28 @@ void expect_sent_as_assembled(const Outbox& outbox, const HttpSink& sink, size_t
     }
 }
 
+// A sender run once (with `options` after the usual ones) over write_messages' outbox: every
+// message taken, in order, each what sync.message assembles (gzip-compressed with --gzip).
+void send_every_message_once(const Outbox& outbox, const HttpSink& sink,
+                             const std::vector<std::string>& options) {
+    TempDir dir;
+    std::vector<std::string> arguments = {"--transport", "http", "--url", sink.url(),
+                                          "--run",       "2",    "--once"};
+    arguments.insert(arguments.end(), options.begin(), options.end());
+    SenderProcess sender(outbox, dir, arguments);
+    ASSERT_EQ(sender.wait(60s), 0) << sender.log();
+    EXPECT_EQ(sink.ids(replica_id(1), true), (std::vector<std::string>{"2.1", "2.2"}));
+    EXPECT_EQ(sink.ids(replica_id(2), true), (std::vector<std::string>{"2.1", "2.2", "2.3"}));
+    const bool gzip = std::find(options.begin(), options.end(), "--gzip") != options.end();
+    expect_sent_as_assembled(outbox, sink, 0, gzip);
+    EXPECT_EQ(outbox.unsent(), 0);
+}
+
 TEST(RowsByReference, TheSenderSendsExactlyWhatSyncMessageAssembles) {
     Outbox outbox("by_reference", 0, 0);
     write_messages(outbox, "first");
     HttpSink sink;
-    TempDir dir;
-    SenderProcess sender(outbox, dir,
-                         {"--transport", "http", "--url", sink.url(), "--run", "2", "--once"});
-    ASSERT_EQ(sender.wait(60s), 0) << sender.log();
-    EXPECT_EQ(sink.ids(replica_id(1), true), (std::vector<std::string>{"2.1", "2.2"}));
-    EXPECT_EQ(sink.ids(replica_id(2), true), (std::vector<std::string>{"2.1", "2.2", "2.3"}));
-    expect_sent_as_assembled(outbox, sink, 0);
+    send_every_message_once(outbox, sink, {});
     // The notes went, by key and by hash, and a table's drop made the message version 2.
     const std::vector<Received> received = sink.received();
     const auto body_of = [&](const std::string& replica, const std::string& id) {
@@ -97,7 +109,6 @@ TEST(RowsByReference, TheSenderSendsExactlyWhatSyncMessageAssembles) {
               std::string::npos);
     EXPECT_NE(body_of(replica_id(1), "2.1").find(R"("kh":"0123456789abcdef)"), std::string::npos);
     EXPECT_EQ(body_of(replica_id(1), "2.2").rfind(R"({"v":2,"kind":"rows")", 0), 0u);
-    EXPECT_EQ(outbox.unsent(), 0);
 }
 
 // With --gzip every message goes gzip-compressed, rows messages (assembled from chunks deflated
@@ -107,15 +118,7 @@ TEST(RowsByReference, WithGzipEachMessageIsWhatSyncMessageAssemblesCompressed) {
     Outbox outbox("by_reference_gzip", 0, 0);
     write_messages(outbox, "first");
     HttpSink sink;
-    TempDir dir;
-    SenderProcess sender(
-        outbox, dir,
-        {"--transport", "http", "--url", sink.url(), "--run", "2", "--once", "--gzip"});
-    ASSERT_EQ(sender.wait(60s), 0) << sender.log();
-    EXPECT_EQ(sink.ids(replica_id(1), true), (std::vector<std::string>{"2.1", "2.2"}));
-    EXPECT_EQ(sink.ids(replica_id(2), true), (std::vector<std::string>{"2.1", "2.2", "2.3"}));
-    expect_sent_as_assembled(outbox, sink, 0, true);
-    EXPECT_EQ(outbox.unsent(), 0);
+    send_every_message_once(outbox, sink, {"--gzip"});
 }
 
 // A trigger that deletes chunk 1 as replica 1's first message is leased: its chunks are gone by
