@@ -172,10 +172,12 @@ TEST(HttpSender, AResendCarriesTheSameMessageId) {
     HttpSink sink;
     sink.answer(replica_id(1), 503, 1);  // the first request only
     TempDir dir;
+    std::string first_log;
     {
         SenderProcess first(outbox, dir, {"--transport", "http", "--url", sink.url(), "--once"},
                             "1.log");
         ASSERT_EQ(first.wait(60s), 0) << first.log();
+        first_log = first.log();
     }
     std::this_thread::sleep_for(300ms);  // the 200 ms backoff
     SenderProcess second(outbox, dir, {"--transport", "http", "--url", sink.url(), "--once"},
@@ -185,7 +187,10 @@ TEST(HttpSender, AResendCarriesTheSameMessageId) {
                                                message_id(3)};
     EXPECT_EQ(sink.ids(replica_id(1), false), expected);
     EXPECT_EQ(sink.received()[0].body, sink.received()[1].body);
-    EXPECT_EQ(count_of(second.log(), "replica " + replica_id(1) + " recovered"), 1) << second.log();
+    // Recovered once, by whichever sender sent it again: on a loaded machine the first one, still
+    // running when the 200 ms backoff ended, did (its look for work comes every backoff).
+    const std::string logs = first_log + second.log();
+    EXPECT_EQ(count_of(logs, "replica " + replica_id(1) + " recovered"), 1) << logs;
     EXPECT_EQ(outbox.number("SELECT tries FROM sync.outbox WHERE seq = 1"), 2);
     EXPECT_EQ(column(outbox, "coalesce(last_error, 'none')", 1), "none");
 }
