@@ -49,18 +49,26 @@ for _ in $(seq 100); do
     sleep 0.1
 done
 
-port=$(free_port)
-DATA_SOURCE_NAME="host=$PGHOST port=$PGPORT user=exporter dbname=postgres sslmode=disable" \
-    "$exporter" --web.listen-address="127.0.0.1:$port" --disable-default-metrics \
-    --disable-settings-metrics --extend.query-path=packaging/postgres_exporter_queries.yaml \
-    >"$CLUSTER_DIR/exporter.log" 2>&1 &
-exporter_pid=$!
-
+# Another test may bind the port between free_port's look and the exporter's listen (the tests
+# run side by side): then the exporter starts again on another.
 scraped=
-for _ in $(seq 100); do
-    scraped=$(curl -s "http://127.0.0.1:$port/metrics" || true)
-    grep -q '^magic_sync_relay_relay_running' <<<"$scraped" && break
-    sleep 0.1
+for _ in 1 2 3 4 5; do
+    port=$(free_port)
+    DATA_SOURCE_NAME="host=$PGHOST port=$PGPORT user=exporter dbname=postgres sslmode=disable" \
+        "$exporter" --web.listen-address="127.0.0.1:$port" --disable-default-metrics \
+        --disable-settings-metrics --extend.query-path=packaging/postgres_exporter_queries.yaml \
+        >"$CLUSTER_DIR/exporter.log" 2>&1 &
+    exporter_pid=$!
+    for _ in $(seq 100); do
+        kill -0 "$exporter_pid" 2>/dev/null || break
+        scraped=$(curl -s --max-time 2 "http://127.0.0.1:$port/metrics" || true)
+        grep -q '^magic_sync_relay_relay_running' <<<"$scraped" && break 2
+        sleep 0.1
+    done
+    kill -0 "$exporter_pid" 2>/dev/null && break # it runs but never answered: the checks say what
+    wait "$exporter_pid" 2>/dev/null || true
+    exporter_pid=
+    grep -q "address already in use" "$CLUSTER_DIR/exporter.log" || break
 done
 status=0
 # Three live replicas, each with one message planned and unsent: catching up. The
