@@ -7,16 +7,25 @@ as_pg() {
     if [ "$(id -u)" -eq 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
 }
 
-# A port nothing listens on, below Linux's ephemeral range (32768 and up), where the local ends of
-# the tests' own connections would take it.
+# free_port VAR: sets VAR to a port nothing listens on, below Linux's ephemeral range (32768 and
+# up), where the local ends of the tests' own connections would take it. The port stays reserved
+# for this shell and its children: a lock on /tmp/magic_sync-ports/PORT, which the C++ tests'
+# free_port takes too, so two tests running side by side never pick the same port.
 free_port() {
-    local port
+    local -n free_port_out=$1
+    local free_port_candidate free_port_fd
+    mkdir -p -m 1777 /tmp/magic_sync-ports 2>/dev/null || true
     for _ in $(seq 1 200); do
-        port=$((20000 + RANDOM % 12000))
-        if ! (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-            echo "$port"
+        free_port_candidate=$((20000 + RANDOM % 12000))
+        (exec 3<>"/dev/tcp/127.0.0.1/$free_port_candidate") 2>/dev/null && continue
+        [ -e "/tmp/magic_sync-ports/$free_port_candidate" ] ||
+            : >>"/tmp/magic_sync-ports/$free_port_candidate" 2>/dev/null || true
+        exec {free_port_fd}<"/tmp/magic_sync-ports/$free_port_candidate" || continue
+        if flock -n "$free_port_fd"; then
+            free_port_out=$free_port_candidate
             return 0
         fi
+        exec {free_port_fd}>&-
     done
     echo "no free port found" >&2
     return 1
@@ -50,7 +59,7 @@ cluster_start() {
     # Another process may take the port between free_port's look and the server's bind (the tests
     # run side by side): then the server starts again on another.
     for _ in 1 2 3 4 5; do
-        PGPORT=$(free_port)
+        free_port PGPORT
         export PGPORT
         echo "port = $PGPORT" >>"$CLUSTER_DIR/data/postgresql.conf" # the last one counts
         as_pg "$bindir/pg_ctl" -D "$CLUSTER_DIR/data" -l "$CLUSTER_DIR/server.log" -w start >/dev/null &&

@@ -82,7 +82,7 @@ unsend() {
 through_gateway() {
     local port log pid before after
     unsend
-    port=$(free_port)
+    free_port port
     log=$(mktemp)
     "$1" --db "host=127.0.0.1 port=$PGPORT dbname=pull_head_cost user=postgres" --transport pull \
         --listen "127.0.0.1:$port" --token-query 'SELECT $1::uuid' --wait 1 >"$log" 2>&1 &

@@ -53,7 +53,7 @@ done
 # run side by side): then the exporter starts again on another.
 scraped=
 for _ in 1 2 3 4 5; do
-    port=$(free_port)
+    free_port port
     DATA_SOURCE_NAME="host=$PGHOST port=$PGPORT user=exporter dbname=postgres sslmode=disable" \
         "$exporter" --web.listen-address="127.0.0.1:$port" --disable-default-metrics \
         --disable-settings-metrics --extend.query-path=packaging/postgres_exporter_queries.yaml \

@@ -10,7 +10,7 @@ trap cluster_stop EXIT
 sender=build/bin/magic-sync-sender
 secret=hunter2
 status=0
-closed=$(free_port) # nothing listens there
+free_port closed # nothing listens there
 
 # name, expected exit status, a line the output must hold, then the sender's arguments.
 expect() {

@@ -1,8 +1,11 @@
 #include "support/cluster.hpp"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/file.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
@@ -58,6 +61,29 @@ std::string as_postgres(const std::string& command) {
     return "runuser -u postgres -- sh -c " + shell_quote(command);
 }
 
+namespace {
+
+// The suite's processes reserve the ports they hand out: a lock on a file named by the port, held
+// until the process ends, which scripts/cluster.sh's free_port takes too. Two test processes
+// running side by side each check a port free before either binds it, and without the lock both
+// would take it.
+constexpr const char* kPortLocks = "/tmp/magic_sync-ports";
+
+bool reserve_port(int port) {
+    if (mkdir(kPortLocks, 01777) == 0) chmod(kPortLocks, 01777);  // past the umask: every user's
+    const std::string path = std::string(kPortLocks) + "/" + std::to_string(port);
+    // Read only: a lock needs no more, and a file another user made stays readable. O_CREAT only
+    // when it is not there (protected_regular refuses it on another user's file here).
+    int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) fd = open(path.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return true;  // no lock to take: the bind check alone decides, as it did before
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) return true;  // held, never closed, until exit
+    close(fd);
+    return false;
+}
+
+}  // namespace
+
 int free_port() {
     // Below Linux's ephemeral range (32768 and up), where the local end of any connection the
     // tests' processes make could take a port between the moment it is handed out and the moment
@@ -75,7 +101,7 @@ int free_port() {
         address.sin_port = htons(static_cast<uint16_t>(port));
         const bool free = bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof address) == 0;
         close(fd);
-        if (free && given.insert(port).second) return port;
+        if (free && reserve_port(port) && given.insert(port).second) return port;
     }
     throw std::runtime_error("no free port");
 }
