@@ -121,10 +121,12 @@ std::string cors_headers(const std::string& origin) {
            "\r\nAccess-Control-Expose-Headers: message-id\r\nVary: Origin\r\n";
 }
 
-// An answer as it goes on the wire; `cors`: what cors_headers() says, or nothing.
+// An answer as it goes on the wire; `cors`: what cors_headers() says, or nothing;
+// `varies_by_encoding`: whether the same request with another Accept-Encoding would have had
+// another body (a head, from a gateway run with --gzip), which a cache in front must know.
 std::string response(int status, const std::string& body, const std::string& content_type,
                      const std::string& message_id, bool close, const std::string& cors = "",
-                     const std::string& content_encoding = "") {
+                     const std::string& content_encoding = "", bool varies_by_encoding = false) {
     std::string out =
         "HTTP/1.1 " + std::to_string(status) + " " + program::reason_phrase(status) + "\r\n";
     out += cors;
@@ -134,6 +136,7 @@ std::string response(int status, const std::string& body, const std::string& con
         out += "Content-Length: " + std::to_string(body.size()) + "\r\n";
     }
     if (!content_encoding.empty()) out += "Content-Encoding: " + content_encoding + "\r\n";
+    if (varies_by_encoding) out += "Vary: Accept-Encoding\r\n";
     if (!message_id.empty()) out += "message-id: " + message_id + "\r\n";
     if (close) out += "Connection: close\r\n";
     out += "\r\n";
@@ -772,7 +775,7 @@ struct PullServer::Serving {
         connection.close_after = connection.close_after || !connection.head.keep_alive() ||
                                  status == 408 || status == 431 || status == 400;
         connection.out = response(status, body, content_type, message_id, connection.close_after,
-                                  cors, content_encoding);
+                                  cors, content_encoding, gzip && connection.route == "next");
         metrics.answered(connection.route.empty() ? "other" : connection.route, status);
         connection.written = 0;
         connection.state = State::writing;
