@@ -15,6 +15,9 @@
 #   KEEP_TEST_OUTPUT=1                   keep the logs and the regress outputs
 # The fleet page's test keeps its screenshot in build/test-artifacts/ (fleet_page.png) anyway.
 set -uo pipefail
+# bash reads a script as it runs it: the braces around the rest make it read all of it first, so
+# an edit of this file during a run changes the next run, never this one.
+{
 case "${1:-}" in
     -h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     "") ;;
@@ -385,3 +388,5 @@ else
     echo "$passed passed, $failed failed"
 fi
 [ "$failed" -eq 0 ]
+exit
+}
