@@ -117,7 +117,7 @@ std::string cors_headers(const std::string& origin) {
     if (origin.empty()) return "";
     return "Access-Control-Allow-Origin: " + origin +
            "\r\nAccess-Control-Allow-Methods: GET, POST, OPTIONS"
-           "\r\nAccess-Control-Allow-Headers: Authorization, Content-Type"
+           "\r\nAccess-Control-Allow-Headers: Authorization, Content-Type, Content-Encoding"
            "\r\nAccess-Control-Expose-Headers: message-id\r\nVary: Origin\r\n";
 }
 
@@ -933,6 +933,13 @@ struct PullServer::Serving {
             throw Refusal{401, "send Authorization: Bearer TOKEN"};
         if (head.header("transfer-encoding"))
             throw Refusal{411, "send the body with a Content-Length, not chunked"};
+        // An upload may come gzip: sync.receive tells it by its first bytes (docs/PROTOCOL.md
+        // §10). Nothing else is inflated here.
+        const std::string encoding = head.header("content-encoding").value_or("identity");
+        if (lowercase(encoding) != "identity" && !(what == "up" && lowercase(encoding) == "gzip"))
+            throw Refusal{415, "Content-Encoding " + printable(encoding, "") +
+                                   " is not taken: send the body as it is" +
+                                   (what == "up" ? ", or gzip" : "")};
         // A POST without a body, or without Content-Length, has an empty body: an ack.
         const std::string length = head.header("content-length").value_or("0");
         const size_t limit = what == "up" ? kMaxUploadBytes : kMaxNoteBytes;

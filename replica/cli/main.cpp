@@ -66,15 +66,17 @@ fingerprints of what it holds, queues local writes and uploads them.
   --refuse-table TABLE  test fault: rows of TABLE cannot be applied and are reported untaken
 
 commands:
-  serve --listen HOST:PORT [--up CONNINFO]   receive the sender's http transport
-  nats --url URL[,URL...] [--prefix P] [--stream S] [--up CONNINFO]
+  serve --listen HOST:PORT [--up CONNINFO [--gzip-up]]
+                                             receive the sender's http transport
+  nats --url URL[,URL...] [--prefix P] [--stream S] [--up CONNINFO [--gzip-up]]
                                              receive the sender's nats transport
-  pull --url BASE --token TOKEN [--up-via-pull | --up CONNINFO]
+  pull --url BASE --token TOKEN [--up-via-pull | --up CONNINFO] [--gzip-up]
                                              ask the sender's pull transport (behind NAT)
   apply FILE|-                               apply one message (also an exec transport command)
   show [--json]                              what it holds, and its local writes
   write TABLE JSON [--key COL,...]           queue a local row of a record or both table
-  upload [--up CONNINFO | --sent ID]         print, send, or confirm the next upload
+  upload [--up CONNINFO [--gzip-up] | --sent ID]
+                                             print, send, or confirm the next upload
   holds [--verify]                           the fingerprint of each scope held
 
 `magic-sync-replica COMMAND --help` describes a command.
@@ -82,7 +84,7 @@ commands:
 
 const std::map<std::string, std::string> kCommandHelp = {
     {"serve",
-     R"(usage: magic-sync-replica --id UUID --db FILE serve --listen HOST:PORT [--up CONNINFO] [--upload-every SECONDS]
+     R"(usage: magic-sync-replica --id UUID --db FILE serve --listen HOST:PORT [--up CONNINFO] [--upload-every SECONDS] [--gzip-up]
 
 Receives the sender's http transport: every POST (any path) carries one down message in its body.
 The answer is 200 only after the message is applied and committed (or was before, or is of an
@@ -95,9 +97,11 @@ state, for health checks.
   --up CONNINFO           also send uploads: SELECT sync.receive($1::uuid, $2::bytea) over libpq,
                           after each applied message and every --upload-every seconds (default 1),
                           retrying with backoff while it fails
+  --gzip-up               send each upload gzip (sync.receive reads it by its first bytes; a
+                          server too old to read it keeps it whole until it is updated)
 )"},
     {"nats",
-     R"(usage: magic-sync-replica --id UUID --db FILE nats --url URL[,URL...] [--prefix PREFIX] [--stream NAME] [--up CONNINFO] [--upload-every SECONDS]
+     R"(usage: magic-sync-replica --id UUID --db FILE nats --url URL[,URL...] [--prefix PREFIX] [--stream NAME] [--up CONNINFO] [--upload-every SECONDS] [--gzip-up]
 
 Receives the sender's nats transport: a durable JetStream pull consumer (<PREFIX>_<replica>)
 filtered on <PREFIX>.<replica>, max_ack_pending 1, each message acknowledged after its apply
@@ -109,9 +113,10 @@ version is redelivered later. Waits for the server and the stream when they are 
   --prefix PREFIX    subject prefix (default magic_sync)
   --stream NAME      bind to this stream (default: the stream that has the subject)
   --up CONNINFO      also send uploads, as for serve
+  --gzip-up          send each upload gzip, as for serve
 )"},
     {"pull",
-     R"(usage: magic-sync-replica --id UUID --db FILE pull --url BASE --token TOKEN [--up-via-pull | --up CONNINFO] [--upload-every SECONDS] [--die-before-ack N]
+     R"(usage: magic-sync-replica --id UUID --db FILE pull --url BASE --token TOKEN [--up-via-pull | --up CONNINFO] [--upload-every SECONDS] [--gzip-up] [--die-before-ack N]
 
 Asks the sender's pull transport (magic-sync-sender --transport pull), for a device the sender
 cannot reach: GET BASE/replicas/<id>/next (the sender answers when a message comes, or 204 after
@@ -126,6 +131,8 @@ records why on the server, and it is asked for again after a wait. Backs off
   --up-via-pull       also send uploads: POST BASE/replicas/<id>/up, after each applied message
                       and every --upload-every seconds (default 1)
   --up CONNINFO       or send them over libpq, as for serve
+  --gzip-up           send each upload gzip (Content-Encoding: gzip over the gateway), as for
+                      serve
   --die-before-ack N  test fault: after the Nth message applied, die (SIGKILL) before its ack
 )"},
     {"apply", R"(usage: magic-sync-replica --id UUID --db FILE apply FILE|-
@@ -151,13 +158,15 @@ the row object). It is shown on top of what comes down until the server files it
 with the next upload. The key columns are those of the table's rows that came down, or --key
 (remembered for the table), or "id".
 )"},
-    {"upload", R"(usage: magic-sync-replica --id UUID --db FILE upload [--up CONNINFO | --sent ID]
+    {"upload",
+     R"(usage: magic-sync-replica --id UUID --db FILE upload [--up CONNINFO [--gzip-up] | --sent ID]
 
 Without options: prints the next upload (the body for sync.receive) or nothing when there is
 nothing new. Until it is confirmed sent, the same upload (same id, same rows) is printed again.
   --sent ID       confirm that the server took upload ID (your route's sync.receive returned)
   --up CONNINFO   send every upload there is now with SELECT sync.receive($1::uuid, $2::bytea)
                   and print their ids; exit status 1 when the route fails (send again later)
+  --gzip-up       send them gzip
 )"},
     {"holds", R"(usage: magic-sync-replica --id UUID --db FILE holds [--verify]
 
@@ -227,6 +236,21 @@ std::chrono::milliseconds upload_every(const Arguments& arguments) {
     throw UsageError("--upload-every wants a positive number of seconds, got " + text);
 }
 
+// Where uploads go: --up CONNINFO (sync.receive over libpq), or `pull` (pull's --up-via-pull:
+// the gateway's up route); compressed with --gzip-up. Null when uploads go nowhere.
+std::unique_ptr<UpRoute> up_route(const Arguments& arguments,
+                                  std::unique_ptr<UpRoute> pull = nullptr) {
+    std::unique_ptr<UpRoute> route = std::move(pull);
+    if (auto up = arguments.flag("up")) {
+        if (route) throw UsageError("pull takes --up-via-pull or --up, not both");
+        route = std::make_unique<PostgresUpRoute>(*up);
+    }
+    if (!arguments.has("gzip-up")) return route;
+    if (!route)
+        throw UsageError("--gzip-up compresses uploads: it goes with --up or --up-via-pull");
+    return std::make_unique<GzipUpRoute>(std::move(route));
+}
+
 std::string describe(const ApplyResult& result) {
     std::string text = outcome_name(result.outcome);
     if (!result.kind.empty()) {
@@ -242,10 +266,8 @@ int serve(Replica& replica, const Arguments& arguments) {
     arguments.positionals(0);
     auto [host, port] = parse_listen_address(arguments.required("listen"));
     std::unique_ptr<Uploader> uploader;
-    if (auto up = arguments.flag("up")) {
-        uploader = std::make_unique<Uploader>(replica, std::make_unique<PostgresUpRoute>(*up),
-                                              upload_every(arguments));
-    }
+    if (std::unique_ptr<UpRoute> route = up_route(arguments))
+        uploader = std::make_unique<Uploader>(replica, std::move(route), upload_every(arguments));
     HttpServer server(host, port, kMaxMessageBytes, [&](const HttpRequest& request) {
         if (request.method == "GET") {
             return HttpResponse{200, "replica " + replica.id() + " generation " +
@@ -286,10 +308,8 @@ int nats(Replica& replica, const Arguments& arguments) {
     settings.prefix = arguments.flag("prefix").value_or(settings.prefix);
     settings.stream = arguments.flag("stream").value_or("");
     std::unique_ptr<Uploader> uploader;
-    if (auto up = arguments.flag("up")) {
-        uploader = std::make_unique<Uploader>(replica, std::make_unique<PostgresUpRoute>(*up),
-                                              upload_every(arguments));
-    }
+    if (std::unique_ptr<UpRoute> route = up_route(arguments))
+        uploader = std::make_unique<Uploader>(replica, std::move(route), upload_every(arguments));
     consume_nats(replica, settings, stop_requested, [&] {
         if (uploader) uploader->poke();
     });
@@ -311,12 +331,9 @@ int pull(Replica& replica, const Arguments& arguments) {
             throw UsageError("--die-before-ack wants a number, got " + *count);
         }
     }
-    std::unique_ptr<UpRoute> route;
-    if (arguments.has("up-via-pull")) route = std::make_unique<PullUpRoute>(settings);
-    if (auto up = arguments.flag("up")) {
-        if (route) throw UsageError("pull takes --up-via-pull or --up, not both");
-        route = std::make_unique<PostgresUpRoute>(*up);
-    }
+    std::unique_ptr<UpRoute> route =
+        up_route(arguments,
+                 arguments.has("up-via-pull") ? std::make_unique<PullUpRoute>(settings) : nullptr);
     std::unique_ptr<Uploader> uploader;
     if (route)
         uploader = std::make_unique<Uploader>(replica, std::move(route), upload_every(arguments));
@@ -491,10 +508,10 @@ int upload(Replica& replica, const Arguments& arguments) {
         replica.mark_sent(*id);
         return kExitOk;
     }
-    if (auto up = arguments.flag("up")) {
-        PostgresUpRoute route(*up);
+    if (std::unique_ptr<UpRoute> route = up_route(arguments)) {
         try {
-            for (const std::string& id : send_uploads(replica, route)) std::cout << id << std::endl;
+            for (const std::string& id : send_uploads(replica, *route))
+                std::cout << id << std::endl;
         } catch (const UpRouteError& error) {
             std::cerr << "magic-sync-replica: " << error.what()
                       << "\n(the upload is kept and goes again under the same id)" << std::endl;
@@ -579,13 +596,15 @@ int run(int argc, char** argv) {
     static const std::map<std::string,
                           std::pair<std::vector<std::string>, std::vector<std::string>>>
         kOptions = {
-            {"serve", {{"listen", "up", "upload-every"}, {}}},
-            {"nats", {{"url", "prefix", "stream", "up", "upload-every"}, {}}},
-            {"pull", {{"url", "token", "up", "upload-every", "die-before-ack"}, {"up-via-pull"}}},
+            {"serve", {{"listen", "up", "upload-every"}, {"gzip-up"}}},
+            {"nats", {{"url", "prefix", "stream", "up", "upload-every"}, {"gzip-up"}}},
+            {"pull",
+             {{"url", "token", "up", "upload-every", "die-before-ack"},
+              {"up-via-pull", "gzip-up"}}},
             {"apply", {{}, {}}},
             {"show", {{}, {"json"}}},
             {"write", {{"key"}, {}}},
-            {"upload", {{"up", "sent"}, {}}},
+            {"upload", {{"up", "sent"}, {"gzip-up"}}},
             {"holds", {{}, {"verify"}}},
         };
     const auto& [flags, switches] = kOptions.at(command);

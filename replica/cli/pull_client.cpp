@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "cli/log.hpp"
+#include "protocol/gzip.hpp"
 
 namespace magic_sync::replica {
 
@@ -73,6 +74,9 @@ Answer request(const PullSettings& settings, const std::string& path, const std:
     // A gateway run with --gzip then sends heads gzip; Replica::apply inflates them (within the
     // bound on a message), so curl is not asked to.
     if (body == nullptr) curl_slist_append(headers.get(), "Accept-Encoding: gzip");
+    // An upload GzipUpRoute compressed says so (the gateway refuses any other encoding).
+    if (body != nullptr && protocol::is_gzip(*body))
+        curl_slist_append(headers.get(), "Content-Encoding: gzip");
     Answer answer;
     CURL* handle = easy.get();
     curl_easy_setopt(handle, CURLOPT_URL, url.c_str());

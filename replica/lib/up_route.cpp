@@ -5,6 +5,7 @@
 
 #include "lib/replica.hpp"
 #include "libpq/connection.hpp"
+#include "protocol/gzip.hpp"
 
 namespace magic_sync::replica {
 
@@ -42,6 +43,12 @@ std::string PostgresUpRoute::send(const std::string& replica_id, const std::stri
         connection_ = nullptr;
     }
     throw UpRouteError("sync.receive failed: " + error);
+}
+
+GzipUpRoute::GzipUpRoute(std::unique_ptr<UpRoute> route) : route_(std::move(route)) {}
+
+std::string GzipUpRoute::send(const std::string& replica_id, const std::string& body) {
+    return route_->send(replica_id, protocol::gzip(body));
 }
 
 std::vector<std::string> send_uploads(Replica& replica, UpRoute& route) {

@@ -5,6 +5,7 @@
 
 #include <libpq-fe.h>
 
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -44,6 +45,18 @@ class PostgresUpRoute : public UpRoute {
 
     std::string conninfo_;
     PGconn* connection_ = nullptr;
+};
+
+// Another route's uploads sent gzip (docs/PROTOCOL.md §7): JSON text shrinks several times over,
+// which a device on a slow link feels.
+// sync.receive tells them by their first bytes; over http they say Content-Encoding: gzip.
+class GzipUpRoute : public UpRoute {
+  public:
+    explicit GzipUpRoute(std::unique_ptr<UpRoute> route);
+    std::string send(const std::string& replica_id, const std::string& body) override;
+
+  private:
+    std::unique_ptr<UpRoute> route_;
 };
 
 // Sends every upload the replica has to send, marking each sent once sync.receive took it.

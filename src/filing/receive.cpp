@@ -577,11 +577,11 @@ protocol::Limits upload_limits() {
     return limits;
 }
 
-// A message that did not decode because it is over magic_sync.max_upload_bytes may decode once
-// the limit is raised: it is tried again, backed off. Any other message that does not decode
-// waits for a change (a new build).
-bool waits_for_a_change(const std::string& message) {
-    return message.size() <= upload_limits().max_bytes;
+// A message that did not decode because it is over magic_sync.max_upload_bytes (as sent, or once
+// inflated) may decode once the limit is raised: it is tried again, backed off. Any other message
+// that does not decode waits for a change (a new build).
+bool waits_for_a_change(const protocol::DecodeError& error) {
+    return dynamic_cast<const protocol::OverTheLimit*>(&error) == nullptr;
 }
 
 // Between an update of the library (and the server's restart) and ALTER EXTENSION magic_sync
@@ -612,7 +612,7 @@ std::string file_message(Spi& spi, const std::string& replica, const Known& know
                     "Keep the upload and send it again once this server runs a magic_sync that"
                     " speaks that version.");
     } catch (const protocol::DecodeError& e) {
-        return keep_whole(spi, replica, message, e.what(), waits_for_a_change(message));
+        return keep_whole(spi, replica, message, e.what(), waits_for_a_change(e));
     }
     if (holds_nul(upload)) return keep_whole(spi, replica, message, kNulReason);
 
@@ -732,7 +732,7 @@ Refiled refile_message(Spi& spi, const KeptItem& item, const Known& known) {
     try {
         upload = protocol::decode_upload(item.body, upload_limits());
     } catch (const protocol::DecodeError& e) {
-        return kept_again(item.id, e.what(), waits_for_a_change(item.body));
+        return kept_again(item.id, e.what(), waits_for_a_change(e));
     }
     if (holds_nul(upload)) return kept_again(item.id, kNulReason, true);
     try {

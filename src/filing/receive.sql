@@ -11,7 +11,8 @@
 -- whole), 'dropped' (a replica that known() does not know) or 'refused' (nothing of it filed or
 -- kept: it would have kept more than its replica may, see sync_internal.kept_room; send it again
 -- once there is room). An ERROR means nothing was filed:
--- send the same message again later (55000: it speaks a newer protocol than this server).
+-- send the same message again later (55000: it speaks a newer protocol than this server). The
+-- message is an upload's JSON, or that JSON gzip-compressed (told by its first bytes).
 -- Generic plans for the statements it runs (its own and its helpers'): with custom plans, each
 -- call would plan them afresh, which costs more than filing a small upload.
 CREATE FUNCTION sync.receive(replica uuid, message bytea) RETURNS text

@@ -30,6 +30,8 @@ inline const char* reason_phrase(int status) {
             return "Length Required";
         case 413:
             return "Payload Too Large";
+        case 415:
+            return "Unsupported Media Type";
         case 422:
             return "Unprocessable Entity";
         case 431:

@@ -3,6 +3,7 @@
 #include <zlib.h>
 
 #include <stdexcept>
+#include <utility>
 
 #include "protocol/limits.hpp"
 
@@ -89,13 +90,23 @@ bool is_gzip(std::string_view bytes) {
     return bytes.size() >= 2 && bytes[0] == '\x1f' && bytes[1] == '\x8b';
 }
 
-std::string gunzip(std::string_view bytes, size_t max_size) {
-    if (!is_gzip(bytes)) throw DecodeError("gzip: not gzip (it must begin with 0x1f 0x8b)");
-    if (bytes.size() > UINT32_MAX) throw DecodeError("gzip: over 4 GiB");
+namespace {
+
+// What inflating one gzip member from the start of `bytes` came to, stopped once more than
+// `most` bytes would come out.
+struct Inflated {
+    std::string text;
+    bool past_most = false;
+    bool whole = false;        // the member's end reached, its CRC and length checked
+    bool bytes_after = false;  // whole, and followed by more
+    std::string why;           // zlib's word when it stopped on an error
+};
+
+Inflated inflate_member(std::string_view bytes, size_t most) {
+    Inflated result;
     z_stream stream{};
     // 16 + window bits: a gzip header and trailer, checked.
     if (inflateInit2(&stream, 16 + MAX_WBITS) != Z_OK) throw std::runtime_error("inflateInit2");
-    std::string out;
     stream.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes.data()));
     stream.avail_in = static_cast<uInt>(bytes.size());
     int status = Z_OK;
@@ -105,19 +116,38 @@ std::string gunzip(std::string_view bytes, size_t max_size) {
         stream.avail_out = sizeof buffer;
         status = inflate(&stream, Z_NO_FLUSH);
         const size_t made = sizeof buffer - stream.avail_out;
-        if (out.size() + made > max_size) {
-            inflateEnd(&stream);
-            throw DecodeError("gzip: inflates past " + std::to_string(max_size) + " bytes");
+        if (result.text.size() + made > most) {
+            result.text.append(buffer, most - result.text.size());
+            result.past_most = true;
+            break;
         }
-        out.append(buffer, made);
+        result.text.append(buffer, made);
     }
-    const bool whole = status == Z_STREAM_END && stream.avail_in == 0;
-    const std::string why = stream.msg != nullptr ? stream.msg : "";
+    result.whole = !result.past_most && status == Z_STREAM_END && stream.avail_in == 0;
+    result.bytes_after = status == Z_STREAM_END && stream.avail_in != 0;
+    if (stream.msg != nullptr) result.why = stream.msg;
     inflateEnd(&stream);
-    if (status == Z_STREAM_END && !whole)
-        throw DecodeError("gzip: bytes after the end of the member");
-    if (!whole) throw DecodeError("gzip: " + (why.empty() ? std::string("cut short") : why));
-    return out;
+    return result;
+}
+
+}  // namespace
+
+std::string gunzip(std::string_view bytes, size_t max_size) {
+    if (!is_gzip(bytes)) throw DecodeError("gzip: not gzip (it must begin with 0x1f 0x8b)");
+    if (bytes.size() > UINT32_MAX) throw DecodeError("gzip: over 4 GiB");
+    Inflated inflated = inflate_member(bytes, max_size);
+    if (inflated.past_most)
+        throw OverTheLimit("gzip: inflates past " + std::to_string(max_size) + " bytes");
+    if (inflated.bytes_after) throw DecodeError("gzip: bytes after the end of the member");
+    if (!inflated.whole)
+        throw DecodeError("gzip: " +
+                          (inflated.why.empty() ? std::string("cut short") : inflated.why));
+    return std::move(inflated.text);
+}
+
+std::string gunzip_start(std::string_view bytes, size_t size) {
+    if (!is_gzip(bytes) || bytes.size() > UINT32_MAX) return "";
+    return inflate_member(bytes, size).text;
 }
 
 }  // namespace magic_sync::protocol

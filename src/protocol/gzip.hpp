@@ -39,7 +39,13 @@ std::string gzip(std::string_view text);
 bool is_gzip(std::string_view bytes);
 
 // The text of one gzip member that is the whole of `bytes`. Throws DecodeError for bytes that are
-// not that, or whose text would pass `max_size` bytes (it stops inflating there).
+// not that, OverTheLimit for those whose text would pass `max_size` bytes (it stops inflating
+// there).
 std::string gunzip(std::string_view bytes, size_t max_size);
+
+// The first `size` bytes (or fewer) of what `bytes` inflate to, as far as they inflate, unchecked:
+// what a message cut short, too big or broken further on still says at its start. Nothing for
+// bytes that are not gzip.
+std::string gunzip_start(std::string_view bytes, size_t size);
 
 }  // namespace magic_sync::protocol

@@ -24,4 +24,11 @@ class DecodeError : public std::runtime_error {
     explicit DecodeError(const std::string& message) : std::runtime_error(message) {}
 };
 
+// Input that broke only the bound on its size (max_bytes), whole or once inflated: it may decode
+// once the bound is raised.
+class OverTheLimit : public DecodeError {
+  public:
+    explicit OverTheLimit(const std::string& message) : DecodeError(message) {}
+};
+
 }  // namespace magic_sync::protocol

@@ -753,10 +753,20 @@ class RowBudget {
     const std::string& context_;
 };
 
+// A message sent gzip (docs/PROTOCOL.md §10), either way: the JSON it holds, within the same bound
+// on its size; nothing for a message sent as it is. Inflated once: gzip within gzip would nest as
+// deep as its bytes allow.
+std::optional<std::string> inflated(std::string_view text, const Limits& limits) {
+    if (!is_gzip(text)) return std::nullopt;
+    std::string plain = gunzip(text, limits.max_bytes);
+    if (is_gzip(plain)) throw DecodeError("gzip: a message compressed twice");
+    return plain;
+}
+
 JsonNode parse_message(std::string_view text, const Limits& limits, const std::string& context) {
     if (text.size() > limits.max_bytes) {
-        throw DecodeError(context + ": message is " + std::to_string(text.size()) +
-                          " bytes, over the limit of " + std::to_string(limits.max_bytes));
+        throw OverTheLimit(context + ": message is " + std::to_string(text.size()) +
+                           " bytes, over the limit of " + std::to_string(limits.max_bytes));
     }
     JsonNode root;
     try {
@@ -906,13 +916,8 @@ Holding decode_holding(const Field& field) {
 }  // namespace
 
 DownMessage decode_down(std::string_view text, const Limits& limits) {
-    // Sent gzip (docs/PROTOCOL.md §10): the JSON it holds, within the same bound on its size.
-    // Inflated once: gzip within gzip would nest as deep as its bytes allow.
-    if (is_gzip(text)) {
-        const std::string inflated = gunzip(text, limits.max_bytes);
-        if (is_gzip(inflated)) throw DecodeError("gzip: a message compressed twice");
-        return decode_down(inflated, limits);
-    }
+    if (std::optional<std::string> plain = inflated(text, limits))
+        return decode_down(*plain, limits);
     const std::string context = "down message";
     JsonNode root = parse_message(text, limits, context);
     Field envelope(root, "", context);
@@ -986,6 +991,8 @@ std::string with_origin(std::string_view message, const std::string& origin) {
 }
 
 Upload decode_upload(std::string_view text, const Limits& limits) {
+    if (std::optional<std::string> plain = inflated(text, limits))
+        return decode_upload(*plain, limits);
     const std::string context = "upload";
     JsonNode root = parse_message(text, limits, context);
     Field message(root, "", context);

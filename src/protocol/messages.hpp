@@ -269,8 +269,9 @@ FiledMessage decode_filed_payload(const MessageHeader& header, std::string_view 
 // least.
 std::vector<FiledMessage> split_filed(const FiledMessage& answer, size_t max_bytes);
 
-// Throw DecodeError (VersionTooNew when "v" > kVersion) naming what is wrong and where. A message
-// sent gzip (is_gzip) is inflated first, to at most `limits.max_bytes`.
+// Throw DecodeError (VersionTooNew when "v" > kVersion, OverTheLimit when it is only too large)
+// naming what is wrong and where. A message sent gzip (is_gzip) is inflated first, to at most
+// `limits.max_bytes`.
 DownMessage decode_down(std::string_view text, const Limits& limits = Limits{});
 // An encoded down message with another header: the relay encodes a message before it is numbered
 // and stamps it with its gen and seq as it enters the outbox.
@@ -278,6 +279,7 @@ std::string restamp(std::string_view message, const MessageHeader& header);
 // An encoded down message with its header's origin set: the sender says which history a message
 // is sent from as it sends it (the relay plans every message with room for it).
 std::string with_origin(std::string_view message, const std::string& origin);
+// Throws as decode_down does; an upload sent gzip is inflated first, the same way.
 Upload decode_upload(std::string_view text, const Limits& limits = Limits{});
 
 // Byte accounting for the planner. An encoded rows message is exactly

@@ -3,6 +3,7 @@
 #include <regex>
 
 #include "protocol/canonical.hpp"
+#include "protocol/gzip.hpp"
 #include "protocol/hash.hpp"
 #include "protocol/json_tree.hpp"
 
@@ -135,7 +136,8 @@ std::optional<std::string> recover_id(std::string_view message) {
     static const std::regex start(
         R"re(^\s*\{\s*(?:"v"\s*:\s*[0-9]+\s*,\s*)?"id"\s*:\s*")re"
         R"re(([0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})")re");
-    const std::string head(message.substr(0, 256));
+    const std::string head =
+        is_gzip(message) ? gunzip_start(message, 256) : std::string(message.substr(0, 256));
     std::smatch match;
     if (std::regex_search(head, match, start)) return match[1].str();
     return std::nullopt;

@@ -51,7 +51,7 @@ std::string untaken_json(const Upload& upload);
 std::string holds_json(const Upload& upload);
 
 // The id of an upload that could not be decoded, when it can still be read: every encoder writes
-// "v" and then "id" first, so it survives a message cut short, too deep or too big.
+// "v" and then "id" first, so it survives a message cut short, too deep or too big, sent gzip too.
 std::optional<std::string> recover_id(std::string_view message);
 
 }  // namespace magic_sync::protocol

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "lib/replica.hpp"
+#include "protocol/gzip.hpp"
 #include "replica/support.hpp"
 #include "support/cluster.hpp"
 
@@ -16,7 +17,8 @@ namespace {
 
 const char* kStandIn = R"sql(
 CREATE SCHEMA sync;
-CREATE TABLE public.received (replica uuid, body text, at timestamptz DEFAULT clock_timestamp());
+CREATE TABLE public.received (replica uuid, body text, raw bytea,
+                              at timestamptz DEFAULT clock_timestamp());
 CREATE TABLE public.receive_fails (why text);
 CREATE TABLE public.receive_answers (answer text);
 CREATE FUNCTION sync.receive(replica uuid, message bytea) RETURNS text LANGUAGE plpgsql AS $$
@@ -27,10 +29,49 @@ BEGIN
     IF EXISTS (SELECT FROM public.receive_answers) THEN
         RETURN (SELECT answer FROM public.receive_answers);  -- nothing taken: dropped, refused
     END IF;
-    INSERT INTO public.received (replica, body) VALUES (replica, convert_from(message, 'UTF8'));
+    INSERT INTO public.received (replica, body, raw)
+    VALUES (replica, CASE WHEN substr(message, 1, 2) <> '\x1f8b' THEN convert_from(message, 'UTF8') END,
+            message);
     RETURN 'filed';
 END $$;
 )sql";
+
+// --gzip-up sends each upload gzip: the bytes sync.receive is given are one gzip member that
+// inflates to the upload, which the server reads by its first bytes.
+TEST(UpRouteTest, WithGzipUpTheUploadGoesGzip) {
+    magic_sync::test::Cluster cluster;
+    cluster.sql("postgres", "CREATE DATABASE shop");
+    cluster.sql("shop", kStandIn);
+    TempDir dir;
+    const std::vector<std::string> base = {"--id", kReplicaId, "--db", dir.file("replica.db")};
+    auto with = [&](std::vector<std::string> args) {
+        std::vector<std::string> all = base;
+        all.insert(all.end(), args.begin(), args.end());
+        return all;
+    };
+    std::string out;
+    ASSERT_EQ(run_cli(with({"write", "shop.sales",
+                            R"({"id":1,"note":")" + std::string(2000, 'x') + R"("})"})),
+              0);
+    ASSERT_EQ(run_cli(with({"upload"}), &out), 0);
+    const std::string plain = out.substr(0, out.size() - 1);  // its line's end
+    ASSERT_EQ(run_cli(with({"upload", "--up", cluster.conninfo("shop"), "--gzip-up"}), &out), 0)
+        << out;
+    const std::string hex = cluster.sql("shop", "SELECT encode(raw, 'hex') FROM public.received");
+    std::string sent;
+    for (size_t i = 0; i + 1 < hex.size(); i += 2)
+        sent += static_cast<char>(std::stoi(hex.substr(i, 2), nullptr, 16));
+    ASSERT_TRUE(protocol::is_gzip(sent)) << hex.substr(0, 40);
+    EXPECT_EQ(protocol::gunzip(sent, 1 << 20), plain);
+    EXPECT_LT(sent.size(), plain.size() / 10);
+    EXPECT_EQ(out, protocol::decode_upload(sent).id + "\n");
+
+    // It compresses what goes up a route: without one it is a usage error.
+    EXPECT_EQ(run_cli(with({"upload", "--gzip-up"}), &out), 2);
+    EXPECT_NE(out.find("--gzip-up compresses uploads: it goes with --up or --up-via-pull"),
+              std::string::npos)
+        << out;
+}
 
 // libpq quotes an unparsable connection string in its reason, password and all: the route says
 // why it cannot connect without it, and keeps the upload.

@@ -12,6 +12,7 @@
 
 #include <future>
 
+#include "protocol/gzip.hpp"
 #include "pull_server.hpp"
 #include "sender/harness.hpp"
 #include "sender/pull_sender.hpp"
@@ -276,6 +277,19 @@ TEST(PullSender, UploadsGoToSyncReceiveUnderThePathsReplica) {
     EXPECT_EQ(outbox.number("SELECT uploads_refused FROM sync.status WHERE replica = '" +
                             replica_id(1) + "'"),
               1);
+
+    // An upload sent gzip goes to sync.receive as it came, which reads it (a replica's --gzip-up).
+    const std::string upload = R"({"v":1,"id":"10000000-0000-0000-0000-00000000000a","rows":[]})";
+    auto gzipped =
+        sender.client().Post(("/replicas/" + replica_id(1) + "/up").c_str(),
+                             {{"Authorization", "Bearer token-1"}, {"Content-Encoding", "gzip"}},
+                             protocol::gzip(upload), "application/json");
+    ASSERT_TRUE(gzipped);
+    EXPECT_EQ(gzipped->status, 200) << gzipped->body;
+    EXPECT_EQ(gzipped->body, "filed\n");
+    EXPECT_EQ(outbox.number("SELECT count(*) FROM sync.upload WHERE id = "
+                            "'10000000-0000-0000-0000-00000000000a'"),
+              1);
 }
 
 // A body is read only for a device that may send it: a POST is refused on its headers, at once,
@@ -302,6 +316,24 @@ TEST(PullSender, ARequestIsRefusedOnItsHeadersBeforeItsBodyIsRead) {
         head(1, "up", "Content-Length: 70000000\r\nAuthorization: Bearer token-1\r\n"), 3s);
     EXPECT_EQ(status_line(answer), "HTTP/1.1 413 Payload Too Large");
     EXPECT_NE(answer.find("a body may hold 67108864 bytes at most"), std::string::npos) << answer;
+    // An encoding the gateway does not pass on: refused on the head too. Only an upload may come
+    // gzip (sync.receive reads it).
+    const std::string br = sender.answer_to_head(
+        head(1, "up",
+             "Content-Length: 100\r\nContent-Encoding: br\r\nAuthorization: Bearer token-1\r\n"),
+        3s);
+    EXPECT_EQ(status_line(br), "HTTP/1.1 415 Unsupported Media Type");
+    EXPECT_NE(br.find("Content-Encoding br is not taken: send the body as it is, or gzip\n"),
+              std::string::npos)
+        << br;
+    const std::string note = sender.answer_to_head(
+        head(1, "refused/" + message_id(1),
+             "Content-Length: 100\r\nContent-Encoding: gzip\r\nAuthorization: Bearer token-1\r\n"),
+        3s);
+    EXPECT_EQ(status_line(note), "HTTP/1.1 415 Unsupported Media Type");
+    EXPECT_NE(note.find("Content-Encoding gzip is not taken: send the body as it is\n"),
+              std::string::npos)
+        << note;
     // A device that may send its body still does.
     auto filed =
         sender.up(1, R"({"v":1,"id":"10000000-0000-0000-0000-000000000001","rows":[]})", 1);
@@ -406,7 +438,7 @@ TEST(PullSender, CorsOriginAnswersABrowsersPreflightAndEveryRequest) {
     EXPECT_EQ(preflight->get_header_value("Access-Control-Allow-Origin"), origin);
     EXPECT_EQ(preflight->get_header_value("Access-Control-Allow-Methods"), "GET, POST, OPTIONS");
     EXPECT_EQ(preflight->get_header_value("Access-Control-Allow-Headers"),
-              "Authorization, Content-Type");
+              "Authorization, Content-Type, Content-Encoding");
     EXPECT_EQ(preflight->get_header_value("Access-Control-Max-Age"), "600");
     EXPECT_EQ(preflight->body, "");
     auto up_preflight = sender.client().Options(("/replicas/" + replica_id(1) + "/up").c_str());

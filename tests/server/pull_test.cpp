@@ -192,13 +192,13 @@ TEST_F(Pull, AReplicaKilledAfterApplyingBeforeItsAckGetsTheSameHeadAgain) {
 
     // Restarted (without the fault): the same head again, recognised as applied, acknowledged.
     replicas_[1].process.reset();
-    start_replica(1, {"--up-via-pull", "--upload-every", "0.2"});
+    start_replica(1, {"--up-via-pull", "--gzip-up", "--upload-every", "0.2"});
     converge("the killed replica restarted", 60s);
     EXPECT_NE(replicas_[1].process->log().find("message " + unacked + ": already applied"),
               std::string::npos)
         << replicas_[1].process->log();
 
-    // Its uploads go through the sender too, filed under the replica the path names.
+    // Its uploads go through the sender too, gzip, filed under the replica the path names.
     const std::string sale = "10000000-0000-0000-0000-000000000001";
     std::string output;
     ASSERT_EQ(run(deployment_->replica_cli(replicas_[1]) + " write shop.sales '{\"id\":\"" + sale +

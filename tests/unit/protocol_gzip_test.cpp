@@ -12,6 +12,7 @@
 #include "protocol/gzip.hpp"
 #include "protocol/hash.hpp"
 #include "protocol/messages.hpp"
+#include "protocol/upload_fields.hpp"
 
 namespace magic_sync::protocol {
 namespace {
@@ -143,6 +144,58 @@ TEST(Gzip, DecodeDownBoundsWhatAMessageInflatesTo) {
     } catch (const DecodeError& error) {
         EXPECT_STREQ(error.what(), "gzip: inflates past 20 bytes");
     }
+}
+
+// An upload may come gzip too (docs/PROTOCOL.md §10): read as its JSON is, inflated once, within
+// the bound on an upload; only an upload too big, as sent or once inflated, is OverTheLimit (it
+// may file once the bound is raised).
+TEST(Gzip, DecodeUploadReadsAnUploadSentGzipAsItReadsItsJson) {
+    const std::string id = "0b6e8d2c-3f4a-4b5c-9d6e-7f8091a2b3c4";
+    const std::string upload =
+        R"({"v":1,"id":")" + id + R"(","rows":[{"t":"shop.sales","r":{"id":7,"note":"tea"}}]})";
+    const Upload plain = decode_upload(upload);
+    const Upload inflated = decode_upload(gzip(upload));
+    EXPECT_EQ(encode(inflated), encode(plain));
+    EXPECT_EQ(inflated.id, id);
+    ASSERT_EQ(inflated.rows.size(), 1u);
+    EXPECT_EQ(inflated.rows[0].table, "shop.sales");
+
+    const auto refusal = [](const std::string& bytes, const Limits& limits) {
+        try {
+            decode_upload(bytes, limits);
+        } catch (const OverTheLimit& error) {
+            return "over the limit: " + std::string(error.what());
+        } catch (const DecodeError& error) {
+            return std::string(error.what());
+        }
+        return std::string("taken");
+    };
+    Limits small;
+    small.max_bytes = 40;
+    EXPECT_EQ(refusal(gzip(upload), small), "over the limit: gzip: inflates past 40 bytes");
+    EXPECT_EQ(refusal(upload, small), "over the limit: upload: message is " +
+                                          std::to_string(upload.size()) +
+                                          " bytes, over the limit of 40");
+    EXPECT_EQ(refusal(gzip(gzip(upload)), Limits{}), "gzip: a message compressed twice");
+    const std::string sent = gzip(upload);
+    EXPECT_EQ(refusal(sent.substr(0, sent.size() - 4), Limits{}), "gzip: cut short");
+    EXPECT_EQ(refusal(gzip(R"({"v":1,"id":")" + id + R"(","rows":[)"), Limits{}),
+              "upload: invalid JSON: parse error at line 1, column 60: syntax error while parsing "
+              "value - unexpected end of input; expected '[', '{', or a literal");
+}
+
+// The id of an upload sent gzip that cannot be decoded is read from its start, inflated: the
+// server answers it (kept) as it answers one sent as it is.
+TEST(Gzip, AnUploadsIdIsRecoveredFromItsStartInflated) {
+    const std::string id = "0b6e8d2c-3f4a-4b5c-9d6e-7f8091a2b3c4";
+    const std::string cut = R"({"v":1,"id":")" + id + R"(","rows":[{"t":"shop.sales","r":{"id":)";
+    EXPECT_EQ(recover_id(gzip(cut)), id);
+    const std::string big = gzip(cut + std::string(100000, '7') + "}}]}");
+    EXPECT_EQ(recover_id(big), id);
+    EXPECT_EQ(recover_id(big.substr(0, big.size() / 2)), id) << big.size();  // cut short
+    EXPECT_EQ(recover_id(gzip("[1,2]")), std::nullopt);
+    EXPECT_EQ(gunzip_start(gzip("tea for two"), 3), "tea");
+    EXPECT_EQ(gunzip_start("{\"v\":1}", 3), "");
 }
 
 }  // namespace
