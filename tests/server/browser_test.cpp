@@ -4,8 +4,9 @@
 // replica's page in Debian's chromium, driven by clients/js/test/browser.js (puppeteer-core),
 // which serves the page from another origin than the gateway's. The page must hold what the
 // oracle (sync.expected: the tables and the declarations) says, take a local write and upload it
-// (filed in the server's table), and survive a reload: the same rows and position from IndexedDB,
-// and converging on the next change. Its screenshots are kept in build/artifacts/browser/.
+// gzip (filed in the server's table: the preflight allows Content-Encoding), and survive a
+// reload: the same rows and position from IndexedDB, and converging on the next change. Its
+// screenshots are kept in build/artifacts/browser/.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
@@ -237,7 +238,8 @@ TEST_F(Browser, ThePageConvergesUploadsAWriteAndSurvivesAReload) {
     driver_->ask({{"do", "open"},
                   {"gateway", "http://127.0.0.1:" + std::to_string(port_)},
                   {"token", "device-1"},
-                  {"replica", kReplica}});
+                  {"replica", kReplica},
+                  {"gzipUp", true}});
     converge("provisioned");
     ASSERT_EQ(split(expected()).size(), 60u);
 
@@ -264,6 +266,7 @@ TEST_F(Browser, ThePageConvergesUploadsAWriteAndSurvivesAReload) {
         << driver_->log();
     EXPECT_EQ(db().value("SELECT register_id || ' ' || product_id || ' ' || qty FROM shop.sales"),
               kReplica + " 3 2");
+    EXPECT_NE(driver_->log().find(" (gzip): filed"), std::string::npos) << driver_->log();
     // Its answer came down: no local write left, nothing kept.
     ASSERT_TRUE(eventually([&] { return shown()["local_writes"].empty(); }, 60s)) << shown().dump();
     EXPECT_TRUE(shown()["kept"].empty()) << shown().dump();

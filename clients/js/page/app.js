@@ -35,10 +35,16 @@ async function main() {
     id: query.get("replica"),
     sqlJsDirectory: new URL("../node_modules/sql.js/dist/", location.href).href,
   });
-  replica.start(query.get("gateway"), query.get("token"), (line) => {
-    log(line);
-    render(replica);
-  });
+  replica.start(
+    query.get("gateway"),
+    query.get("token"),
+    (line) => {
+      log(line);
+      render(replica);
+    },
+    1000,
+    query.get("gzip-up") === "1",
+  );
   render(replica);
   document.getElementById("status").textContent = "pulling from " + query.get("gateway");
   return {

@@ -76,10 +76,13 @@ export class BrowserReplica {
     return this.saving;
   }
 
-  /** Starts pulling from the gateway at `url` with `token`, uploading through its up route. */
-  start(url: string, token: string, log?: (line: string) => void, uploadEvery = 1000): void {
+  /**
+   * Starts pulling from the gateway at `url` with `token`, uploading through its up route (gzip
+   * with `gzipUploads`).
+   */
+  start(url: string, token: string, log?: (line: string) => void, uploadEvery = 1000, gzipUploads = false): void {
     if (this.running) return;
-    this.client = new PullClient(this.replica, { url, token, save: () => this.save(), log });
+    this.client = new PullClient(this.replica, { url, token, save: () => this.save(), log, gzipUploads });
     this.stopping = new AbortController();
     this.running = this.client.run(this.stopping.signal, uploadEvery);
   }

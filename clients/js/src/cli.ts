@@ -21,9 +21,10 @@ Operations (the conformance interface, docs/PROTOCOL.md §14):
   write TABLE JSON [--key COL,...] queue a local row of a record or both table
   upload                           print the next upload, or nothing when there is none
   upload --sent ID                 the up route took upload ID
-  pull --url BASE --token TOKEN [--up-via-pull] [--upload-every SECONDS]
+  pull --url BASE --token TOKEN [--up-via-pull [--gzip-up]] [--upload-every SECONDS]
                                    ask a pull gateway for messages until stopped (SIGINT,
                                    SIGTERM), uploading through its up route with --up-via-pull
+                                   (gzip-compressed with --gzip-up)
 Run it as node --liftoff-only dist/cli.js: sql.js's WebAssembly is then compiled once, quickly
 (a process per operation spends most of its time there otherwise).
 `;
@@ -62,7 +63,7 @@ function parse(argv: string[]): Arguments {
       if (kValueFlags.has(name)) {
         if (i + 1 >= argv.length) throw new UsageError(`${argument} needs a value`);
         parsed.flags.set(name, argv[++i]);
-      } else if (name === "json" || name === "up-via-pull" || name === "help") {
+      } else if (name === "json" || name === "up-via-pull" || name === "gzip-up" || name === "help") {
         parsed.flags.set(name, true);
       } else {
         throw new UsageError(`unknown option ${argument}`);
@@ -179,6 +180,7 @@ async function main(argv: string[], io: Io): Promise<number> {
           token,
           save: () => file.save(),
           log: (line) => io.err(line + "\n"),
+          gzipUploads: args.flags.get("gzip-up") === true,
         });
         const stop = new AbortController();
         process.on("SIGINT", () => stop.abort());

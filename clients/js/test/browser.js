@@ -8,7 +8,8 @@
 //   node test/browser.js [--chromium PATH]
 //
 // First line out: {"origin": "http://127.0.0.1:PORT"}. Then, per command:
-//   {"do": "open", "gateway": URL, "token": T, "replica": UUID}  opens the page, waits for it
+//   {"do": "open", "gateway": URL, "token": T, "replica": UUID, "gzipUp": true?}  opens the page
+//                         (its uploads gzip with gzipUp), waits for it
 //   {"do": "held"}        the page's held rows, "table key h" lines
 //   {"do": "show"}        what the replica shows (held, local_writes, kept, holds, position)
 //   {"do": "write", "table": T, "row": JSON, "key": [COLUMNS]}   a local write
@@ -80,6 +81,7 @@ const commands = {
     url.searchParams.set("gateway", command.gateway);
     url.searchParams.set("token", command.token);
     url.searchParams.set("replica", command.replica);
+    if (command.gzipUp) url.searchParams.set("gzip-up", "1");
     await page.goto(url.href, { waitUntil: "load" });
     await ready();
     return {};

@@ -4,10 +4,11 @@
 // recomputed from the rows held.
 import assert from "node:assert/strict";
 import { test } from "node:test";
+import { gunzipSync } from "node:zlib";
 
 import initSqlJs from "sql.js";
 
-import { Fingerprint, Replica, element, keyHash, rowVersion } from "../dist/index.js";
+import { Fingerprint, PullClient, Replica, element, keyHash, rowVersion } from "../dist/index.js";
 
 const SQL = await initSqlJs();
 const ID = "6f1c2a9e-1b2c-4d3e-8f40-5a6b7c8d9e0f";
@@ -162,4 +163,33 @@ test("uploads: the same id until taken; answers in parts, kept by key hash, file
   replica.apply(filed(4, [{ t: "a.s", k: { id: 3 }, why: "fk still" }], false));
   replica.apply(filed(5, [{ t: "a.s", k: { id: 3 }, why: "fk still" }], false));
   assert.deepEqual(JSON.parse(replica.showJson()).kept.map((k) => [k.k.id, k.why]), [[3, "fk still"]]);
+});
+
+// With gzipUploads, PullClient posts each upload as one gzip member that inflates to the upload's
+// JSON and says Content-Encoding: gzip (§7); without it, the JSON as it is.
+test("uploads through the up route: gzip with gzipUploads", async () => {
+  for (const gzipUploads of [true, false]) {
+    const replica = fresh();
+    replica.write("a.s", '{"id":1,"q":"' + "tea ".repeat(500) + '"}', ["id"]);
+    const expected = replica.prepareUpload().body;
+    const posted = [];
+    const fetch = async (url, init) => {
+      posted.push({ url, headers: init.headers, body: Buffer.from(await new Response(init.body).arrayBuffer()) });
+      return new Response("filed\n", { status: 200 });
+    };
+    const client = new PullClient(replica, { url: "http://gateway/", token: "T", save: () => {}, fetch, gzipUploads });
+    assert.equal(await client.upload(), true);
+    assert.equal(posted.length, 1);
+    assert.equal(posted[0].url, `http://gateway/replicas/${ID}/up`);
+    assert.equal(posted[0].headers.Authorization, "Bearer T");
+    if (gzipUploads) {
+      assert.equal(posted[0].headers["Content-Encoding"], "gzip");
+      assert.equal(gunzipSync(posted[0].body).toString(), expected);
+      assert.ok(posted[0].body.length < expected.length / 10, `${posted[0].body.length} bytes`);
+    } else {
+      assert.equal(posted[0].headers["Content-Encoding"], undefined);
+      assert.equal(posted[0].body.toString(), expected);
+    }
+    assert.equal(replica.prepareUpload(), null); // taken: marked sent
+  }
 });
