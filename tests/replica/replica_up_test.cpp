@@ -36,6 +36,13 @@ BEGIN
 END $$;
 )sql";
 
+// The command line of the replica whose file is `db`: its id and file, then `args`.
+std::vector<std::string> replica_args(const std::string& db, const std::vector<std::string>& args) {
+    std::vector<std::string> all = {"--id", kReplicaId, "--db", db};
+    all.insert(all.end(), args.begin(), args.end());
+    return all;
+}
+
 // --gzip-up sends each upload gzip: the bytes sync.receive is given are one gzip member that
 // inflates to the upload, which the server reads by its first bytes.
 TEST(UpRouteTest, WithGzipUpTheUploadGoesGzip) {
@@ -43,12 +50,8 @@ TEST(UpRouteTest, WithGzipUpTheUploadGoesGzip) {
     cluster.sql("postgres", "CREATE DATABASE shop");
     cluster.sql("shop", kStandIn);
     TempDir dir;
-    const std::vector<std::string> base = {"--id", kReplicaId, "--db", dir.file("replica.db")};
-    auto with = [&](std::vector<std::string> args) {
-        std::vector<std::string> all = base;
-        all.insert(all.end(), args.begin(), args.end());
-        return all;
-    };
+    const std::string db = dir.file("replica.db");
+    auto with = [&](const std::vector<std::string>& args) { return replica_args(db, args); };
     std::string out;
     ASSERT_EQ(run_cli(with({"write", "shop.sales",
                             R"({"id":1,"note":")" + std::string(2000, 'x') + R"("})"})),
@@ -77,12 +80,8 @@ TEST(UpRouteTest, WithGzipUpTheUploadGoesGzip) {
 // why it cannot connect without it, and keeps the upload.
 TEST(UpRouteTest, AConnectionStringThatDoesNotParseIsNotPrinted) {
     TempDir dir;
-    const std::vector<std::string> base = {"--id", kReplicaId, "--db", dir.file("replica.db")};
-    auto with = [&](std::vector<std::string> args) {
-        std::vector<std::string> all = base;
-        all.insert(all.end(), args.begin(), args.end());
-        return all;
-    };
+    const std::string db = dir.file("replica.db");
+    auto with = [&](const std::vector<std::string>& args) { return replica_args(db, args); };
     ASSERT_EQ(run_cli(with({"write", "shop.sales", R"({"id":1,"total":5})"})), 0);
     std::string out;
     EXPECT_EQ(
@@ -103,12 +102,7 @@ TEST(UpRouteTest, UploadsReachSyncReceiveAndFailuresAreRetriedUnderTheSameId) {
     cluster.sql("shop", kStandIn);
     TempDir dir;
     std::string db = dir.file("replica.db");
-    std::vector<std::string> base = {"--id", kReplicaId, "--db", db};
-    auto with = [&](std::vector<std::string> args) {
-        std::vector<std::string> all = base;
-        all.insert(all.end(), args.begin(), args.end());
-        return all;
-    };
+    auto with = [&](const std::vector<std::string>& args) { return replica_args(db, args); };
     std::string conninfo = cluster.conninfo("shop");
     std::string out;
     auto received_count = [&] {
