@@ -93,11 +93,13 @@ pull (devices behind NAT ask this sender over HTTP; put TLS in front with a reve
   POST /replicas/{id}/refused/{message-id}
                                          the device cannot take it (body: why): recorded as
                                          a refusal, it stays the head; 409 not the head
-  POST /replicas/{id}/up                 the body to sync.receive; 200 with its answer, 507
+  POST /replicas/{id}/up                 the body to sync.receive, as it is or gzip
+                                         (Content-Encoding: gzip); 200 with its answer, 507
                                          when it is refused (send it again later)
   A request is refused on its head, before its body is read: 401 without a bearer token,
   403 for a replica the token may not act for, 404 for no such path or replica, 413 for a
-  body over 64 MiB (up) or 64 KiB (ack, refused), 411 for a chunked one; 409 for a replica
+  body over 64 MiB (up) or 64 KiB (ack, refused), 411 for a chunked one, 415 for another
+  Content-Encoding (or any but an upload's gzip); 409 for a replica
   another transport delivers; 503 when asking again may help, 500 when it would fail the
   same way. The --db role needs sync_sender,
   sync_receiver (for up) and what the token query reads. --concurrency, --run, --once,
