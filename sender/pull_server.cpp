@@ -934,7 +934,7 @@ struct PullServer::Serving {
         if (head.header("transfer-encoding"))
             throw Refusal{411, "send the body with a Content-Length, not chunked"};
         // An upload may come gzip: sync.receive tells it by its first bytes (docs/PROTOCOL.md
-        // §10). Nothing else is inflated here.
+        // §7). Nothing else is taken compressed.
         const std::string encoding = head.header("content-encoding").value_or("identity");
         if (lowercase(encoding) != "identity" && !(what == "up" && lowercase(encoding) == "gzip"))
             throw Refusal{415, "Content-Encoding " + printable(encoding, "") +

@@ -47,9 +47,9 @@ class PostgresUpRoute : public UpRoute {
     PGconn* connection_ = nullptr;
 };
 
-// Another route's uploads sent gzip (docs/PROTOCOL.md §7): JSON text shrinks several times over,
-// which a device on a slow link feels.
-// sync.receive tells them by their first bytes; over http they say Content-Encoding: gzip.
+// Another route's uploads sent gzip (docs/PROTOCOL.md §7): JSON text shrinks about fivefold, which
+// a device on a slow link feels. sync.receive tells them by their first bytes; through the pull
+// gateway they say Content-Encoding: gzip.
 class GzipUpRoute : public UpRoute {
   public:
     explicit GzipUpRoute(std::unique_ptr<UpRoute> route);

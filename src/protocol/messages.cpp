@@ -753,9 +753,9 @@ class RowBudget {
     const std::string& context_;
 };
 
-// A message sent gzip (docs/PROTOCOL.md §10), either way: the JSON it holds, within the same bound
-// on its size; nothing for a message sent as it is. Inflated once: gzip within gzip would nest as
-// deep as its bytes allow.
+// A message sent gzip (docs/PROTOCOL.md §7, §10), either way: the JSON it holds, within the same
+// bound on its size; nothing for a message sent as it is. Inflated once: gzip within gzip would
+// nest as deep as its bytes allow.
 std::optional<std::string> inflated(std::string_view text, const Limits& limits) {
     if (!is_gzip(text)) return std::nullopt;
     std::string plain = gunzip(text, limits.max_bytes);
