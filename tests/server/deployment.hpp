@@ -163,10 +163,10 @@ class Deployment {
     }
 
     // Starts the replica's process serving http behind the router on a free port, uploading to
-    // the database every `upload_every` seconds (empty: it does not upload); `options` go before
-    // `serve`. Returns its port.
+    // the database every `upload_every` seconds (empty: it does not upload), gzip with `gzip_up`;
+    // `options` go before `serve`. Returns its port.
     int start_http_replica(ReplicaProcess& replica, const std::vector<std::string>& options = {},
-                           const std::string& upload_every = "0.2") {
+                           const std::string& upload_every = "0.2", bool gzip_up = false) {
         const int port = free_port();
         router().route(replica.id, port);
         std::vector<std::string> arguments{bin_ + "/magic-sync-replica", "--id", replica.id, "--db",
@@ -179,6 +179,7 @@ class Deployment {
             for (const std::string& argument : {std::string("--up"), upload_conninfo(),
                                                 std::string("--upload-every"), upload_every})
                 arguments.push_back(argument);
+            if (gzip_up) arguments.push_back("--gzip-up");
         }
         replica.process =
             std::make_unique<Process>(arguments, directory_ + "/" + replica.id + ".log");

@@ -111,9 +111,10 @@ std::vector<std::string> World::replica_command(int n) const {
     return deployment_.replica_program(replicas_.at(n));
 }
 
+// Every other replica sends its uploads gzip (--gzip-up): filed the same as the others'.
 void World::start_replica(int n) {
     test::ReplicaProcess& replica = replicas_[n] = deployment_.replica(replica_id(n));
-    deployment_.start_http_replica(replica);
+    deployment_.start_http_replica(replica, {}, "0.2", n % 2 == 1);
 }
 
 void World::start_sender() { deployment_.start_http_sender({"--send-timeout", "5"}); }
