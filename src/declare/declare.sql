@@ -142,13 +142,15 @@ $$;
 -- The columns a row of `relation` cannot be without: NOT NULL, and nothing fills them in (no
 -- default, no identity; a generated column has a default).
 CREATE FUNCTION sync_internal.required_columns(relation regclass) RETURNS name[]
-LANGUAGE sql STABLE STRICT
+LANGUAGE plpgsql STABLE STRICT
 SET search_path = pg_catalog, pg_temp
 AS $$
-    SELECT coalesce(array_agg(a.attname ORDER BY a.attnum), '{}')
-    FROM pg_attribute a
-    WHERE a.attrelid = relation AND a.attnum > 0 AND NOT a.attisdropped
-      AND a.attnotnull AND NOT a.atthasdef AND a.attidentity = ''
+BEGIN
+    RETURN (SELECT coalesce(array_agg(a.attname ORDER BY a.attnum), '{}')
+            FROM pg_attribute a
+            WHERE a.attrelid = relation AND a.attnum > 0 AND NOT a.attisdropped
+              AND a.attnotnull AND NOT a.atthasdef AND a.attidentity = '');
+END
 $$;
 
 -- Refuses unless every column in `columns` exists in `relation`; `what` names the argument.

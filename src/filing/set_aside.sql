@@ -41,9 +41,9 @@ $$;
 
 -- The last change committed.
 CREATE FUNCTION sync_internal.filing_change_committed() RETURNS bigint
-LANGUAGE sql STABLE
+LANGUAGE plpgsql STABLE
 SET search_path = pg_catalog, pg_temp
-AS $$ SELECT coalesce(max(n), 0) FROM sync.filing_change_log $$;
+AS $$ BEGIN RETURN (SELECT coalesce(max(n), 0) FROM sync.filing_change_log); END $$;
 
 -- Temporary tables (the relay plans in some) change nothing filing depends on.
 CREATE FUNCTION sync_internal.note_ddl() RETURNS event_trigger

@@ -497,13 +497,15 @@ $$;
 -- every second at least). The figures of the failure (backoff, refusals, last error) stay until a
 -- delivery is taken (sync.sent). Called in the transaction that heard it.
 CREATE FUNCTION sync_internal.device_heard(replica uuid) RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
 SET search_path = pg_catalog, pg_temp
 AS $$
+BEGIN
     UPDATE sync.delivery d SET backoff_until = now(), probe_at = NULL
     FROM sync.replica r
     WHERE d.replica = device_heard.replica AND r.id = d.replica AND r.gen = d.gen
-      AND d.backoff_until > now()
+      AND d.backoff_until > now();
+END
 $$;
 
 -- The pull transport (magic-sync-sender --transport pull): a device behind NAT asks for its
