@@ -62,12 +62,16 @@ SELECT sync_internal.session_lives(pg_backend_pid(), (SELECT backend_start FROM 
        sync_internal.session_lives(NULL, NULL) AS none_named;
 
 -- Failed, transient: the lease ends, the replica backs off for magic_sync.backoff and the error is
--- kept; the first failure starts the backoff (true), the next ones do not.
+-- kept; the first failure starts the backoff (true), the next ones do not. (In one transaction,
+-- whose now() the backoff is measured against: 100 ms of a loaded machine's time may pass between
+-- two statements.)
+BEGIN;
 SELECT sync.failed('00000000-0000-0000-0000-00000000000b', 1, true, 'HTTP 503') AS started;
 SELECT backoff, backoff_until > now() AS waiting, last_error, refusals FROM sync.delivery
 WHERE replica = '00000000-0000-0000-0000-00000000000b';
 SELECT count(*) AS during_backoff FROM sync.next(10, '1 minute')
 WHERE replica = '00000000-0000-0000-0000-00000000000b';
+COMMIT;
 
 -- Refused: the same backoff, doubled, and counted; it never exceeds magic_sync.backoff_max.
 SELECT sync.failed('00000000-0000-0000-0000-00000000000b', 1, false, 'HTTP 400: bad message') AS started;
@@ -161,8 +165,10 @@ SELECT replica, seq, message_id FROM sync.next(10, '1 minute', ARRAY['00000000-0
 -- One failed in the middle of a run: what was taken before it is recorded sent, the replica backs
 -- off, and after the backoff its next run starts with the message that failed.
 SELECT * FROM sync.sent(ARRAY['00000000-0000-0000-0000-00000000000d']::uuid[], ARRAY[4]);
+BEGIN;
 SELECT sync.failed('00000000-0000-0000-0000-00000000000d', 5, true, 'HTTP 503') AS started;
 SELECT count(*) AS during_backoff FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000d']::uuid[], 3);
+COMMIT;
 UPDATE sync.delivery SET backoff_until = now() - interval '1 second'
 WHERE replica = '00000000-0000-0000-0000-00000000000d';
 SELECT replica, seq, message_id FROM sync.next(10, '1 minute', ARRAY['00000000-0000-0000-0000-00000000000d']::uuid[], 3);
