@@ -10,7 +10,9 @@ as_pg() {
 # free_port VAR: sets VAR to a port nothing listens on, below Linux's ephemeral range (32768 and
 # up), where the local ends of the tests' own connections would take it. The port stays reserved
 # for this shell and its children: a lock on /tmp/magic_sync-ports/PORT, which the C++ tests'
-# free_port takes too, so two tests running side by side never pick the same port.
+# free_port takes too, so two tests running side by side never pick the same port. cluster_stop
+# removes the lock files this shell made.
+FREE_PORT_LOCKS=()
 free_port() {
     local -n free_port_out=$1
     local free_port_candidate free_port_fd
@@ -23,6 +25,7 @@ free_port() {
         exec {free_port_fd}<"/tmp/magic_sync-ports/$free_port_candidate" || continue
         if flock -n "$free_port_fd"; then
             free_port_out=$free_port_candidate
+            FREE_PORT_LOCKS+=("/tmp/magic_sync-ports/$free_port_candidate")
             return 0
         fi
         exec {free_port_fd}>&-
@@ -72,6 +75,8 @@ cluster_start() {
 }
 
 cluster_stop() {
+    [ ${#FREE_PORT_LOCKS[@]} -eq 0 ] || rm -f "${FREE_PORT_LOCKS[@]}"
+    FREE_PORT_LOCKS=()
     [ -n "${CLUSTER_DIR:-}" ] || return 0
     as_pg "$(pg_config --bindir)/pg_ctl" -D "$CLUSTER_DIR/data" -m immediate stop >/dev/null 2>&1
     rm -rf "$CLUSTER_DIR"

@@ -321,6 +321,16 @@ void Database::assemble(Pending& pending) {
             // Its run from here on is left out: never a message after one that was not sent.
             for (size_t i = at; i < leased.size() && leased[i].replica == leased[at].replica; ++i)
                 gone[i] = true;
+            std::string missing;
+            for (int64_t id : reference.chunks) {
+                const auto chunk = pending.chunks.find(id);
+                if (chunk == pending.chunks.end() || chunk->second == nullptr)
+                    missing += (missing.empty() ? "" : ", ") + std::to_string(id);
+            }
+            pending.exchange.left_out.push_back(
+                "replica " + leased[at].replica + ": message " + leased[at].message_id +
+                " and the rest of its run left out: chunk " + missing + " not found in history " +
+                leased[at].origin + "; leased, they go again when the lease ends");
             continue;
         }
         leased[at].bytes = std::move(*bytes);

@@ -55,6 +55,9 @@ struct Exchange {
     std::vector<Delivery> leased;        // each replica's run in seq order; timeouts not set
     size_t replicas_among_taken = 0;     // how many replicas each lease found a run for
     size_t replicas_any = 0;
+    // Leased rows messages left out, with their runs, because a chunk they name was not found:
+    // what the log says of each.
+    std::vector<std::string> left_out;
 };
 
 struct Arrived {

@@ -21,6 +21,11 @@ namespace {
 constexpr std::chrono::milliseconds kLongestReconnectWait{30000};
 // Also without a NOTIFY, look for messages whose replica's backoff or lease ran out this often.
 constexpr std::chrono::milliseconds kLongestRecheck{1000};
+// While an exchange with the database is out, the sender reads what has come this often too, not
+// only when the socket says so, and says once when one has waited past the send timeout: a
+// sender once sat silent for 30 s with its messages leased and unsent (a test's CI run, cause
+// not found), and neither its log nor a missed wakeup may hide that again.
+constexpr std::chrono::milliseconds kPendingLook{1000};
 // A run's next message is sent only while its lease has this much left after the send timeout:
 // the database's clock and this one may differ a little.
 constexpr std::chrono::milliseconds kLeaseMargin{1000};
@@ -232,10 +237,12 @@ void Sender::start_exchange(Clock::time_point now) {
                       std::make_move_iterator(unrecorded_.begin() + recorded));
     unrecorded_.erase(unrecorded_.begin(), unrecorded_.begin() + recorded);
     exchange_started_ = now;
+    slow_exchange_logged_ = false;
     database_.start_exchange(recording_, asked_, lease_seconds_);
 }
 
 void Sender::finish_exchange(Exchange result) {
+    for (const std::string& line : result.left_out) log_line(line);
     std::set<std::string> logged;
     for (size_t i = 0; i < recording_.size() && i < result.changes.size(); ++i) {
         const Settlement& settlement = recording_[i];
@@ -378,6 +385,7 @@ int Sender::run(int signal_fd) {
         if (options_.report_seconds > 0 && !database_.exchange_pending())
             wake_at.push_back(last_report_ + report_every);
         if (stopping_) wake_at.push_back(stop_deadline);
+        if (database_.exchange_pending()) wake_at.push_back(now + kPendingLook);
         const int timeout =
             wake_at.empty()
                 ? -1
@@ -405,12 +413,21 @@ int Sender::run(int signal_fd) {
             log_line("stopping: taking no more messages, finishing " +
                      std::to_string(runs_.size()) + " in flight");
         }
-        if (count == 3 && (fds[2].revents & (POLLIN | POLLERR | POLLHUP))) {
+        const bool readable = count == 3 && (fds[2].revents & (POLLIN | POLLERR | POLLHUP));
+        if (readable || (database_.connected() && database_.exchange_pending() &&
+                         now >= exchange_started_ + kPendingLook)) {
             try {
                 arrived(database_.read());
             } catch (const DatabaseError& error) {
                 if (!database_error(error, now)) return 1;
             }
+        }
+        if (database_.connected() && database_.exchange_pending() && !slow_exchange_logged_ &&
+            now >= exchange_started_ + send_timeout_) {
+            slow_exchange_logged_ = true;
+            log_line("the database has not answered an exchange sent " +
+                     per_second(std::chrono::duration<double>(now - exchange_started_).count(), 1) +
+                     " s ago (its statements may wait on a lock: see pg_stat_activity)");
         }
         if (now >= next_recheck_) fetch_due_ = true;
         if (options_.report_seconds > 0 && now >= last_report_ + report_every &&

@@ -84,6 +84,7 @@ class Sender {
     std::vector<Settlement> unrecorded_;
     std::vector<Settlement> recording_;  // sent in the pending exchange
     Clock::time_point exchange_started_;
+    bool slow_exchange_logged_ = false;  // the pending exchange's wait was said
     Wants asked_;
 
     std::chrono::milliseconds send_timeout_{30000};

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <thread>
 
 #include "fleet.hpp"
 #include "sender/harness.hpp"
@@ -58,6 +59,39 @@ TEST(HttpSender, DeliversEveryReplicaInOrderConcurrently) {
     EXPECT_EQ(outbox.number("SELECT count(*) FROM sync.outbox WHERE lease_until IS NOT NULL"), 0);
     EXPECT_EQ(sent_count(sender.log()), kReplicas * kMessages) << sender.log();
     EXPECT_EQ(sender.log().find(kPassword), std::string::npos) << sender.log();
+}
+
+// An exchange the database does not answer (here it waits on the lock DROP EXTENSION takes
+// first) is said in the log once, when it has waited past the send timeout; answered, the sender
+// goes on. (A sender once sat 30 s with its messages leased and nothing in its log.)
+TEST(HttpSender, AnExchangeTheDatabaseHoldsIsSaidOnceItWaitsPastTheSendTimeout) {
+    Outbox outbox("http_slow_exchange", 1, 1);
+    HttpSink sink;
+    TempDir dir;
+    std::unique_ptr<PGconn, decltype(&PQfinish)> holder(
+        PQconnectdb(cluster().conninfo(outbox.name()).c_str()), &PQfinish);
+    ASSERT_EQ(PQstatus(holder.get()), CONNECTION_OK);
+    const auto run = [&](const char* statement) {
+        std::unique_ptr<PGresult, decltype(&PQclear)> result(PQexec(holder.get(), statement),
+                                                             &PQclear);
+        ASSERT_EQ(PQresultStatus(result.get()), PGRES_COMMAND_OK) << statement;
+    };
+    run("BEGIN; LOCK TABLE sync.relay_state IN ACCESS EXCLUSIVE MODE");
+    SenderProcess sender(outbox, dir,
+                         {"--transport", "http", "--url", sink.url(), "--send-timeout", "1"});
+    const std::string said = "the database has not answered an exchange sent ";
+    ASSERT_TRUE(eventually([&] { return sender.log().find(said) != std::string::npos; }, 20s))
+        << sender.log();
+    std::this_thread::sleep_for(1500ms);  // said once, not once a second
+    EXPECT_EQ(sender.log().find(said), sender.log().rfind(said)) << sender.log();
+    EXPECT_NE(sender.log().find("s ago (its statements may wait on a lock: see pg_stat_activity)"),
+              std::string::npos)
+        << sender.log();
+    EXPECT_EQ(sink.received().size(), 0u);
+    run("COMMIT");
+    ASSERT_TRUE(eventually([&] { return sink.taken() == 1; }, 20s)) << sender.log();
+    sender.signal(SIGTERM);
+    EXPECT_EQ(sender.wait(30s), 0) << sender.log();
 }
 
 // A replica's messages are leased as a run and sent one after the other; the sender starts the

@@ -17,6 +17,7 @@
 #include <set>
 #include <sstream>
 #include <stdexcept>
+#include <vector>
 
 #include "libpq/connection.hpp"
 #include "support/temp_dir.hpp"
@@ -69,6 +70,17 @@ namespace {
 // would take it.
 constexpr const char* kPortLocks = "/tmp/magic_sync-ports";
 
+// The lock files this process made, removed as it exits: a process that opens one after that
+// makes a new file and locks it, which is right, since this process needs the port no more.
+std::vector<std::string>& locks_made() {
+    static std::vector<std::string> paths;
+    return paths;
+}
+
+void remove_locks_made() {
+    for (const std::string& path : locks_made()) unlink(path.c_str());
+}
+
 bool reserve_port(int port) {
     if (mkdir(kPortLocks, 01777) == 0) chmod(kPortLocks, 01777);  // past the umask: every user's
     const std::string path = std::string(kPortLocks) + "/" + std::to_string(port);
@@ -77,7 +89,11 @@ bool reserve_port(int port) {
     int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) fd = open(path.c_str(), O_RDONLY | O_CREAT | O_CLOEXEC, 0644);
     if (fd < 0) return true;  // no lock to take: the bind check alone decides, as it did before
-    if (flock(fd, LOCK_EX | LOCK_NB) == 0) return true;  // held, never closed, until exit
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) {  // held, never closed, until exit
+        if (locks_made().empty()) std::atexit(remove_locks_made);
+        locks_made().push_back(path);
+        return true;
+    }
     close(fd);
     return false;
 }
