@@ -322,14 +322,18 @@ void Database::assemble(Pending& pending) {
             for (size_t i = at; i < leased.size() && leased[i].replica == leased[at].replica; ++i)
                 gone[i] = true;
             std::string missing;
+            int missing_count = 0;
             for (int64_t id : reference.chunks) {
                 const auto chunk = pending.chunks.find(id);
-                if (chunk == pending.chunks.end() || chunk->second == nullptr)
+                if (chunk == pending.chunks.end() || chunk->second == nullptr) {
                     missing += (missing.empty() ? "" : ", ") + std::to_string(id);
+                    ++missing_count;
+                }
             }
             pending.exchange.left_out.push_back(
                 "replica " + leased[at].replica + ": message " + leased[at].message_id +
-                " and the rest of its run left out: chunk " + missing + " not found in history " +
+                " and the rest of its run left out: " +
+                (missing_count == 1 ? "chunk " : "chunks ") + missing + " not found in history " +
                 leased[at].origin + "; leased, they go again when the lease ends");
             continue;
         }
