@@ -3,16 +3,13 @@
 #include <algorithm>
 #include <cctype>
 
+#include "program/text.hpp"
+
 namespace magic_sync::sender {
 
 namespace {
 
-std::string lowercase(std::string_view text) {
-    std::string lower(text);
-    std::transform(lower.begin(), lower.end(), lower.begin(),
-                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    return lower;
-}
+using program::lowercase;
 
 std::string_view trimmed(std::string_view text) {
     while (!text.empty() && (text.front() == ' ' || text.front() == '\t')) text.remove_prefix(1);

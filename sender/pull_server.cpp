@@ -37,6 +37,7 @@
 #include "log.hpp"
 #include "metrics.hpp"
 #include "program/http_status.hpp"
+#include "program/text.hpp"
 #include "rows_reference.hpp"
 
 namespace magic_sync::sender {
@@ -81,11 +82,7 @@ constexpr Statement kWaiting{"magic_sync_pull_waiting",
                              "SELECT replica::text FROM sync.pull_waiting($1::uuid[]) replica"};
 constexpr Statement kStatements[] = {kHead, kChunks, kAck, kRefused, kReceive, kWaiting};
 
-std::string lowercase(std::string text) {
-    std::transform(text.begin(), text.end(), text.begin(),
-                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    return text;
-}
+using program::lowercase;
 
 // A device's words for the log and sync.replica.last_error: printable ASCII, at most 1,000
 // characters (anything else would be refused as text by the database, or garble a log line).

@@ -154,12 +154,6 @@ std::string read_body(Connection& connection, const HttpRequest& request, size_t
 
 }  // namespace
 
-std::string lowercase(std::string text) {
-    std::transform(text.begin(), text.end(), text.begin(),
-                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    return text;
-}
-
 std::pair<std::string, int> parse_listen_address(const std::string& address) {
     size_t colon = address.rfind(':');
     if (colon == std::string::npos || colon == 0) {

@@ -9,6 +9,8 @@
 #include <map>
 #include <string>
 
+#include "program/text.hpp"
+
 namespace magic_sync::replica {
 
 struct HttpRequest {
@@ -26,7 +28,7 @@ struct HttpResponse {
 using HttpHandler = std::function<HttpResponse(const HttpRequest&)>;
 
 // Header names and values compared without case.
-std::string lowercase(std::string text);
+using program::lowercase;
 
 class HttpServer {
   public:
