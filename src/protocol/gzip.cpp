@@ -102,40 +102,52 @@ struct Inflated {
     std::string why;           // zlib's word when it stopped on an error
 };
 
-Inflated inflate_member(std::string_view bytes, size_t most) {
-    Inflated result;
-    z_stream stream{};
-    // 16 + window bits: a gzip header and trailer, checked.
-    if (inflateInit2(&stream, 16 + MAX_WBITS) != Z_OK) throw std::runtime_error("inflateInit2");
-    stream.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes.data()));
-    stream.avail_in = static_cast<uInt>(bytes.size());
-    int status = Z_OK;
-    char buffer[65536];
-    while (status == Z_OK) {
-        stream.next_out = reinterpret_cast<Bytef*>(buffer);
-        stream.avail_out = sizeof buffer;
-        status = inflate(&stream, Z_NO_FLUSH);
-        const size_t made = sizeof buffer - stream.avail_out;
-        if (result.text.size() + made > most) {
-            result.text.append(buffer, most - result.text.size());
-            result.past_most = true;
-            break;
-        }
-        result.text.append(buffer, made);
+// One z_stream reading a gzip member, ended whatever happens (a string that cannot grow throws).
+class Inflater {
+  public:
+    Inflater() {
+        // 16 + window bits: a gzip header and trailer, checked.
+        if (inflateInit2(&stream_, 16 + MAX_WBITS) != Z_OK)
+            throw std::runtime_error("inflateInit2");
     }
-    result.whole = !result.past_most && status == Z_STREAM_END && stream.avail_in == 0;
-    result.bytes_after = status == Z_STREAM_END && stream.avail_in != 0;
-    if (stream.msg != nullptr) result.why = stream.msg;
-    inflateEnd(&stream);
-    return result;
-}
+    ~Inflater() { inflateEnd(&stream_); }
+    Inflater(const Inflater&) = delete;
+    Inflater& operator=(const Inflater&) = delete;
+
+    Inflated member(std::string_view bytes, size_t most) {
+        Inflated result;
+        stream_.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(bytes.data()));
+        stream_.avail_in = static_cast<uInt>(bytes.size());
+        int status = Z_OK;
+        char buffer[65536];
+        while (status == Z_OK) {
+            stream_.next_out = reinterpret_cast<Bytef*>(buffer);
+            stream_.avail_out = sizeof buffer;
+            status = inflate(&stream_, Z_NO_FLUSH);
+            const size_t made = sizeof buffer - stream_.avail_out;
+            if (result.text.size() + made > most) {
+                result.text.append(buffer, most - result.text.size());
+                result.past_most = true;
+                break;
+            }
+            result.text.append(buffer, made);
+        }
+        result.whole = !result.past_most && status == Z_STREAM_END && stream_.avail_in == 0;
+        result.bytes_after = status == Z_STREAM_END && stream_.avail_in != 0;
+        if (stream_.msg != nullptr) result.why = stream_.msg;
+        return result;
+    }
+
+  private:
+    z_stream stream_{};
+};
 
 }  // namespace
 
 std::string gunzip(std::string_view bytes, size_t max_size) {
     if (!is_gzip(bytes)) throw DecodeError("gzip: not gzip (it must begin with 0x1f 0x8b)");
     if (bytes.size() > UINT32_MAX) throw DecodeError("gzip: over 4 GiB");
-    Inflated inflated = inflate_member(bytes, max_size);
+    Inflated inflated = Inflater().member(bytes, max_size);
     if (inflated.past_most)
         throw OverTheLimit("gzip: inflates past " + std::to_string(max_size) + " bytes");
     if (inflated.bytes_after) throw DecodeError("gzip: bytes after the end of the member");
@@ -147,7 +159,7 @@ std::string gunzip(std::string_view bytes, size_t max_size) {
 
 std::string gunzip_start(std::string_view bytes, size_t size) {
     if (!is_gzip(bytes) || bytes.size() > UINT32_MAX) return "";
-    return inflate_member(bytes, size).text;
+    return Inflater().member(bytes, size).text;
 }
 
 }  // namespace magic_sync::protocol
